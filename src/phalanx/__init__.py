@@ -1,0 +1,62 @@
+"""phalanx: run an existing training script distributed, with one command and no change to it.
+
+The public API is imported lazily so that ``phalanx --help`` and worker start-up stay fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "JobSpec",
+    "Resources",
+    "Entrypoint",
+    "EntrypointKind",
+    "Framework",
+    "Spawn",
+    "JobState",
+    "PhalanxError",
+    "UsageError",
+    "build_spec",
+    "RunOptions",
+    "run",
+    "submit_detached",
+    "get_job",
+    "list_jobs",
+    "stop",
+    "wait",
+    "plan_job",
+]
+
+_WHERE = {
+    "JobSpec": "core.spec",
+    "Resources": "core.spec",
+    "Entrypoint": "core.spec",
+    "EntrypointKind": "core.spec",
+    "Framework": "core.spec",
+    "Spawn": "core.spec",
+    "JobState": "core.state",
+    "PhalanxError": "errors",
+    "UsageError": "errors",
+    "build_spec": "jobfile",
+    "RunOptions": "jobfile",
+    "run": "jobs",
+    "submit_detached": "jobs",
+    "get_job": "jobs",
+    "list_jobs": "jobs",
+    "stop": "jobs",
+    "wait": "jobs",
+    "plan_job": "jobs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'phalanx' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

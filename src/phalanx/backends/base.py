@@ -1,0 +1,74 @@
+"""The backend contract.
+
+A backend turns a :class:`~phalanx.core.spec.JobSpec` into a :class:`~phalanx.launch.plan.Plan`
+(``plan``: pure, no side effects, golden-tested) and starts the plan's node agents
+(``start_node``), returning handles the supervisor watches and signals. The job-level logic
+(state in the store, fail-fast, stop with a grace period, root cause) lives once in
+:mod:`phalanx.launch.supervisor`, not in each backend.
+
+Public methods are concrete and enforce the contract; backends fill in the narrow ``_hooks``.
+"""
+
+from __future__ import annotations
+
+import abc
+import socket
+from typing import Callable
+
+from ..core.paths import HomePaths, JobPaths
+from ..core.spec import JobSpec
+from ..errors import UsageError
+from ..launch.plan import NodePlan, Plan
+
+PortSource = Callable[[], int]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the kernel's choice, so two jobs differ)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class NodeHandle(abc.ABC):
+    """One running node agent, as seen by the supervisor."""
+
+    node_rank: int
+
+    @abc.abstractmethod
+    def poll(self) -> int | None:
+        """The agent's exit code, or None while it runs. Non-blocking."""
+
+    @abc.abstractmethod
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the agent. Idempotent; a gone agent is not an error."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """SIGKILL the agent and everything it started. Idempotent."""
+
+
+class Backend(abc.ABC):
+    name: str = ""
+
+    def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, ports: PortSource = free_port) -> Plan:
+        """The plan for one attempt of ``spec``. Pure apart from asking ``ports`` for free ports.
+
+        Raises UsageError when the spec cannot run on this backend.
+        """
+        if spec.resources.nnodes < 1 or spec.resources.nproc_per_node < 1:
+            raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
+        return self._plan(spec, job_id, attempt, home, home.job(job_id), ports)
+
+    def start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
+        """Start ``node``'s agent; returns at once (non-blocking). Its output goes to agent.log."""
+        paths.node_dir(attempt, node.node_rank).mkdir(parents=True, exist_ok=True)
+        return self._start_node(node, paths, attempt)
+
+    @abc.abstractmethod
+    def _plan(
+        self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
+    ) -> Plan: ...
+
+    @abc.abstractmethod
+    def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle: ...

@@ -1,0 +1,134 @@
+"""The local backend: every node agent is a process on this machine.
+
+``-n 2x2`` starts two node agents that really rendezvous (c10d) over loopback, exactly as
+two machines would; only the addresses are 127.0.0.1. Networking is pinned to loopback
+(``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``) unless the user set it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from ..core.env import Topology, node_env, process_env, template_values
+from ..core.paths import HomePaths, JobPaths
+from ..core.spec import JobSpec, Framework, render_template
+from ..launch.plan import NodePlan, Plan, ProcessPlan
+from ..launch.torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
+from . import commands
+from .base import Backend, NodeHandle, PortSource
+
+LOOPBACK = "127.0.0.1"
+
+
+def local_gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def agent_argv(python: str, paths: JobPaths, attempt: int, node_rank: int) -> tuple[str, ...]:
+    return (
+        python,
+        "-m",
+        "phalanx.launch.agent",
+        "--launch",
+        str(paths.node_launch(attempt, node_rank)),
+    )
+
+
+def build_nodes(
+    spec: JobSpec, topo: Topology, paths: JobPaths, hosts: tuple[str, ...], local_addrs: tuple[str, ...],
+    net_env: dict[str, str],
+) -> tuple[NodePlan, ...]:
+    """Per-node plans; shared by every backend that runs node agents."""
+    nodes = []
+    for node_rank in range(spec.resources.nnodes):
+        env = node_env(spec, topo, node_rank)
+        env["PHALANX_FRAMEWORK"] = spec.framework.value
+        for key, value in net_env.items():
+            if key not in spec.env and key not in os.environ:
+                env[key] = value
+        args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
+        worker = worker_command(spec, args)
+        common = dict(
+            node_rank=node_rank,
+            host=hosts[node_rank],
+            agent_argv=agent_argv(spec.python, paths, topo.attempt, node_rank),
+            env=env,
+            cwd=spec.workdir,
+        )
+        if spec.uses_torchrun:
+            nodes.append(
+                NodePlan(**common, torchrun_argv=torchrun_argv(spec, topo, node_rank, local_addrs[node_rank]), worker_argv=worker)
+            )
+        else:
+            procs = tuple(
+                ProcessPlan(
+                    local_rank=local,
+                    rank=node_rank * spec.procs_per_node_started + local,
+                    argv=(spec.python, "-u", "-m", BOOTSTRAP_MODULE, *worker),
+                    env=process_env(spec, topo, node_rank, local),
+                )
+                for local in range(spec.procs_per_node_started)
+            )
+            nodes.append(NodePlan(**common, processes=procs))
+    return tuple(nodes)
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def _plan(
+        self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
+    ) -> Plan:
+        nnodes = spec.resources.nnodes
+        nworkers = nnodes * spec.procs_per_node_started
+        topo = Topology(
+            job_id=job_id,
+            attempt=attempt,
+            node_addrs=(LOOPBACK,) * nnodes,
+            master_port=ports(),
+            worker_ports=tuple(ports() for _ in range(nworkers)) if spec.framework is Framework.TF else (),
+            state_dir=str(home.state_dir(spec.name)),
+            output_dir=str(paths.output_dir),
+            job_dir=str(paths.root),
+            num_gpus=local_gpu_count(),
+        )
+        net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))
+        nodes = build_nodes(spec, topo, paths, hosts, (LOOPBACK,) * nnodes, net_env)
+        return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
+
+    def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
+        proc = commands.spawn(node.agent_argv, {}, paths.agent_log(attempt, node.node_rank), cwd=node.cwd)
+        return LocalNode(node.node_rank, proc)
+
+
+class LocalNode(NodeHandle):
+    def __init__(self, node_rank: int, proc: subprocess.Popen[bytes]) -> None:
+        self.node_rank = node_rank
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        # The agent leads its own session; its workers lead theirs and die with it
+        # (PR_SET_PDEATHSIG in the bootstrap), so killing the agent's group suffices.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()

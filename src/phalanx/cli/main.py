@@ -1,0 +1,299 @@
+"""``phalanx``: run a training script distributed, and watch, stop and inspect its jobs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+
+from ..errors import PhalanxError
+
+app = typer.Typer(
+    name="phalanx",
+    help="Run an existing training script distributed — many processes, GPUs and nodes — with one command.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+_DEBUG = False
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+) -> None:
+    global _DEBUG
+    _DEBUG = _DEBUG or debug
+    if version:
+        from importlib.metadata import version as v
+
+        typer.echo(f"phalanx {v('phalanx')}")
+        raise typer.Exit(0)
+
+
+RUN_HELP = """Run SCRIPT (or -m MODULE, or any COMMAND) like `python SCRIPT ARGS`, distributed.
+
+\b
+  phalanx run train.py --lr 0.01          one process, like python train.py
+  phalanx run -n 4 train.py               1 node x 4 processes (torchrun)
+  phalanx run -n 2x2 train.py             2 nodes x 2 processes
+  phalanx run -m my_pkg.train --epochs 3  a module
+  phalanx run -- bash -c 'echo $RANK'     any command
+  phalanx run -f job.yaml --lr 0.1        a job file; CLI arguments override it
+
+Everything after the script is passed to it unchanged."""
+
+
+@app.command(
+    "run",
+    help=RUN_HELP,
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)
+def run_cmd(
+    words: Optional[List[str]] = typer.Argument(None, metavar="[SCRIPT|COMMAND] [ARGS]..."),
+    n: Optional[str] = typer.Option(None, "-n", "--n", help="Topology: NPROC or NNODESxNPROC (e.g. 4, 2x4)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Number of nodes (torchrun spelling)."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", help="Processes per node."),
+    module: Optional[str] = typer.Option(None, "-m", "--module", help="Run a Python module, like python -m."),
+    job_file: Optional[str] = typer.Option(None, "-f", "--file", help="A YAML job file; CLI options override it."),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the script's name)."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="torch (default), tf or jax."),
+    spawn: Optional[str] = typer.Option(None, "--spawn", help="auto (default) or self: one process per node; the script spawns its workers."),
+    env: List[str] = typer.Option([], "-e", "--env", help="Extra environment variable KEY=VALUE (repeatable)."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="Directory to run in (default: current)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Where to run (default: local)."),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="torchrun in-place worker restarts (default 0)."),
+    grace: Optional[float] = typer.Option(None, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping (default 30)."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    from .. import jobs
+    from ..errors import UsageError
+    from ..jobfile import RunOptions, build_spec
+    from .render import dump_json
+
+    words = list(words or [])
+    if words and words[0].startswith("-") and words[0] != "-":
+        raise UsageError(f"no such option: {words[0]}", "see: phalanx run --help (script arguments go after the script)")
+    spec = build_spec(
+        RunOptions(
+            words=words, module=module, job_file=job_file, n=n, nnodes=nnodes, nproc_per_node=nproc_per_node,
+            name=name, framework=framework, spawn=spawn, env=env, workdir=workdir, backend=backend,
+            max_restarts=max_restarts, grace=grace,
+        )
+    )
+    rank_filter = _parse_ranks(ranks)
+    if dry_run:
+        plan = jobs.plan_job(spec)
+        if as_json:
+            dump_json(plan.to_dict(), sys.stdout)
+        else:
+            sys.stdout.write(plan.render())
+        return
+    if detach:
+        record = jobs.submit_detached(spec)
+        if as_json:
+            dump_json({"id": record.id, "name": record.name, "job_dir": record.job_dir}, sys.stdout)
+        else:
+            typer.echo(record.id)
+        return
+    record, code = jobs.run(spec, out=sys.stdout, ranks=rank_filter)
+    _report_end(record, shown=rank_filter)
+    if as_json:
+        dump_json(record.to_dict(), sys.stdout)
+    raise typer.Exit(code)
+
+
+def _parse_ranks(text: str | None) -> set[int] | None:
+    from ..errors import UsageError
+
+    if not text:
+        return None
+    try:
+        return {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise UsageError(f"invalid --ranks '{text}'", "use rank numbers separated by commas, e.g. --ranks 0,1") from None
+
+
+def _report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyped-def]
+    from ..core.state import JobState
+
+    err = sys.stderr
+    if record.state is JobState.SUCCEEDED:
+        return
+    if record.state is JobState.CANCELLED:
+        err.write(f"phalanx: job {record.id} cancelled\n")
+        return
+    cause = record.root_cause_dict() or {}
+    where = []
+    if "rank" in cause:
+        where.append(f"rank {cause['rank']}")
+    if cause.get("node_rank") is not None:
+        where.append(f"node {cause['node_rank']}")
+    how = f"killed by {cause['signal']}" if cause.get("signal") else f"exit code {cause.get('exitcode')}"
+    msg = cause.get("message") or ""
+    if cause.get("type"):
+        msg = f"{cause['type']}: {msg}"
+    err.write(f"phalanx: job {record.id} {record.state.value.lower()}: {' on '.join(where) or 'job'} ({how}): {msg}\n")
+    if shown is not None and cause.get("rank") not in shown and cause.get("traceback"):
+        err.write(cause["traceback"])
+    rank = cause.get("rank")
+    hint = f"phalanx logs {record.id}" + (f" --rank {rank}" if rank is not None else "")
+    err.write(f"phalanx: see `{hint}` and `phalanx status {record.id}`\n")
+
+
+@app.command("ps")
+def ps_cmd(
+    all_jobs: bool = typer.Option(False, "-a", "--all", help="Show finished jobs too."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many jobs (default 50 with --all)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """List jobs: running ones, or all with --all (newest first)."""
+    from .. import config, jobs
+    from .render import PS_HEADERS, dump_json, job_rows, table
+
+    if limit is None and all_jobs:
+        limit = int(config.get("ps_limit"))
+    records = jobs.list_jobs(all_jobs=all_jobs, limit=limit)
+    if as_json:
+        dump_json([r.to_dict() for r in records], sys.stdout)
+        return
+    if not records:
+        typer.echo("no running jobs (phalanx ps --all shows finished ones)" if not all_jobs else "no jobs yet")
+        return
+    table(job_rows(records), PS_HEADERS, sys.stdout)
+
+
+@app.command("status")
+def status_cmd(
+    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Details of a job: state, per-rank exit codes and the root-cause error."""
+    from dataclasses import asdict
+
+    from .. import jobs
+    from .render import ago, dump_json, duration, table
+
+    record = jobs.get_job(job)
+    ranks = jobs.rank_statuses(record)
+    if as_json:
+        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks]}, sys.stdout)
+        return
+    out = sys.stdout
+    code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
+    out.write(f"job       {record.id}  {record.name}\n")
+    out.write(f"state     {record.state.value}{code}\n")
+    out.write(f"command   {record.command}\n")
+    out.write(f"topology  {record.topology} on {record.backend}   attempt {record.attempt}\n")
+    out.write(f"created   {ago(record.created_at)}   duration {duration(record.duration)}\n")
+    out.write(f"dir       {record.job_dir}\n")
+    if ranks:
+        out.write("\n")
+        rows = [
+            (str(r.rank), "-" if r.node_rank is None else str(r.node_rank), r.host or "-", str(r.pid or "-"),
+             "-" if r.exitcode is None else str(r.exitcode) + (f" ({r.signal})" if r.signal else ""), r.state)
+            for r in ranks
+        ]
+        table(rows, ("RANK", "NODE", "HOST", "PID", "EXIT", "STATE"), out)
+    cause = record.root_cause_dict()
+    if cause:
+        where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
+        out.write(f"\nroot cause: {where}: {cause.get('message')}\n")
+        detail = cause.get("traceback") or cause.get("log_tail")
+        if detail:
+            out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")
+        if cause.get("log"):
+            out.write(f"log: {cause['log']}\n")
+
+
+@app.command("logs")
+def logs_cmd(
+    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new output until the job ends."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank (raw, no prefix)."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="Attempt number (default: the latest)."),
+) -> None:
+    """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank)."""
+    from .. import jobs
+
+    record = jobs.get_job(job)
+
+    def emit(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    jobs.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow)
+
+
+@app.command("wait")
+def wait_cmd(
+    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 124)."),
+) -> None:
+    """Block until the job ends; exit with the job's exit code."""
+    from .. import jobs
+
+    record = jobs.wait(job, timeout=timeout)
+    typer.echo(f"{record.id} {record.state.value}" + ("" if record.exit_code is None else f" (exit {record.exit_code})"), err=True)
+    raise typer.Exit(record.exit_code if record.exit_code is not None else 1)
+
+
+@app.command("stop")
+def stop_cmd(
+    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+) -> None:
+    """Stop a job gracefully: SIGTERM to every rank, its grace period, then SIGKILL."""
+    from .. import jobs
+
+    record = jobs.stop(job)
+    typer.echo(f"{record.id} {record.state.value}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one error boundary for the whole CLI."""
+    global _DEBUG
+    args = sys.argv[1:] if argv is None else argv
+    _DEBUG = os.environ.get("PHALANX_DEBUG") == "1" or "--debug" in _leading_options(args)
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="phalanx", standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except PhalanxError as exc:
+        if _DEBUG:
+            raise
+        sys.stderr.write(f"phalanx: error: {exc}\n")
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("phalanx: aborted\n")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.stderr.write("phalanx: interrupted\n")
+        sys.exit(130)
+    except typer.TyperException as exc:  # click's usage errors: one line, exit 2
+        if _DEBUG:
+            raise
+        message = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        where = f"{ctx.command_path} --help" if ctx is not None else "phalanx --help"
+        sys.stderr.write(f"phalanx: error: {message[0].lower() + message[1:] if message else 'bad usage'}; see: {where}\n")
+        sys.exit(getattr(exc, "exit_code", 2))
+
+
+def _leading_options(args: list[str]) -> list[str]:
+    """Options before the run target (``--debug`` after the script belongs to the script)."""
+    lead = []
+    for word in args:
+        if not word.startswith("-") and word not in ("run", "ps", "status", "logs", "wait", "stop"):
+            break
+        lead.append(word)
+    return lead

@@ -1,0 +1,56 @@
+"""Rendering records for people (tables) and programs (JSON)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable, TextIO
+
+from ..store import JobRecord
+
+
+def ago(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    delta = time.time() - ts
+    if delta < 60:
+        return f"{int(delta)}s ago"
+    if delta < 3600:
+        return f"{int(delta // 60)}m ago"
+    if delta < 86400:
+        return f"{int(delta // 3600)}h ago"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def table(rows: Iterable[tuple[str, ...]], headers: tuple[str, ...], out: TextIO) -> None:
+    """A plain aligned table (fast: no rich import for `ps`)."""
+    rows = [headers, *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+
+
+def job_rows(records: Iterable[JobRecord], width: int = 48) -> list[tuple[str, ...]]:
+    rows = []
+    for r in records:
+        cmd = r.command if len(r.command) <= width else r.command[: width - 1] + "…"
+        state = r.state.value if r.exit_code in (None, 0) else f"{r.state.value}({r.exit_code})"
+        rows.append((r.id, r.name, state, r.topology, ago(r.created_at), duration(r.duration), cmd))
+    return rows
+
+
+PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "COMMAND")
+
+
+def dump_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

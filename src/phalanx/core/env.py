@@ -1,0 +1,124 @@
+"""The environment contract: what every training process sees (see docs/architecture.md).
+
+Pure functions of (spec, topology, node, process). torchrun adds its own RANK/LOCAL_RANK/...
+for the workers it starts; for processes phalanx starts directly, ``process_env`` sets the
+same variables so scripts cannot tell the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from .spec import Framework, JobSpec
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a job's nodes are, decided by the backend at plan time."""
+
+    job_id: str
+    attempt: int
+    node_addrs: tuple[str, ...]  # rank order; node 0 hosts the rendezvous
+    master_port: int  # torchrun's c10d store / MASTER_PORT / JAX coordinator
+    worker_ports: tuple[int, ...]  # one per process, for TF_CONFIG
+    state_dir: str
+    output_dir: str
+    job_dir: str
+    num_gpus: int = 0  # per node
+
+    @property
+    def master_addr(self) -> str:
+        return self.node_addrs[0]
+
+    def host_names(self) -> list[str]:
+        """Distinct names for SM_HOSTS: the addresses if distinct, else node-<i>."""
+        if len(set(self.node_addrs)) == len(self.node_addrs):
+            return list(self.node_addrs)
+        return [f"node-{i}" for i in range(len(self.node_addrs))]
+
+
+def template_values(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, object]:
+    return {
+        "node_rank": node_rank,
+        "num_nodes": spec.resources.nnodes,
+        "nproc_per_node": spec.resources.nproc_per_node,
+        "master_addr": topo.master_addr,
+        "master_port": topo.master_port,
+        "job_id": topo.job_id,
+        "state_dir": topo.state_dir,
+        "output_dir": topo.output_dir,
+    }
+
+
+def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
+    """Variables shared by every process of one node (user env last: it wins)."""
+    hosts = topo.host_names()
+    env = {
+        "PHALANX_JOB_ID": topo.job_id,
+        "PHALANX_JOB_NAME": spec.name,
+        "PHALANX_ATTEMPT": str(topo.attempt),
+        "PHALANX_NUM_NODES": str(spec.resources.nnodes),
+        "PHALANX_NODE_RANK": str(node_rank),
+        "PHALANX_NODE_ADDRS": ",".join(topo.node_addrs),
+        "PHALANX_NPROC_PER_NODE": str(spec.resources.nproc_per_node),
+        "PHALANX_STATE_DIR": topo.state_dir,
+        "PHALANX_OUTPUT_DIR": topo.output_dir,
+        "PHALANX_JOB_DIR": topo.job_dir,
+        # SageMaker-compatible aliases, so SageMaker-style scripts run unchanged.
+        "SM_HOSTS": json.dumps(hosts),
+        "SM_CURRENT_HOST": hosts[node_rank],
+        "SM_NUM_GPUS": str(topo.num_gpus),
+        "SM_NUM_CPUS": str(os.cpu_count() or 1),
+        "SM_MODEL_DIR": topo.output_dir,
+        "SM_OUTPUT_DATA_DIR": topo.output_dir,
+        "SM_CHANNELS": "[]",
+        # Output must reach the per-rank log files as it is printed, not at exit.
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.resources.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # torchrun's own default; set explicitly so direct launches behave the same.
+        env["OMP_NUM_THREADS"] = "1"
+    env.update(spec.env)
+    return env
+
+
+def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) -> dict[str, str]:
+    """Per-process variables for processes phalanx starts itself (no torchrun)."""
+    nlocal = spec.procs_per_node_started
+    world = spec.resources.nnodes * nlocal
+    rank = node_rank * nlocal + local_rank
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(nlocal),
+        "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank),
+        "MASTER_ADDR": topo.master_addr,
+        "MASTER_PORT": str(topo.master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
+    if spec.framework is Framework.JAX:
+        env["JAX_COORDINATOR_ADDRESS"] = f"{topo.master_addr}:{topo.master_port}"
+        env["JAX_NUM_PROCESSES"] = str(world)
+        env["JAX_PROCESS_ID"] = str(rank)
+    elif spec.framework is Framework.TF:
+        workers = [
+            f"{topo.node_addrs[n]}:{topo.worker_ports[n * nlocal + i]}"
+            for n in range(spec.resources.nnodes)
+            for i in range(nlocal)
+        ]
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+        )
+    return env
+
+
+def merged(*layers: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for layer in layers:
+        out.update(layer)
+    return out

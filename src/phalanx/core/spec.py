@@ -1,0 +1,191 @@
+"""JobSpec and its parts: immutable descriptions of what to run, parsed from CLI or job file.
+
+A spec says *what* runs (entrypoint, topology, framework, environment); it never says
+*where* (ports, hosts, directories): that is the plan's business.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from typing import Any, Mapping
+
+from ..errors import UsageError
+
+TEMPLATE_KEYS = (
+    "node_rank",
+    "num_nodes",
+    "nproc_per_node",
+    "master_addr",
+    "master_port",
+    "job_id",
+    "state_dir",
+    "output_dir",
+)
+
+
+class EntrypointKind(str, Enum):
+    SCRIPT = "script"  # a Python file, run like `python FILE`
+    MODULE = "module"  # a Python module, run like `python -m MODULE`
+    COMMAND = "command"  # any executable, run as is
+
+
+class Framework(str, Enum):
+    TORCH = "torch"
+    TF = "tf"
+    JAX = "jax"
+
+
+class Spawn(str, Enum):
+    """Who starts the processes of a node.
+
+    AUTO: torchrun starts ``nproc_per_node`` workers (PyTorch), or phalanx starts them
+    directly when there is a single process or the framework is TF/JAX.
+    SELF: phalanx starts one process per node; the script spawns its own workers.
+    """
+
+    AUTO = "auto"
+    SELF = "self"
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    kind: EntrypointKind
+    target: str
+    args: tuple[str, ...] = ()
+
+    def display(self) -> str:
+        import shlex
+
+        head = {"script": [self.target], "module": ["-m", self.target], "command": [self.target]}
+        return shlex.join([*head[self.kind.value], *self.args])
+
+
+@dataclass(frozen=True)
+class Resources:
+    nnodes: int = 1
+    nproc_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def display(self) -> str:
+        return f"{self.nnodes}x{self.nproc_per_node}"
+
+
+_TOPOLOGY = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
+
+
+def parse_topology(text: str) -> Resources:
+    """``"4"`` -> 1 node x 4 processes; ``"2x4"`` -> 2 nodes x 4 processes."""
+    match = _TOPOLOGY.match(text or "")
+    if not match:
+        raise UsageError(
+            f"invalid -n '{text}'", "use NPROC or NNODESxNPROC, for example -n 4 or -n 2x4"
+        )
+    nnodes = int(match.group(1) or 1)
+    nproc = int(match.group(2))
+    if nnodes < 1 or nproc < 1:
+        raise UsageError(f"invalid -n '{text}': counts must be at least 1", "for example -n 2x4")
+    return Resources(nnodes=nnodes, nproc_per_node=nproc)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything that defines a job, independent of where it runs. Immutable."""
+
+    entrypoint: Entrypoint
+    resources: Resources = field(default_factory=Resources)
+    name: str = ""
+    framework: Framework = Framework.TORCH
+    spawn: Spawn = Spawn.AUTO
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = "."
+    backend: str = "local"
+    python: str = "python3"
+    max_restarts: int = 0  # torchrun's in-place worker restarts
+    grace: float = 30.0  # seconds between SIGTERM and SIGKILL when stopping
+
+    @property
+    def uses_torchrun(self) -> bool:
+        return (
+            self.framework is Framework.TORCH
+            and self.spawn is Spawn.AUTO
+            and self.resources.world_size > 1
+        )
+
+    @property
+    def procs_per_node_started(self) -> int:
+        """How many processes phalanx (or torchrun) starts on each node."""
+        return 1 if self.spawn is Spawn.SELF else self.resources.nproc_per_node
+
+    def with_(self, **changes: Any) -> "JobSpec":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["entrypoint"]["kind"] = self.entrypoint.kind.value
+        data["entrypoint"]["args"] = list(self.entrypoint.args)
+        data["framework"] = self.framework.value
+        data["spawn"] = self.spawn.value
+        data["env"] = dict(self.env)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobSpec":
+        ep = data["entrypoint"]
+        return cls(
+            entrypoint=Entrypoint(EntrypointKind(ep["kind"]), ep["target"], tuple(ep["args"])),
+            resources=Resources(**data["resources"]),
+            name=data["name"],
+            framework=Framework(data["framework"]),
+            spawn=Spawn(data["spawn"]),
+            env=dict(data["env"]),
+            workdir=data["workdir"],
+            backend=data["backend"],
+            python=data["python"],
+            max_restarts=int(data["max_restarts"]),
+            grace=float(data["grace"]),
+        )
+
+
+def merge_args(base: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """Script args from a job file, with CLI args overriding flags of the same name.
+
+    ``("--lr", "0.01", "--bs", "32") + ("--lr", "0.1")`` -> ``("--lr", "0.1", "--bs", "32")``.
+    Flags not in ``base`` and positional words are appended in order.
+    """
+    result = list(base)
+    i = 0
+    while i < len(overrides):
+        word = overrides[i]
+        if word.startswith("--") and "=" in word:
+            flag, value = word.split("=", 1)
+            _set_flag(result, flag, value, inline=True)
+            i += 1
+        elif word.startswith("--") and i + 1 < len(overrides) and not overrides[i + 1].startswith("--"):
+            _set_flag(result, word, overrides[i + 1], inline=False)
+            i += 2
+        else:
+            result.append(word)
+            i += 1
+    return tuple(result)
+
+
+def _set_flag(args: list[str], flag: str, value: str, inline: bool) -> None:
+    for j, word in enumerate(args):
+        if word == flag and j + 1 < len(args):
+            args[j + 1] = value
+            return
+        if word.startswith(flag + "="):
+            args[j] = f"{flag}={value}"
+            return
+    args.extend([f"{flag}={value}"] if inline else [flag, value])
+
+
+def render_template(args: tuple[str, ...], values: Mapping[str, Any]) -> tuple[str, ...]:
+    """Substitute ``{node_rank}``-style placeholders; other braces are left alone."""
+    pattern = re.compile(r"\{(" + "|".join(TEMPLATE_KEYS) + r")\}")
+    return tuple(pattern.sub(lambda m: str(values[m.group(1)]), a) for a in args)

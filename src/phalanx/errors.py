@@ -1,0 +1,52 @@
+"""One exception hierarchy. Every message says what happened and what to do next.
+
+The CLI catches :class:`PhalanxError` at one boundary and prints ``error: <message>``
+on one line, without a traceback (``--debug`` shows it), exiting with ``exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class PhalanxError(Exception):
+    """Base of every error phalanx raises on purpose.
+
+    ``hint`` is the next step for the user; it is appended to the message.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+class UsageError(PhalanxError):
+    """The user asked for something malformed: bad flag value, missing script, bad job file."""
+
+    exit_code = 2
+
+
+class JobNotFound(UsageError):
+    """No job matches the given id, id prefix or name."""
+
+
+class BackendError(PhalanxError):
+    """A backend could not plan, submit or observe a job."""
+
+
+class StoreError(PhalanxError):
+    """The job store is unreadable or from a newer phalanx."""
+
+
+class MissingDependency(PhalanxError):
+    """An optional dependency (torch, jax, ...) is needed but not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"this needs the Python package '{module}', which is not installed",
+            f"install it with: pip install 'phalanx[{extra}]'",
+        )

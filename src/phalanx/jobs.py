@@ -1,0 +1,290 @@
+"""The library behind the CLI: submit, inspect, follow, wait for and stop jobs.
+
+Everything ``phalanx`` can do from the shell is a function here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
+
+from . import config
+from .core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
+from .core.spec import JobSpec
+from .core.state import JobState, is_terminal
+from .errors import PhalanxError, UsageError
+from .launch.plan import Plan
+from .store import JobRecord, Store
+
+
+def home() -> HomePaths:
+    return HomePaths(config.home())
+
+
+def open_store() -> Store:
+    return Store(home().db)
+
+
+def new_job_id() -> str:
+    return secrets.token_hex(4)
+
+
+def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan:
+    """The plan ``submit`` would execute (what ``--dry-run`` prints). No side effects."""
+    from .backends.registry import get_backend
+
+    return get_backend(spec.backend).plan(spec, job_id or new_job_id(), attempt, home())
+
+
+def create_job(store: Store, spec: JobSpec, plan: Plan) -> JobRecord:
+    """Record the job (PENDING) and lay out its directory. Nothing runs yet."""
+    paths = home().job(plan.job_id)
+    paths.root.mkdir(parents=True, exist_ok=False)
+    paths.output_dir.mkdir()
+    Path(home().state_dir(spec.name)).mkdir(parents=True, exist_ok=True)
+    write_json(paths.spec, spec.to_dict())
+    write_atomic(paths.plan, plan.to_json())
+    store.insert_job(
+        id=plan.job_id,
+        name=spec.name,
+        backend=spec.backend,
+        nnodes=spec.resources.nnodes,
+        nproc_per_node=spec.resources.nproc_per_node,
+        command=spec.entrypoint.display(),
+        job_dir=str(paths.root),
+        spec_json=json.dumps(spec.to_dict(), sort_keys=True),
+    )
+    return store.get(plan.job_id)
+
+
+def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None) -> tuple[JobRecord, int]:
+    """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
+
+    Returns the final record and the job's exit code. Ctrl-C (SIGINT) or SIGTERM to this
+    process stops the job gracefully and records it as CANCELLED.
+    """
+    from .launch.supervisor import supervise
+    from .monitor.tail import RankTailer, stream
+
+    store = open_store()
+    plan = plan_job(spec)
+    record = create_job(store, spec, plan)
+    done = threading.Event()
+    streamer = None
+    if out is not None:
+        tailer = RankTailer(JobPaths(Path(record.job_dir)), plan.attempt, ranks, prefix=spec.resources.world_size > 1)
+        streamer = threading.Thread(target=stream, args=(tailer, out, done), daemon=True)
+        streamer.start()
+    try:
+        code = supervise(store, record, plan)
+    finally:
+        done.set()
+        if streamer:
+            streamer.join()
+    return store.get(record.id), code
+
+
+def submit_detached(spec: JobSpec) -> JobRecord:
+    """Start ``spec`` in the background (survives this process and the terminal); returns at once."""
+    store = open_store()
+    plan = plan_job(spec)
+    record = create_job(store, spec, plan)
+    paths = JobPaths(Path(record.job_dir))
+    with open(paths.supervisor_log, "ab") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", "phalanx.launch.supervisor", record.id],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=spec.workdir,
+        )
+    return record
+
+
+def reconcile(store: Store, record: JobRecord) -> JobRecord:
+    """Mark a job LOST when its supervisor is gone but the store says it runs."""
+    if is_terminal(record.state):
+        return record
+    if record.supervisor_pid is None:
+        if time.time() - record.created_at < 60:
+            return record
+        alive = False
+    else:
+        alive = _supervisor_alive(record)
+    if alive:
+        return record
+    cause = {"message": f"the supervisor (pid {record.supervisor_pid}) vanished without recording an end", "exitcode": None}
+    if store.transition(record.id, JobState.LOST, root_cause=json.dumps(cause)):
+        return store.get(record.id)
+    return store.get(record.id)
+
+
+def _supervisor_alive(record: JobRecord) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(record.supervisor_pid)
+        return abs(proc.create_time() - (record.supervisor_started or 0)) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def get_job(ref: str, store: Store | None = None) -> JobRecord:
+    store = store or open_store()
+    return reconcile(store, store.find(ref))
+
+
+def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:
+    store = store or open_store()
+    records = store.list(active_only=not all_jobs, limit=limit)
+    return [reconcile(store, r) if not is_terminal(r.state) else r for r in records]
+
+
+def stop(ref: str, timeout: float | None = None) -> JobRecord:
+    """Stop a job gracefully: SIGTERM to every rank, the job's grace period, then SIGKILL.
+
+    Idempotent: stopping a finished job returns its record unchanged. Blocks until the job
+    has ended (or ``timeout``, default grace + 15 s, passes).
+    """
+    store = open_store()
+    record = get_job(ref, store)
+    if is_terminal(record.state):
+        return record
+    spec = JobSpec.from_dict(json.loads(record.spec_json))
+    if record.supervisor_pid is None:
+        store.transition(record.id, JobState.CANCELLED, exit_code=143)
+        return store.get(record.id)
+    try:
+        os.kill(record.supervisor_pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return reconcile(store, record)
+    deadline = time.monotonic() + (timeout if timeout is not None else spec.grace + 15)
+    while time.monotonic() < deadline:
+        record = reconcile(store, store.get(record.id))
+        if is_terminal(record.state):
+            return record
+        time.sleep(0.1)
+    raise PhalanxError(
+        f"job {record.id} did not stop within {deadline:.0f}s",
+        f"its supervisor is pid {record.supervisor_pid}; try again or kill it",
+    )
+
+
+def wait(ref: str, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
+    """Block until the job ends; returns its record. Raises PhalanxError on timeout."""
+    store = open_store()
+    record = get_job(ref, store)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not is_terminal(record.state):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
+        time.sleep(poll)
+        record = reconcile(store, store.get(record.id))
+    return record
+
+
+class WaitTimeout(PhalanxError):
+    exit_code = 124
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    node_rank: int | None
+    host: str | None
+    pid: int | None
+    exitcode: int | None
+    signal: str | None
+    state: str
+
+
+def rank_statuses(record: JobRecord, attempt: int | None = None) -> list[RankStatus]:
+    """Per-rank outcome of an attempt, read from the job directory."""
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt if attempt is None else attempt
+    failures: dict[int, dict[str, Any]] = {}
+    node_codes: dict[int, int] = {}
+    direct: dict[int, int] = {}
+    for node_rank in range(record.nnodes):
+        result = read_json(paths.node_result(attempt, node_rank))
+        if result is None:
+            continue
+        node_codes[node_rank] = int(result["exitcode"])
+        for f in result.get("failures", []):
+            failures[int(f["rank"])] = f
+        for rank, info in (result.get("ranks") or {}).items():
+            direct[int(rank)] = int(info["exitcode"])
+    out = []
+    for rank in paths.ranks(attempt):
+        proc = read_json(paths.rank_proc(attempt, rank)) or {}
+        node = proc.get("node_rank")
+        if rank in failures:
+            code, sig, state = failures[rank]["exitcode"], failures[rank].get("signal"), "failed"
+        elif rank in direct:
+            code = direct[rank]
+            sig = None
+            state = "succeeded" if code == 0 else "stopped"
+        elif node is not None and node in node_codes:
+            code = 0 if node_codes[node] == 0 else None
+            sig = None
+            state = "succeeded" if code == 0 else "stopped"
+        else:
+            code, sig, state = None, None, "running" if not is_terminal(record.state) else "unknown"
+        out.append(RankStatus(rank, node, proc.get("host"), proc.get("pid"), code, sig, state))
+    return out
+
+
+def log_paths(record: JobRecord, attempt: int | None = None, rank: int | None = None) -> list[tuple[int, Path]]:
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt if attempt is None else attempt
+    if attempt not in paths.attempts() and paths.attempts():
+        raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, paths.attempts()))}")
+    ranks = paths.ranks(attempt)
+    if rank is not None:
+        if rank not in ranks and ranks:
+            raise UsageError(f"job {record.id} has no rank {rank} in attempt {attempt}", f"ranks: 0..{max(ranks)}")
+        ranks = [rank]
+    return [(r, paths.rank_log(attempt, r)) for r in ranks]
+
+
+def follow_logs(
+    record: JobRecord, emit: Callable[[str], None], attempt: int | None = None, rank: int | None = None,
+    follow: bool = False, poll: float = 0.2,
+) -> JobRecord:
+    """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
+    keep emitting new lines until the job ends. Returns the latest record."""
+    from .monitor.tail import RankTailer
+
+    log_paths(record, attempt, rank)  # validates attempt and rank
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt if attempt is None else attempt
+    prefix = rank is None and record.nnodes * record.nproc_per_node > 1
+    tailer = RankTailer(paths, attempt, {rank} if rank is not None else None, prefix=prefix)
+    store = open_store()
+    while True:
+        record = reconcile(store, store.get(record.id))
+        ended = is_terminal(record.state)
+        lines = tailer.poll(final=ended or not follow)
+        if lines:
+            emit("".join(tailer.format(r, line) + "\n" for r, line in lines))
+        if ended or not follow:
+            return record
+        time.sleep(poll)
+
+
+def read_spec(record: JobRecord) -> JobSpec:
+    return JobSpec.from_dict(json.loads(record.spec_json))
+
+
+def iter_records(store: Store) -> Iterator[JobRecord]:
+    yield from store.list()

@@ -1,0 +1,157 @@
+"""The node agent: runs one node's part of a job. ``python -m phalanx.launch.agent --launch FILE``.
+
+FILE (``node_<n>/launch.json``) holds the node's plan. The agent either hands the node to
+torch's own elastic agent (``torch.distributed.run``: rendezvous, worker supervision,
+in-place restarts) or, when no torchrun is needed, starts the processes itself. Either way:
+
+- it dies with its parent (the supervisor) and takes its workers down with it;
+- SIGTERM/SIGINT/SIGHUP/SIGUSR1 are forwarded to every worker, which gets the grace period
+  to exit before SIGKILL;
+- it writes ``node_<n>/result.json``: the node's exit code and per-rank failures;
+- it exits with the node's exit code (128+N for a signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.paths import JobPaths, read_json, write_json
+from .plan import NodePlan
+from .procs import ChildWatcher, exit_code, signal_group, signal_name, wait_until
+
+
+def _die_with_parent(signum: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signum)
+
+
+def run_torchrun(node: NodePlan) -> dict[str, Any]:
+    """Run the node through torch's elastic agent, in this process (no extra interpreter)."""
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import elastic_launch
+        from torch.distributed.run import config_from_args, parse_args
+    except ImportError:
+        print("phalanx: torch is not installed on this node; install it with: pip install 'phalanx[torch]'", file=sys.stderr)
+        return {"exitcode": 1, "failures": [], "error": "torch is not installed"}
+    assert node.torchrun_argv is not None
+    config, cmd, cmd_args = config_from_args(parse_args([*node.torchrun_argv, *node.worker_argv]))
+    try:
+        elastic_launch(config, cmd)(*cmd_args)
+    except ChildFailedError as err:
+        failures = [
+            {
+                "rank": rank,
+                "local_rank": f.local_rank,
+                "pid": f.pid,
+                "exitcode": exit_code(f.exitcode),
+                "signal": signal_name(f.exitcode),
+                "timestamp": float(f.timestamp),
+            }
+            for rank, f in sorted(err.failures.items())
+        ]
+        # torchrun SIGTERMs the surviving workers after the first failure; those are
+        # casualties, not causes, as long as some rank failed on its own.
+        own = [f for f in failures if f["signal"] not in ("SIGTERM", "SIGKILL")]
+        if own:
+            for f in failures:
+                f["terminated"] = f not in own
+        first = min(own or failures, key=lambda f: f["timestamp"])
+        return {"exitcode": first["exitcode"] or 1, "failures": [f for f in failures if not f.get("terminated")],
+                "terminated": [f["rank"] for f in failures if f.get("terminated")]}
+    except SignalException as sig:
+        return {"exitcode": 128 + int(sig.sigval), "failures": [], "stopped_by": signal.Signals(sig.sigval).name}
+    return {"exitcode": 0, "failures": []}
+
+
+def run_direct(node: NodePlan, grace: float) -> dict[str, Any]:
+    """Start the node's processes ourselves; fail fast when one fails; forward stop signals."""
+    with ChildWatcher() as watcher:
+        procs: dict[int, subprocess.Popen[bytes]] = {}
+        for p in node.processes:
+            procs[p.rank] = subprocess.Popen(
+                list(p.argv), env={**os.environ, **p.env}, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        failures: list[dict[str, Any]] = []
+        stopped_by: int | None = None
+
+        def all_done() -> bool:
+            return all(pr.poll() is not None for pr in procs.values())
+
+        while True:
+            for rank, pr in procs.items():
+                code = pr.poll()
+                if code not in (None, 0) and not any(f["rank"] == rank for f in failures):
+                    failures.append(_failure(rank, pr))
+            if failures or all_done() or watcher.stop_requests:
+                break
+            watcher.wait(1.0)
+        if watcher.stop_requests and not failures:
+            stopped_by = watcher.stop_requests[0]
+
+        if not all_done():
+            # Fail fast (or stop): the rest of the node gets SIGTERM and the grace period.
+            signum = stopped_by or signal.SIGTERM
+            for pr in procs.values():
+                if pr.poll() is None:
+                    signal_group(pr.pid, signum)
+            if not wait_until(all_done, watcher, time.monotonic() + grace):
+                for pr in procs.values():
+                    signal_group(pr.pid, signal.SIGKILL)
+                wait_until(all_done, watcher, time.monotonic() + 10)
+        ranks = {str(r): {"pid": pr.pid, "exitcode": exit_code(pr.returncode if pr.returncode is not None else -9)} for r, pr in procs.items()}
+    if stopped_by is not None:
+        return {"exitcode": 128 + stopped_by, "failures": [], "ranks": ranks, "stopped_by": signal.Signals(stopped_by).name}
+    if failures:
+        return {"exitcode": failures[0]["exitcode"], "failures": failures, "ranks": ranks}
+    return {"exitcode": 0, "failures": [], "ranks": ranks}
+
+
+def _failure(rank: int, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    return {"rank": rank, "pid": proc.pid, "exitcode": exit_code(code), "signal": signal_name(code), "timestamp": time.time()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m phalanx.launch.agent")
+    parser.add_argument("--launch", required=True, type=Path, help="the node's launch.json")
+    args = parser.parse_args(argv)
+    data = read_json(args.launch)
+    if data is None:
+        print(f"phalanx agent: cannot read {args.launch}", file=sys.stderr)
+        raise SystemExit(2)
+    # SIGTERM, not SIGKILL: our workers then get their grace period too.
+    _die_with_parent(signal.SIGTERM)
+    node = NodePlan.from_dict(data["node"])
+    paths = JobPaths(Path(data["job_dir"]))
+    attempt = int(data["attempt"])
+    os.environ.update(node.env)
+    started = time.time()
+    if node.torchrun_argv is not None:
+        result = run_torchrun(node)
+    else:
+        result = run_direct(node, float(data["grace"]))
+    result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time())
+    write_json(paths.node_result(attempt, node.node_rank), result)
+    sys.stdout.flush()
+    os._exit(int(result["exitcode"]) & 0xFF)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap MODE TARGET ARGS``.
+
+It makes an unmodified script observable and safe to stop, then gets out of the way:
+
+- stdout and stderr go to this rank's own ``output.log`` (fd-level, so C extensions and
+  child processes land there too), never through a launcher's tee;
+- an uncaught exception is written to ``error.json`` (and to torchrun's
+  ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
+- the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
+- for ``--framework jax`` it calls ``jax.distributed.initialize`` for the script.
+
+MODE is ``--script`` (like ``python FILE``), ``--module`` (``python -m``) or ``--exec`` (any program).
+Keep imports here minimal: this runs once per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from phalanx.core.paths import JobPaths, write_json
+
+MODES = ("--script", "--module", "--exec")
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _paths() -> tuple[JobPaths, int, int] | None:
+    job_dir = os.environ.get("PHALANX_JOB_DIR")
+    if not job_dir:
+        return None
+    return JobPaths(__import__("pathlib").Path(job_dir)), int(os.environ.get("PHALANX_ATTEMPT", "0")), _rank()
+
+
+def _redirect_output(paths: JobPaths, attempt: int, rank: int) -> None:
+    log = paths.rank_log(attempt, rank)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    write_json(
+        paths.rank_proc(attempt, rank),
+        {
+            "pid": os.getpid(),
+            "rank": rank,
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "node_rank": int(os.environ.get("PHALANX_NODE_RANK", "0")),
+            "host": socket.gethostname(),
+            "started": time.time(),
+        },
+    )
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(137)
+
+
+def _user_frames(tb: traceback.StackSummary) -> traceback.StackSummary:
+    """Drop the bootstrap's and runpy's own frames from the top of a traceback."""
+    skip = (__file__, "<frozen runpy>", "runpy.py")
+    frames = [f for f in tb if not any(f.filename.endswith(s) for s in skip)]
+    return traceback.StackSummary.from_list(frames)
+
+
+def _record_exception(exc: BaseException, located: tuple[JobPaths, int, int] | None) -> None:
+    summary = _user_frames(traceback.extract_tb(exc.__traceback__))
+    text = "Traceback (most recent call last):\n" + "".join(summary.format())
+    text += "".join(traceback.format_exception_only(type(exc), exc))
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    now = time.time()
+    record = {
+        "rank": _rank(),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "node_rank": int(os.environ.get("PHALANX_NODE_RANK", os.environ.get("GROUP_RANK", "0"))),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "exitcode": 1,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": text,
+        "timestamp": now,
+    }
+    if located:
+        paths, attempt, rank = located
+        write_json(paths.rank_error(attempt, rank), record)
+    torch_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if torch_file:
+        # torchelastic's error-file format, so ChildFailedError carries the real cause.
+        payload = {
+            "message": {
+                "message": f"{type(exc).__name__}: {exc}",
+                "extraInfo": {"py_callstack": text, "timestamp": str(int(now))},
+            }
+        }
+        with open(torch_file, "w") as fh:
+            json.dump(payload, fh)
+
+
+def _init_jax() -> None:
+    import jax
+
+    jax.distributed.initialize(
+        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+        process_id=int(os.environ["JAX_PROCESS_ID"]),
+    )
+
+
+def _run(mode: str, target: str, args: list[str]) -> None:
+    import runpy
+
+    if mode == "--exec":
+        try:
+            os.execvp(target, [target, *args])
+        except OSError as exc:
+            sys.stderr.write(f"phalanx: cannot execute '{target}': {exc.strerror}\n")
+            raise SystemExit(127) from None
+    if os.environ.get("PHALANX_FRAMEWORK") == "jax":
+        _init_jax()
+    if mode == "--script":
+        path = os.path.abspath(target)
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(path)  # what `python FILE` does
+        runpy.run_path(path, run_name="__main__")
+    else:
+        sys.argv = [target, *args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[0] not in MODES:
+        sys.stderr.write("usage: python -m phalanx.launch.bootstrap {--script|--module|--exec} TARGET [ARGS...]\n")
+        raise SystemExit(2)
+    mode, target, args = argv[0], argv[1], argv[2:]
+    located = _paths()
+    if located:
+        _redirect_output(*located)
+    _die_with_parent()
+    try:
+        _run(mode, target, args)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        # A stop forwarded as SIGINT, not a failure of the script: no error record.
+        raise SystemExit(128 + signal.SIGINT) from None
+    except BaseException as exc:  # noqa: BLE001 - the whole point is to record anything
+        _record_exception(exc, located)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

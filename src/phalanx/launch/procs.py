@@ -1,0 +1,91 @@
+"""Watching child processes without busy-waiting, and stopping process groups.
+
+``ChildWatcher`` wakes the main loop the moment a child exits (SIGCHLD) or a stop signal
+arrives (SIGTERM/SIGINT/...), through ``signal.set_wakeup_fd``; otherwise it sleeps until
+the next tick. Used by the node agent and the supervisor alike. Main thread only.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from typing import Callable, Iterable
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+class ChildWatcher:
+    def __init__(self, stop_signals: Iterable[int] = STOP_SIGNALS) -> None:
+        self.stop_requests: list[int] = []
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._old_fd = signal.set_wakeup_fd(self._write)
+        self._old_handlers = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, _ignore)}
+        for signum in stop_signals:
+            self._old_handlers[signum] = signal.signal(signum, self._on_stop)
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        self.stop_requests.append(signum)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a signal arrives (child exit or stop request) or ``timeout`` passes."""
+        ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))
+        if ready:
+            try:
+                while os.read(self._read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        os.close(self._read)
+        os.close(self._write)
+
+    def __enter__(self) -> "ChildWatcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    pass
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """Signal a process group; a group that is gone is not an error."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_until(done: Callable[[], bool], watcher: ChildWatcher, deadline: float) -> bool:
+    """Wait (signal-driven) until ``done()`` or the deadline; returns ``done()``."""
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return done()
+        watcher.wait(min(left, 0.5))
+    return True
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's negative 'killed by signal N' as the shell's 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(returncode: int) -> str | None:
+    if returncode >= 0 and not 128 < returncode < 160:
+        return None
+    num = -returncode if returncode < 0 else returncode - 128
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return None

@@ -1,0 +1,50 @@
+"""JobSpec + topology -> the torchrun argv of one node, and the worker command.
+
+Every launch setting is written out explicitly: ``elastic_launch``'s API defaults differ
+from the torchrun CLI's, and an explicit argv is what ``--dry-run`` shows and what a user
+could paste into a shell.
+"""
+
+from __future__ import annotations
+
+from ..core.env import Topology
+from ..core.spec import EntrypointKind, JobSpec
+
+BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
+
+
+def worker_command(spec: JobSpec, args: tuple[str, ...]) -> tuple[str, ...]:
+    """What each worker process runs: the bootstrap shim, then the user's entrypoint."""
+    mode = {
+        EntrypointKind.SCRIPT: "--script",
+        EntrypointKind.MODULE: "--module",
+        EntrypointKind.COMMAND: "--exec",
+    }[spec.entrypoint.kind]
+    return (mode, spec.entrypoint.target, *args)
+
+
+def torchrun_argv(spec: JobSpec, topo: Topology, node_rank: int, local_addr: str) -> tuple[str, ...]:
+    """Arguments for ``torch.distributed.run`` on node ``node_rank`` (without the program name)."""
+    res = spec.resources
+    is_host = "true" if node_rank == 0 else "false"
+    return (
+        f"--nnodes={res.nnodes}",
+        f"--nproc-per-node={res.nproc_per_node}",
+        f"--node-rank={node_rank}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={topo.master_addr}:{topo.master_port}",
+        f"--rdzv-id={topo.job_id}",
+        # Several agents may share one machine: say who hosts the store instead of guessing.
+        f"--rdzv-conf=is_host={is_host},join_timeout=600",
+        f"--max-restarts={spec.max_restarts}",
+        "--monitor-interval=0.1",
+        "--start-method=spawn",
+        "--role=default",
+        f"--local-addr={local_addr}",
+        "--redirects=0",
+        "--tee=0",
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        f"--shutdown-timeout={max(1, int(spec.grace))}",
+        "--module",
+        BOOTSTRAP_MODULE,
+    )

@@ -1,0 +1,1 @@
+"""Observing jobs: log tailing (metrics and resource sampling grow here)."""

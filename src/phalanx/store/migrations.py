@@ -1,0 +1,32 @@
+"""Numbered schema migrations; ``PRAGMA user_version`` records how many ran.
+
+Append only: never edit a migration that has shipped.
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: jobs
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        nnodes INTEGER NOT NULL,
+        nproc_per_node INTEGER NOT NULL,
+        command TEXT NOT NULL,
+        job_dir TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        exit_code INTEGER,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        supervisor_pid INTEGER,
+        supervisor_started REAL,
+        root_cause TEXT
+    );
+    CREATE INDEX jobs_created ON jobs (created_at);
+    CREATE INDEX jobs_name ON jobs (name, created_at);
+    CREATE INDEX jobs_state ON jobs (state);
+    """,
+)
