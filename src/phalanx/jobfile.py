@@ -166,12 +166,13 @@ def build_spec(opts: RunOptions) -> JobSpec:
 
 
 def _resources(opts: RunOptions, file: dict[str, Any]) -> Resources:
-    if opts.n and (opts.nnodes or opts.nproc_per_node):
+    given = opts.nnodes is not None or opts.nproc_per_node is not None
+    if opts.n and given:
         raise UsageError("-n and --nnodes/--nproc-per-node both given", "use one spelling, e.g. -n 2x4")
     if opts.n:
         return parse_topology(opts.n)
-    if opts.nnodes or opts.nproc_per_node:
-        res = Resources(opts.nnodes or 1, opts.nproc_per_node or 1)
+    if given:
+        res = Resources(1 if opts.nnodes is None else opts.nnodes, 1 if opts.nproc_per_node is None else opts.nproc_per_node)
     elif "n" in file:
         res = parse_topology(str(file["n"]))
     else:

@@ -80,7 +80,7 @@ def run_cmd(
     from .render import dump_json
 
     words = list(words or [])
-    if words and words[0].startswith("-") and words[0] != "-":
+    if words and words[0].startswith("-") and words[0] != "-" and not (module or job_file):
         raise UsageError(f"no such option: {words[0]}", "see: phalanx run --help (script arguments go after the script)")
     spec = build_spec(
         RunOptions(
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:  # click's usage errors: one line, exit 2
         if _DEBUG:
             raise
-        message = exc.format_message()
+        message = exc.format_message().rstrip(".")
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path} --help" if ctx is not None else "phalanx --help"
         sys.stderr.write(f"phalanx: error: {message[0].lower() + message[1:] if message else 'bad usage'}; see: {where}\n")

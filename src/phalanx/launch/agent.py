@@ -68,7 +68,7 @@ def run_torchrun(node: NodePlan) -> dict[str, Any]:
         ]
         # torchrun SIGTERMs the surviving workers after the first failure; those are
         # casualties, not causes, as long as some rank failed on its own.
-        own = [f for f in failures if f["signal"] not in ("SIGTERM", "SIGKILL")]
+        own = [f for f in failures if f["signal"] != "SIGTERM"]
         if own:
             for f in failures:
                 f["terminated"] = f not in own

@@ -1,0 +1,99 @@
+"""Golden files for the local backend's plans (what --dry-run prints and submit executes).
+
+Refresh after an intended change with: PHALANX_UPDATE_GOLDEN=1 pytest tests/backends
+"""
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from phalanx.backends.registry import get_backend
+from phalanx.core.paths import HomePaths
+from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
+from phalanx.errors import UsageError
+
+GOLDEN = Path(__file__).parent / "golden"
+
+CASES = {
+    "torchrun_2x2": JobSpec(
+        Entrypoint(EntrypointKind.SCRIPT, "/work/train.py", ("--lr", "0.01")), Resources(2, 2), name="train",
+    ),
+    "single_process": JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/train.py", ("--lr", "0.01")), name="train"),
+    "command_1x2": JobSpec(Entrypoint(EntrypointKind.COMMAND, "bash", ("-c", "echo $RANK")), Resources(1, 2), name="bash"),
+    "spawn_self_2x4": JobSpec(
+        Entrypoint(EntrypointKind.SCRIPT, "/work/spawn.py", ("--node-rank", "{node_rank}", "--addr", "{master_addr}:{master_port}")),
+        Resources(2, 4), name="spawn", spawn=Spawn.SELF,
+    ),
+    "tf_2x1": JobSpec(Entrypoint(EntrypointKind.MODULE, "pkg.train"), Resources(2, 1), name="tf", framework=Framework.TF),
+    "jax_2x1": JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/j.py"), Resources(2, 1), name="jax", framework=Framework.JAX),
+}
+
+
+@pytest.fixture(autouse=True)
+def _stable_env(monkeypatch):
+    # The plan reads a few host facts; pin them so golden files are the same everywhere.
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+
+def _plan(spec):
+    ports = itertools.count(29500)
+    spec = spec.with_(python="python3", workdir="/work")
+    return get_backend("local").plan(spec, "job1234", 0, HomePaths(Path("/home/u/.phalanx")), ports=lambda: next(ports))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_matches_golden(case):
+    rendered = _plan(CASES[case]).to_json()
+    golden = GOLDEN / f"{case}.json"
+    if os.environ.get("PHALANX_UPDATE_GOLDEN") == "1":
+        golden.write_text(rendered)
+    assert golden.exists(), f"no golden file {golden}; create it with: PHALANX_UPDATE_GOLDEN=1 pytest tests/backends"
+    assert rendered == golden.read_text(), (
+        f"plan for {case} changed; if intended, refresh with: PHALANX_UPDATE_GOLDEN=1 pytest tests/backends"
+    )
+
+
+def test_torchrun_plan_essentials():
+    plan = _plan(CASES["torchrun_2x2"])
+    n0, n1 = plan.nodes
+    for node in (n0, n1):
+        argv = node.torchrun_argv
+        assert "--rdzv-backend=c10d" in argv and "--rdzv-id=job1234" in argv
+        assert "--rdzv-endpoint=127.0.0.1:29500" in argv
+        assert "--nnodes=2" in argv and "--nproc-per-node=2" in argv
+        assert node.worker_argv == ("--script", "/work/train.py", "--lr", "0.01")
+        assert node.env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "--rdzv-conf=is_host=true,join_timeout=600" in n0.torchrun_argv
+    assert "--rdzv-conf=is_host=false,join_timeout=600" in n1.torchrun_argv
+
+
+def test_spawn_self_templates_are_per_node():
+    plan = _plan(CASES["spawn_self_2x4"])
+    assert [len(n.processes) for n in plan.nodes] == [1, 1]
+    assert plan.nodes[1].processes[0].argv[-3:] == ("1", "--addr", "127.0.0.1:29500")
+    assert plan.nodes[1].processes[0].env["WORLD_SIZE"] == "2"
+
+
+def test_plan_render_shows_argv_and_env():
+    text = _plan(CASES["torchrun_2x2"]).render()
+    assert "[node 1 @ localhost-1]" in text
+    assert "torchrun --nnodes=2" in text
+    assert "PHALANX_JOB_ID=job1234" in text
+
+
+def test_plan_round_trips():
+    from phalanx.launch.plan import Plan
+
+    plan = _plan(CASES["tf_2x1"])
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan
+
+
+def test_unknown_backend_lists_known():
+    with pytest.raises(UsageError, match="known backends: local"):
+        get_backend("nope")

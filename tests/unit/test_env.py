@@ -1,0 +1,55 @@
+import json
+
+from phalanx.core.env import Topology, node_env, process_env
+from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
+
+
+def _spec(nnodes=2, nproc=2, **kw):
+    return JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/w/t.py"), Resources(nnodes, nproc), name="t", **kw)
+
+
+def _topo(nnodes=2, worker_ports=()):
+    return Topology("jid", 3, ("10.0.0.1", "10.0.0.2")[:nnodes], 29500, worker_ports, "/s", "/o", "/j", num_gpus=8)
+
+
+def test_node_env_contract():
+    env = node_env(_spec(env={"USER_VAR": "1"}), _topo(), 1)
+    assert env["PHALANX_JOB_ID"] == "jid"
+    assert env["PHALANX_ATTEMPT"] == "3"
+    assert env["PHALANX_NUM_NODES"] == "2"
+    assert env["PHALANX_NODE_RANK"] == "1"
+    assert env["PHALANX_NODE_ADDRS"] == "10.0.0.1,10.0.0.2"
+    assert env["PHALANX_NPROC_PER_NODE"] == "2"
+    assert env["PHALANX_STATE_DIR"] == "/s" and env["PHALANX_OUTPUT_DIR"] == "/o"
+    assert json.loads(env["SM_HOSTS"]) == ["10.0.0.1", "10.0.0.2"]
+    assert env["SM_CURRENT_HOST"] == "10.0.0.2"
+    assert env["SM_NUM_GPUS"] == "8"
+    assert env["SM_MODEL_DIR"] == "/o" and env["SM_OUTPUT_DATA_DIR"] == "/o"
+    assert env["USER_VAR"] == "1"
+
+
+def test_same_host_nodes_get_distinct_sm_hosts():
+    topo = Topology("j", 0, ("127.0.0.1", "127.0.0.1"), 1, (), "/s", "/o", "/j")
+    env = node_env(_spec(), topo, 1)
+    assert json.loads(env["SM_HOSTS"]) == ["node-0", "node-1"] and env["SM_CURRENT_HOST"] == "node-1"
+
+
+def test_process_env_torch_ranks():
+    env = process_env(_spec(spawn=Spawn.SELF), _topo(), 1, 0)
+    # --spawn self: one process per node, so node 1's process is rank 1 of 2
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("1", "2", "0")
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500"
+
+
+def test_process_env_jax():
+    env = process_env(_spec(nproc=1, framework=Framework.JAX), _topo(), 1, 0)
+    assert env["JAX_COORDINATOR_ADDRESS"] == "10.0.0.1:29500"
+    assert env["JAX_NUM_PROCESSES"] == "2" and env["JAX_PROCESS_ID"] == "1"
+
+
+def test_process_env_tf_config():
+    env = process_env(_spec(nproc=1, framework=Framework.TF), _topo(worker_ports=(4001, 4002)), 1, 0)
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]},
+        "task": {"type": "worker", "index": 1},
+    }
