@@ -24,20 +24,7 @@ from typing import Any
 
 from ..core.paths import JobPaths, read_json, write_json
 from .plan import NodePlan
-from .procs import ChildWatcher, exit_code, signal_group, signal_name, wait_until
-
-
-def _die_with_parent(signum: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:
-        os.kill(os.getpid(), signum)
+from .procs import ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 
 
 def run_torchrun(node: NodePlan) -> dict[str, Any]:
@@ -137,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"phalanx agent: cannot read {args.launch}", file=sys.stderr)
         raise SystemExit(2)
     # SIGTERM, not SIGKILL: our workers then get their grace period too.
-    _die_with_parent(signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     node = NodePlan.from_dict(data["node"])
     paths = JobPaths(Path(data["job_dir"]))
     attempt = int(data["attempt"])

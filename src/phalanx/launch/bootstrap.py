@@ -24,6 +24,7 @@ import time
 import traceback
 
 from phalanx.core.paths import JobPaths, write_json
+from phalanx.launch.procs import die_with_parent
 
 MODES = ("--script", "--module", "--exec")
 
@@ -59,21 +60,6 @@ def _redirect_output(paths: JobPaths, attempt: int, rank: int) -> None:
             "started": time.time(),
         },
     )
-
-
-def _die_with_parent() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(137)
 
 
 def _user_frames(tb: traceback.StackSummary) -> traceback.StackSummary:
@@ -158,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     located = _paths()
     if located:
         _redirect_output(*located)
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     try:
         _run(mode, target, args)
     except SystemExit:

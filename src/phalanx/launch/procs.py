@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import time
 from typing import Callable, Iterable
 
@@ -52,6 +53,21 @@ class ChildWatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies (PR_SET_PDEATHSIG),
+    so no process outlives the one that started it. Survives exec."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signum)
 
 
 def _ignore(_signum: int, _frame: object) -> None:
