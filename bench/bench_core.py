@@ -55,7 +55,7 @@ def measure(
     base = statistics.median(samples[list(commands)[-1]])
     return [
         {"group": group, "command": label, "median_s": statistics.median(s), "min_s": min(s),
-         "ratio": statistics.median(s) / base, "samples_s": s}
+         "ratio": statistics.median(s) / base, "extra_s": statistics.median(s) - base, "samples_s": s}
         for label, s in samples.items()
     ]
 
@@ -94,9 +94,11 @@ def populate(home: Path) -> Callable[[], None]:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'group':<9} {'command':<62} {'median s':>9} {'min s':>8} {'ratio':>6}"]
+    lines = [f"{'group':<9} {'command':<52} {'median s':>9} {'min s':>7} {'ratio':>6} {'+median s':>10}"]
     for r in results:
-        lines.append(f"{r['group']:<9} {r['command']:<62} {r['median_s']:>9.3f} {r['min_s']:>8.3f} {r['ratio']:>6.2f}")
+        lines.append(
+            f"{r['group']:<9} {r['command']:<52} {r['median_s']:>9.3f} {r['min_s']:>7.3f} {r['ratio']:>6.2f} {r['extra_s']:>+10.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -129,7 +131,7 @@ def main() -> None:
         }, {**env, "PHALANX_HOME": str(ps_home)}, args.ps_repeats, before=reset)
 
     print(f"\nphalanx core benchmark, {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}")
-    print("ratio = median / median of the group's last (baseline) command\n")
+    print("ratio = median / median of the group's last (baseline) command; +median s = the difference\n")
     print(table(results))
     if args.json:
         meta = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "platform": platform.platform(),

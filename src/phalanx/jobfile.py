@@ -40,6 +40,14 @@ FILE_KEYS = {
     "backend": "where the job runs (default: local)",
     "max_restarts": "torchrun in-place worker restarts",
     "grace": "seconds between SIGTERM and SIGKILL on stop",
+    "max_retries": "job-level retries after a failure",
+    "no_retry_on": "log patterns (regex list) that make a failure final",
+    "retry_on_exit_codes": "only these exit codes are retried (list)",
+    "stall_timeout": "seconds without output before the job counts as stalled",
+    "state": "URI the state directory is synced with (s3://, gs://, file://...)",
+    "metrics": "mapping of metric name to regex (group 1 is the value)",
+    "auto_metrics": "pick up name=value numbers automatically (default true)",
+    "sample_interval": "seconds between resource samples",
 }
 
 
@@ -61,6 +69,14 @@ class RunOptions:
     backend: str | None = None
     max_restarts: int | None = None
     grace: float | None = None
+    max_retries: int | None = None
+    no_retry_on: list[str] = field(default_factory=list)
+    retry_on_exit_codes: str | None = None
+    stall_timeout: float | None = None
+    state: str | None = None
+    metrics: list[str] = field(default_factory=list)
+    auto_metrics: bool | None = None
+    sample_interval: float | None = None
 
 
 def load_job_file(path: str) -> dict[str, Any]:
@@ -160,9 +176,64 @@ def build_spec(opts: RunOptions) -> JobSpec:
         max_restarts=int(opts.max_restarts if opts.max_restarts is not None else file.get("max_restarts", 0)),
         grace=float(opts.grace if opts.grace is not None else file.get("grace", _default_grace())),
     )
-    if spec.max_restarts < 0 or spec.grace < 0:
-        raise UsageError("--max-restarts and --grace must not be negative", "use 0 or more")
+    spec = spec.with_(**_survival(opts, file), **_monitoring(opts, file))
+    if spec.max_restarts < 0 or spec.grace < 0 or spec.max_retries < 0:
+        raise UsageError("--max-restarts, --max-retries and --grace must not be negative", "use 0 or more")
     return spec
+
+
+def _pick(cli: Any, file: dict[str, Any], key: str, default: Any) -> Any:
+    return cli if cli is not None else file.get(key, default)
+
+
+def _survival(opts: RunOptions, file: dict[str, Any]) -> dict[str, Any]:
+    import re
+
+    patterns = list(opts.no_retry_on) or list(file.get("no_retry_on") or [])
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"invalid --no-retry-on pattern '{pattern}': {exc}", "fix the regular expression") from None
+    codes_raw = _pick(opts.retry_on_exit_codes, file, "retry_on_exit_codes", [])
+    if isinstance(codes_raw, str):
+        codes_raw = [c for c in codes_raw.replace(" ", "").split(",") if c]
+    try:
+        codes = tuple(int(c) for c in codes_raw)
+    except (TypeError, ValueError):
+        raise UsageError(f"invalid --retry-on-exit-codes '{codes_raw}'", "use numbers separated by commas, e.g. 1,137") from None
+    stall = _pick(opts.stall_timeout, file, "stall_timeout", None)
+    if stall is not None and float(stall) <= 0:
+        raise UsageError("--stall-timeout must be positive", "e.g. --stall-timeout 600")
+    state = _pick(opts.state, file, "state", None)
+    if state is not None:
+        from .storage.uri import validate_uri
+
+        state = validate_uri(str(state), what="--state")
+    out: dict[str, Any] = {
+        "max_retries": int(_pick(opts.max_retries, file, "max_retries", 0)),
+        "retry_on_exit_codes": codes,
+        "stall_timeout": float(stall) if stall is not None else None,
+        "state_uri": state,
+    }
+    if patterns:
+        out["no_retry_on"] = tuple(patterns)
+    return out
+
+
+def _monitoring(opts: RunOptions, file: dict[str, Any]) -> dict[str, Any]:
+    from .core.spec import parse_metric
+
+    texts = [f"{k}={v}" for k, v in (file.get("metrics") or {}).items()] if isinstance(file.get("metrics"), dict) else []
+    defs = {d.name: d for d in (parse_metric(t) for t in [*texts, *opts.metrics])}
+    interval = float(_pick(opts.sample_interval, file, "sample_interval", 5.0))
+    if interval <= 0:
+        raise UsageError("--sample-interval must be positive", "e.g. --sample-interval 5")
+    return {
+        "metrics": tuple(defs.values()),
+        "auto_metrics": bool(_pick(opts.auto_metrics, file, "auto_metrics", True)),
+        "sample_interval": interval,
+    }
 
 
 def _resources(opts: RunOptions, file: dict[str, Any]) -> Resources:

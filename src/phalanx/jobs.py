@@ -146,8 +146,8 @@ def get_job(ref: str, store: Store | None = None) -> JobRecord:
 
 def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:
     store = store or open_store()
-    records = store.list(active_only=not all_jobs, limit=limit)
-    return [reconcile(store, r) if not is_terminal(r.state) else r for r in records]
+    records = [reconcile(store, r) if not is_terminal(r.state) else r for r in store.list(active_only=not all_jobs, limit=limit)]
+    return records if all_jobs else [r for r in records if not is_terminal(r.state)]
 
 
 def stop(ref: str, timeout: float | None = None) -> JobRecord:

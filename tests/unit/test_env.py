@@ -53,3 +53,17 @@ def test_process_env_tf_config():
         "cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]},
         "task": {"type": "worker", "index": 1},
     }
+
+
+def test_bootstrap_file_names_match_job_paths(tmp_path):
+    # The bootstrap avoids importing JobPaths (worker start-up time); keep the names in step.
+    from phalanx.core.paths import JobPaths
+    from phalanx.launch import bootstrap
+
+    paths = JobPaths(tmp_path)
+    rank_dir = paths.rank_dir_template(2).replace("{rank}", "5")
+    assert rank_dir == str(paths.rank_dir(2, 5))
+    assert paths.rank_log(2, 5).name == bootstrap.OUTPUT_LOG
+    assert paths.rank_error(2, 5).name == bootstrap.ERROR_JSON
+    assert paths.rank_proc(2, 5).name == bootstrap.PROC_JSON
+    assert paths.rank_user_metrics(2, 5).name == bootstrap.USER_METRICS

@@ -34,6 +34,9 @@ class NodeHandle(abc.ABC):
     """One running node agent, as seen by the supervisor."""
 
     node_rank: int
+    # Extra seconds after the job's grace before SIGKILL: an agent needs time to run its own
+    # grace period for its workers and report back.
+    kill_margin: float = 10.0
 
     @abc.abstractmethod
     def poll(self) -> int | None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from ..core.env import Topology, node_env, process_env, template_values
-from ..core.paths import HomePaths, JobPaths
+from ..core.paths import HomePaths, JobPaths, write_json
 from ..core.spec import JobSpec, Framework, render_template
 from ..launch.plan import NodePlan, Plan, ProcessPlan
+from ..launch.procs import exit_code, signal_group, signal_name
 from ..launch.torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
 from . import commands
 from .base import Backend, NodeHandle, PortSource
@@ -50,6 +52,7 @@ def build_nodes(
     for node_rank in range(spec.resources.nnodes):
         env = node_env(spec, topo, node_rank)
         env["PHALANX_FRAMEWORK"] = spec.framework.value
+        env["PHALANX_RANK_DIR"] = paths.rank_dir_template(topo.attempt)
         for key, value in net_env.items():
             if key not in spec.env and key not in os.environ:
                 env[key] = value
@@ -105,8 +108,59 @@ class LocalBackend(Backend):
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
-        proc = commands.spawn(node.agent_argv, {}, paths.agent_log(attempt, node.node_rank), cwd=node.cwd)
-        return LocalNode(node.node_rank, proc)
+        log = paths.agent_log(attempt, node.node_rank)
+        if node.torchrun_argv is None and len(node.processes) == 1:
+            # A lone process needs no agent in between: one interpreter less, so
+            # `phalanx run train.py` costs about what `python train.py` does.
+            proc = node.processes[0]
+            popen = commands.spawn(proc.argv, {**node.env, **proc.env}, log, cwd=node.cwd)
+            return SingleProcessNode(node, proc.rank, popen, paths.node_result(attempt, node.node_rank))
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd))
+
+
+class SingleProcessNode(NodeHandle):
+    """The node's only process, started by the supervisor itself; writes the node's result.json."""
+
+    kill_margin = 0.0  # no agent in between that has its own grace period
+
+    def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], result: Path) -> None:
+        self.node_rank = node.node_rank
+        self.host = node.host
+        self.rank = rank
+        self.proc = proc
+        self.result = result
+        self.started = time.time()
+        self._signalled: int | None = None
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None and not self.result.exists():
+            self._write_result(code)
+        return None if code is None else exit_code(code)
+
+    def _write_result(self, code: int) -> None:
+        status = {"pid": self.proc.pid, "exitcode": exit_code(code)}
+        failed = code != 0 and self._signalled is None
+        failure = {**status, "rank": self.rank, "signal": signal_name(code), "timestamp": time.time()}
+        result = {
+            "node_rank": self.node_rank, "host": self.host, "exitcode": exit_code(code),
+            "failures": [failure] if failed else [], "ranks": {str(self.rank): status},
+            "started": self.started, "finished": time.time(),
+        }
+        if self._signalled is not None:
+            result["stopped_by"] = signal.Signals(self._signalled).name
+        write_json(self.result, result)
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            self._signalled = signum
+            signal_group(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        self._signalled = self._signalled or signal.SIGKILL
+        signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.poll()
 
 
 class LocalNode(NodeHandle):

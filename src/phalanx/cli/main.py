@@ -6,6 +6,7 @@ import os
 import sys
 from typing import List, Optional
 
+import click
 import typer
 
 from ..errors import PhalanxError
@@ -271,15 +272,15 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.stderr.write(f"phalanx: error: {exc}\n")
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
+    except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except click.exceptions.Abort:
         sys.stderr.write("phalanx: aborted\n")
         sys.exit(130)
     except KeyboardInterrupt:
         sys.stderr.write("phalanx: interrupted\n")
         sys.exit(130)
-    except typer.TyperException as exc:  # click's usage errors: one line, exit 2
+    except click.exceptions.ClickException as exc:  # usage errors: one line, exit 2
         if _DEBUG:
             raise
         message = exc.format_message().rstrip(".")

@@ -14,6 +14,9 @@
           node_<n>/agent.log          the node agent's (and torchrun's) own output
           node_<n>/launch.json        what the node agent runs (its part of the plan)
           node_<n>/result.json        per-rank exit codes of the node, written at its end
+          node_<n>/resources.jsonl    resource samples of the node and its ranks
+          rank_<r>/metrics.jsonl      metrics read from the rank's output (one JSON per line)
+          rank_<r>/user_metrics.jsonl metrics the script wrote itself (PHALANX_METRICS_FILE)
           rank_<r>/output.log         stdout+stderr of global rank r, in order
           rank_<r>/error.json         the rank's uncaught exception, if any
           rank_<r>/proc.json          the rank's pid, node and host, written at start
@@ -91,11 +94,24 @@ class JobPaths:
     def node_result(self, attempt: int, node_rank: int) -> Path:
         return self.node_dir(attempt, node_rank) / "result.json"
 
+    def node_resources(self, attempt: int, node_rank: int) -> Path:
+        return self.node_dir(attempt, node_rank) / "resources.jsonl"
+
+    def rank_metrics(self, attempt: int, rank: int) -> Path:
+        return self.rank_dir(attempt, rank) / "metrics.jsonl"
+
+    def rank_user_metrics(self, attempt: int, rank: int) -> Path:
+        return self.rank_dir(attempt, rank) / "user_metrics.jsonl"
+
     def node_launch(self, attempt: int, node_rank: int) -> Path:
         return self.node_dir(attempt, node_rank) / "launch.json"
 
     def rank_dir(self, attempt: int, rank: int) -> Path:
         return self.attempt(attempt) / f"rank_{rank}"
+
+    def rank_dir_template(self, attempt: int) -> str:
+        """``rank_dir`` with ``{rank}`` left open, for workers that learn their rank late."""
+        return str(self.attempt(attempt) / "rank_{rank}")
 
     def rank_log(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "output.log"

@@ -93,6 +93,38 @@ def parse_topology(text: str) -> Resources:
 
 
 @dataclass(frozen=True)
+class MetricDef:
+    """A named regular expression over each rank's output; group 1 is the value."""
+
+    name: str
+    regex: str
+
+
+def parse_metric(text: str) -> MetricDef:
+    """``loss=REGEX`` (the --metric syntax) -> MetricDef; the regex must compile with one group."""
+    name, sep, regex = text.partition("=")
+    if not sep or not name.strip() or not regex:
+        raise UsageError(f"invalid --metric '{text}'", "use NAME=REGEX, e.g. --metric 'loss=loss=([0-9.eE+-]+)'")
+    try:
+        groups = re.compile(regex).groups
+    except re.error as exc:
+        raise UsageError(f"invalid regular expression for metric '{name}': {exc}", "fix the pattern") from None
+    if groups < 1:
+        raise UsageError(f"metric '{name}' has no capture group", "put the number in parentheses, e.g. loss=([0-9.]+)")
+    return MetricDef(name.strip(), regex)
+
+
+# Failures that another attempt cannot fix: retrying them only burns time.
+DEFAULT_NO_RETRY = (
+    r"CUDA out of memory",
+    r"OutOfMemoryError",
+    r"error: unrecognized arguments",
+    r"ModuleNotFoundError",
+    r"SyntaxError",
+)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """Everything that defines a job, independent of where it runs. Immutable."""
 
@@ -107,6 +139,14 @@ class JobSpec:
     python: str = "python3"
     max_restarts: int = 0  # torchrun's in-place worker restarts
     grace: float = 30.0  # seconds between SIGTERM and SIGKILL when stopping
+    max_retries: int = 0  # job-level restarts of all nodes after a failure or preemption
+    no_retry_on: tuple[str, ...] = DEFAULT_NO_RETRY  # log patterns that make a failure final
+    retry_on_exit_codes: tuple[int, ...] = ()  # if set, only these exit codes are retried
+    stall_timeout: float | None = None  # fail when no output/metric for this long
+    state_uri: str | None = None  # fsspec URI the state directory is synced with
+    metrics: tuple[MetricDef, ...] = ()
+    auto_metrics: bool = True  # pick up name=value / name: value numbers too
+    sample_interval: float = 5.0  # seconds between resource samples
 
     @property
     def uses_torchrun(self) -> bool:
@@ -131,6 +171,9 @@ class JobSpec:
         data["framework"] = self.framework.value
         data["spawn"] = self.spawn.value
         data["env"] = dict(self.env)
+        data["no_retry_on"] = list(self.no_retry_on)
+        data["retry_on_exit_codes"] = list(self.retry_on_exit_codes)
+        data["metrics"] = [asdict(m) for m in self.metrics]
         return data
 
     @classmethod
@@ -148,6 +191,14 @@ class JobSpec:
             python=data["python"],
             max_restarts=int(data["max_restarts"]),
             grace=float(data["grace"]),
+            max_retries=int(data.get("max_retries", 0)),
+            no_retry_on=tuple(data.get("no_retry_on", DEFAULT_NO_RETRY)),
+            retry_on_exit_codes=tuple(int(c) for c in data.get("retry_on_exit_codes", ())),
+            stall_timeout=data.get("stall_timeout"),
+            state_uri=data.get("state_uri"),
+            metrics=tuple(MetricDef(**m) for m in data.get("metrics", ())),
+            auto_metrics=bool(data.get("auto_metrics", True)),
+            sample_interval=float(data.get("sample_interval", 5.0)),
         )
 
 

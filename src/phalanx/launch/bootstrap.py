@@ -18,13 +18,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
 
-from phalanx.core.paths import JobPaths, write_json
 from phalanx.launch.procs import die_with_parent
+
+# File names inside the rank directory; JobPaths (core/paths.py) documents the layout and
+# hands the directory over in PHALANX_RANK_DIR. Not imported here: workers start faster.
+OUTPUT_LOG = "output.log"
+ERROR_JSON = "error.json"
+PROC_JSON = "proc.json"
+USER_METRICS = "user_metrics.jsonl"
 
 MODES = ("--script", "--module", "--exec")
 
@@ -33,33 +38,45 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _paths() -> tuple[JobPaths, int, int] | None:
-    job_dir = os.environ.get("PHALANX_JOB_DIR")
-    if not job_dir:
-        return None
-    return JobPaths(__import__("pathlib").Path(job_dir)), int(os.environ.get("PHALANX_ATTEMPT", "0")), _rank()
+def _rank_dir() -> str | None:
+    template = os.environ.get("PHALANX_RANK_DIR")
+    return template.replace("{rank}", str(_rank())) if template else None
 
 
-def _redirect_output(paths: JobPaths, attempt: int, rank: int) -> None:
-    log = paths.rank_log(attempt, rank)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def _redirect_output(rank_dir: str) -> None:
+    os.makedirs(rank_dir, exist_ok=True)
+    fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    write_json(
-        paths.rank_proc(attempt, rank),
+    os.environ["PHALANX_METRICS_FILE"] = os.path.join(rank_dir, USER_METRICS)
+    _write_json(
+        os.path.join(rank_dir, PROC_JSON),
         {
             "pid": os.getpid(),
-            "rank": rank,
+            "rank": _rank(),
             "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "node_rank": int(os.environ.get("PHALANX_NODE_RANK", "0")),
-            "host": socket.gethostname(),
+            "host": os.uname().nodename,
             "started": time.time(),
         },
     )
+
+
+def _dump_stacks_on_sigusr2() -> None:
+    """``kill -USR2`` prints every thread's Python stack to the rank's log (stall diagnosis)."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
 
 
 def _user_frames(tb: traceback.StackSummary) -> traceback.StackSummary:
@@ -69,7 +86,7 @@ def _user_frames(tb: traceback.StackSummary) -> traceback.StackSummary:
     return traceback.StackSummary.from_list(frames)
 
 
-def _record_exception(exc: BaseException, located: tuple[JobPaths, int, int] | None) -> None:
+def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
     summary = _user_frames(traceback.extract_tb(exc.__traceback__))
     text = "Traceback (most recent call last):\n" + "".join(summary.format())
     text += "".join(traceback.format_exception_only(type(exc), exc))
@@ -80,7 +97,7 @@ def _record_exception(exc: BaseException, located: tuple[JobPaths, int, int] | N
         "rank": _rank(),
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "node_rank": int(os.environ.get("PHALANX_NODE_RANK", os.environ.get("GROUP_RANK", "0"))),
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,
         "pid": os.getpid(),
         "exitcode": 1,
         "type": type(exc).__name__,
@@ -88,9 +105,8 @@ def _record_exception(exc: BaseException, located: tuple[JobPaths, int, int] | N
         "traceback": text,
         "timestamp": now,
     }
-    if located:
-        paths, attempt, rank = located
-        write_json(paths.rank_error(attempt, rank), record)
+    if rank_dir:
+        _write_json(os.path.join(rank_dir, ERROR_JSON), record)
     torch_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if torch_file:
         # torchelastic's error-file format, so ChildFailedError carries the real cause.
@@ -141,10 +157,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write("usage: python -m phalanx.launch.bootstrap {--script|--module|--exec} TARGET [ARGS...]\n")
         raise SystemExit(2)
     mode, target, args = argv[0], argv[1], argv[2:]
-    located = _paths()
-    if located:
-        _redirect_output(*located)
+    rank_dir = _rank_dir()
+    if rank_dir:
+        _redirect_output(rank_dir)
     die_with_parent(signal.SIGKILL)
+    _dump_stacks_on_sigusr2()
     try:
         _run(mode, target, args)
     except SystemExit:
@@ -153,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         # A stop forwarded as SIGINT, not a failure of the script: no error record.
         raise SystemExit(128 + signal.SIGINT) from None
     except BaseException as exc:  # noqa: BLE001 - the whole point is to record anything
-        _record_exception(exc, located)
+        _record_exception(exc, rank_dir)
         raise SystemExit(1) from None
 
 

@@ -66,7 +66,7 @@ def supervise(store: Store, record: JobRecord, plan: Plan, on_started: Callable[
                 store.transition(record.id, JobState.STOPPING)
                 for h in handles:
                     h.signal(stopping)
-                kill_at = time.monotonic() + plan.grace + 10
+                kill_at = time.monotonic() + plan.grace + max(h.kill_margin for h in handles)
             elif len(watcher.stop_requests) > 1 and stopping is not None:
                 kill_at = time.monotonic()  # asked twice: no more grace
             if failed_node is None and stopping is None:
@@ -75,7 +75,7 @@ def supervise(store: Store, record: JobRecord, plan: Plan, on_started: Callable[
                         failed_node = h.node_rank
                         for other in handles:
                             other.signal(signal.SIGTERM)
-                        kill_at = time.monotonic() + plan.grace + 10
+                        kill_at = time.monotonic() + plan.grace + max(h.kill_margin for h in handles)
                         break
             if kill_at is not None and time.monotonic() >= kill_at:
                 for h in handles:

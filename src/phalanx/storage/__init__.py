@@ -1,0 +1,1 @@
+"""Moving bytes: the state directory to and from object storage (fsspec). Channels grow here."""
