@@ -6,10 +6,15 @@ MASTER_ADDR and MASTER_PORT), or run it as a plain single process.
 Optional environment:
   PHALANX_STATE_DIR   checkpoint.pt is written here and resumed from at start
   PHALANX_OUTPUT_DIR  the final model.pt is written here
+
+On SIGTERM (a stop or a preemption) every rank finishes its current step, rank 0 writes a
+checkpoint, and the script exits with 143, so a resumed run loses no finished step.
 """
 
 import argparse
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -81,8 +86,27 @@ def save_atomically(obj, path):
     os.replace(tmp, path)
 
 
+class StopRequest:
+    """Set by SIGTERM; ranks agree on it each step so they all stop at the same step."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self, distributed, device):
+        if not distributed:
+            return self.requested
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def main():
     args = parse_args()
+    stop = StopRequest()
     torch.manual_seed(args.seed)
     rank, world_size, device = setup()
     distributed = dist.is_initialized()
@@ -159,6 +183,17 @@ def main():
 
             if args.sleep:
                 time.sleep(args.sleep)
+
+            if stop.agreed(distributed, device):
+                if ckpt_path and rank == 0:
+                    save_atomically({"model": net.state_dict(),
+                                     "optimizer": optimizer.state_dict(),
+                                     "epoch": epoch + 1, "step": step}, ckpt_path)
+                    print(f"stopping: checkpoint saved at step={step}", flush=True)
+                if distributed:
+                    dist.barrier()
+                    dist.destroy_process_group()
+                sys.exit(128 + signal.SIGTERM)
 
     if rank == 0:
         x, y = dataset.tensors

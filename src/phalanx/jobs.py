@@ -45,12 +45,12 @@ def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan
     return get_backend(spec.backend).plan(spec, job_id or new_job_id(), attempt, home())
 
 
-def create_job(store: Store, spec: JobSpec, plan: Plan) -> JobRecord:
+def create_job(store: Store, spec: JobSpec, plan: Plan, **supervisor: Any) -> JobRecord:
     """Record the job (PENDING) and lay out its directory. Nothing runs yet."""
     paths = home().job(plan.job_id)
     paths.root.mkdir(parents=True, exist_ok=False)
     paths.output_dir.mkdir()
-    Path(home().state_dir(spec.name)).mkdir(parents=True, exist_ok=True)
+    home().state_dir(spec.name).mkdir(parents=True, exist_ok=True)
     write_json(paths.spec, spec.to_dict())
     write_atomic(paths.plan, plan.to_json())
     store.insert_job(
@@ -62,30 +62,62 @@ def create_job(store: Store, spec: JobSpec, plan: Plan) -> JobRecord:
         command=spec.entrypoint.display(),
         job_dir=str(paths.root),
         spec_json=json.dumps(spec.to_dict(), sort_keys=True),
+        **supervisor,
     )
     return store.get(plan.job_id)
 
 
-def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None) -> tuple[JobRecord, int]:
+def clean_state(spec: JobSpec) -> Path | None:
+    """``--clean-state``: move the job name's state directory aside (never delete a checkpoint);
+    with a state URI, mark the remote copy empty. Returns where the old state went."""
+    state = home().state_dir(spec.name)
+    moved = None
+    if state.exists() and any(state.iterdir()):
+        moved = home().root / "state" / ".previous" / f"{state.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(state, moved)
+    if spec.state_uri:
+        from .storage.state import StateSync
+
+        StateSync(state, spec.state_uri).reset()
+    return moved
+
+
+def _identity() -> dict[str, Any]:
+    import psutil
+
+    return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
+
+
+def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
+        events: Callable[[str], None] | None = None) -> tuple[JobRecord, int]:
     """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
 
-    Returns the final record and the job's exit code. Ctrl-C (SIGINT) or SIGTERM to this
-    process stops the job gracefully and records it as CANCELLED.
+    Returns the final record and the job's exit code. Ctrl-C (SIGINT) stops the job
+    gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
     """
-    from .launch.supervisor import supervise
-    from .monitor.tail import RankTailer, stream
-
     store = open_store()
     plan = plan_job(spec)
-    record = create_job(store, spec, plan)
+    record = create_job(store, spec, plan, **_identity())
+    return _supervise_here(store, record, plan, out, ranks, events)
+
+
+def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
+                    events: Callable[[str], None] | None) -> tuple[JobRecord, int]:
+    from .launch.supervisor import supervise
+    from .monitor.tail import follow_attempts
+
     done = threading.Event()
     streamer = None
     if out is not None:
-        tailer = RankTailer(JobPaths(Path(record.job_dir)), plan.attempt, ranks, prefix=spec.resources.world_size > 1)
-        streamer = threading.Thread(target=stream, args=(tailer, out, done), daemon=True)
+        paths = JobPaths(Path(record.job_dir))
+        prefix = record.nnodes * record.nproc_per_node > 1
+        streamer = threading.Thread(
+            target=follow_attempts, args=(paths, plan.attempt, ranks, prefix, out, done), daemon=True
+        )
         streamer.start()
     try:
-        code = supervise(store, record, plan)
+        code = supervise(store, home(), record, plan, events=events)
     finally:
         done.set()
         if streamer:
@@ -93,22 +125,60 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None)
     return store.get(record.id), code
 
 
-def submit_detached(spec: JobSpec) -> JobRecord:
-    """Start ``spec`` in the background (survives this process and the terminal); returns at once."""
-    store = open_store()
-    plan = plan_job(spec)
-    record = create_job(store, spec, plan)
+def _spawn_supervisor(record: JobRecord, cwd: str) -> dict[str, Any]:
+    import psutil
+
     paths = JobPaths(Path(record.job_dir))
     with open(paths.supervisor_log, "ab") as log:
-        subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "phalanx.launch.supervisor", record.id],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=spec.workdir,
+            cwd=cwd,
         )
-    return record
+    try:
+        started = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:
+        started = time.time()
+    return {"supervisor_pid": proc.pid, "supervisor_started": started}
+
+
+def submit_detached(spec: JobSpec) -> JobRecord:
+    """Start ``spec`` in the background (survives this process and the terminal); returns at once."""
+    store = open_store()
+    plan = plan_job(spec)
+    record = create_job(store, spec, plan)
+    store.update(record.id, **_spawn_supervisor(record, spec.workdir))
+    return store.get(record.id)
+
+
+def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+           events: Callable[[str], None] | None = None) -> tuple[JobRecord, int | None]:
+    """Continue a failed, cancelled, preempted or lost job as a new attempt of the same job:
+    same id, same state directory (so the script resumes from its last checkpoint)."""
+    from .backends.registry import get_backend
+    from .core.state import can_resume
+
+    store = open_store()
+    record = get_job(ref, store)
+    if not can_resume(record.state):
+        hint = "it has finished successfully" if record.state is JobState.SUCCEEDED else "it is still running"
+        raise UsageError(f"job {record.id} is {record.state.value}: nothing to resume", f"{hint}; see: phalanx status {record.id}")
+    spec = read_spec(record)
+    paths = JobPaths(Path(record.job_dir))
+    attempt = max([*paths.attempts(), record.attempt]) + 1
+    plan = get_backend(spec.backend).plan(spec, record.id, attempt, home())
+    write_atomic(paths.plan, plan.to_json())
+    if detach:
+        if not store.reopen(record.id, attempt):
+            raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")
+        store.update(record.id, **_spawn_supervisor(record, spec.workdir))
+        return store.get(record.id), None
+    if not store.reopen(record.id, attempt, **_identity()):
+        raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")
+    return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 
 def reconcile(store: Store, record: JobRecord) -> JobRecord:
@@ -161,6 +231,8 @@ def stop(ref: str, timeout: float | None = None) -> JobRecord:
     if is_terminal(record.state):
         return record
     spec = JobSpec.from_dict(json.loads(record.spec_json))
+    # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
+    store.transition(record.id, JobState.STOPPING)
     if record.supervisor_pid is None:
         store.transition(record.id, JobState.CANCELLED, exit_code=143)
         return store.get(record.id)
@@ -267,6 +339,7 @@ def follow_logs(
 
     log_paths(record, attempt, rank)  # validates attempt and rank
     paths = JobPaths(Path(record.job_dir))
+    latest = attempt is None
     attempt = record.attempt if attempt is None else attempt
     prefix = rank is None and record.nnodes * record.nproc_per_node > 1
     tailer = RankTailer(paths, attempt, {rank} if rank is not None else None, prefix=prefix)
@@ -274,12 +347,26 @@ def follow_logs(
     while True:
         record = reconcile(store, store.get(record.id))
         ended = is_terminal(record.state)
-        lines = tailer.poll(final=ended or not follow)
+        moved_on = latest and follow and record.attempt != tailer.attempt
+        lines = tailer.poll(final=ended or not follow or moved_on)
         if lines:
             emit("".join(tailer.format(r, line) + "\n" for r, line in lines))
+        if moved_on:
+            emit(f"--- attempt {record.attempt} ---\n")
+            tailer = RankTailer(paths, record.attempt, tailer.ranks, prefix=prefix)
+            continue
         if ended or not follow:
             return record
         time.sleep(poll)
+
+
+def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
+    """One entry per finished attempt (outcome, exit code, retry decision), oldest first."""
+    path = JobPaths(Path(record.job_dir)).attempts_log
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
 
 
 def read_spec(record: JobRecord) -> JobSpec:

@@ -40,7 +40,7 @@ class NodeHandle(abc.ABC):
 
     @abc.abstractmethod
     def poll(self) -> int | None:
-        """The agent's exit code, or None while it runs. Non-blocking."""
+        """The agent's exit code (128+N when killed by signal N), or None while it runs. Non-blocking."""
 
     @abc.abstractmethod
     def signal(self, signum: int) -> None:

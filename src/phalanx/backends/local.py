@@ -169,7 +169,8 @@ class LocalNode(NodeHandle):
         self.proc = proc
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        code = self.proc.poll()
+        return None if code is None else exit_code(code)
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:

@@ -70,6 +70,15 @@ def run_cmd(
     backend: Optional[str] = typer.Option(None, "--backend", help="Where to run (default: local)."),
     max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="torchrun in-place worker restarts (default 0)."),
     grace: Optional[float] = typer.Option(None, "--grace", help="Seconds between SIGTERM and SIGKILL when stopping (default 30)."),
+    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="Rerun the whole job up to N times after a failure (default 0)."),
+    no_retry_on: List[str] = typer.Option([], "--no-retry-on", help="A failure whose output matches this regex is final (repeatable; replaces the defaults)."),
+    retry_on_exit_codes: Optional[str] = typer.Option(None, "--retry-on-exit-codes", help="Only retry these exit codes, e.g. 1,137."),
+    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="Fail (and dump stacks) when no rank prints for this many seconds."),
+    state: Optional[str] = typer.Option(None, "--state", help="Sync the state directory with this URI (s3://, gs://, file://, path)."),
+    clean_state: bool = typer.Option(False, "--clean-state", help="Start from an empty state directory (the old one is moved aside)."),
+    metric: List[str] = typer.Option([], "--metric", help="A metric NAME=REGEX over each rank's output (repeatable)."),
+    no_auto_metrics: bool = typer.Option(False, "--no-auto-metrics", help="Do not pick up name=value numbers automatically."),
+    sample_interval: Optional[float] = typer.Option(None, "--sample-interval", help="Seconds between resource samples (default 5)."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -87,7 +96,9 @@ def run_cmd(
         RunOptions(
             words=words, module=module, job_file=job_file, n=n, nnodes=nnodes, nproc_per_node=nproc_per_node,
             name=name, framework=framework, spawn=spawn, env=env, workdir=workdir, backend=backend,
-            max_restarts=max_restarts, grace=grace,
+            max_restarts=max_restarts, grace=grace, max_retries=max_retries, no_retry_on=no_retry_on,
+            retry_on_exit_codes=retry_on_exit_codes, stall_timeout=stall_timeout, state=state, metrics=metric,
+            auto_metrics=False if no_auto_metrics else None, sample_interval=sample_interval,
         )
     )
     rank_filter = _parse_ranks(ranks)
@@ -98,6 +109,10 @@ def run_cmd(
         else:
             sys.stdout.write(plan.render())
         return
+    if clean_state:
+        moved = jobs.clean_state(spec)
+        if moved:
+            typer.echo(f"phalanx: previous state of '{spec.name}' moved to {moved}", err=True)
     if detach:
         record = jobs.submit_detached(spec)
         if as_json:
@@ -105,11 +120,16 @@ def run_cmd(
         else:
             typer.echo(record.id)
         return
-    record, code = jobs.run(spec, out=sys.stdout, ranks=rank_filter)
+    record, code = jobs.run(spec, out=sys.stdout, ranks=rank_filter, events=_event)
     _report_end(record, shown=rank_filter)
     if as_json:
         dump_json(record.to_dict(), sys.stdout)
     raise typer.Exit(code)
+
+
+def _event(text: str) -> None:
+    sys.stderr.write(f"phalanx: {text}\n")
+    sys.stderr.flush()
 
 
 def _parse_ranks(text: str | None) -> set[int] | None:
@@ -131,6 +151,9 @@ def _report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-unty
         return
     if record.state is JobState.CANCELLED:
         err.write(f"phalanx: job {record.id} cancelled\n")
+        return
+    if record.state is JobState.PREEMPTED:
+        err.write(f"phalanx: job {record.id} preempted; continue it with: phalanx resume {record.id}\n")
         return
     cause = record.root_cause_dict() or {}
     where = []
@@ -178,15 +201,17 @@ def status_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Details of a job: state, per-rank exit codes and the root-cause error."""
+    import socket
     from dataclasses import asdict
 
     from .. import jobs
+    from ..core.state import is_terminal
     from .render import ago, dump_json, duration, table
 
     record = jobs.get_job(job)
     ranks = jobs.rank_statuses(record)
     if as_json:
-        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks]}, sys.stdout)
+        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": jobs.attempt_history(record)}, sys.stdout)
         return
     out = sys.stdout
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
@@ -196,6 +221,19 @@ def status_cmd(
     out.write(f"topology  {record.topology} on {record.backend}   attempt {record.attempt}\n")
     out.write(f"created   {ago(record.created_at)}   duration {duration(record.duration)}\n")
     out.write(f"dir       {record.job_dir}\n")
+    if record.supervisor_pid:
+        alive = "running" if not is_terminal(record.state) else "ended"
+        out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
+    spec = jobs.read_spec(record)
+    if spec.state_uri:
+        synced = ago(record.state_synced_at) if record.state_synced_at else "never"
+        out.write(f"state     {spec.state_uri}  (last upload: {synced})\n")
+    attempts = jobs.attempt_history(record)
+    if len(attempts) > 1 or record.retries:
+        out.write("\nattempts:\n")
+        for a in attempts:
+            retry = "retried" if a["retry"] else a["reason"]
+            out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {a['exit_code']:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
     if ranks:
         out.write("\n")
         rows = [
@@ -258,6 +296,24 @@ def stop_cmd(
     typer.echo(f"{record.id} {record.state.value}")
 
 
+@app.command("resume")
+def resume_cmd(
+    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Resume in the background."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks."),
+) -> None:
+    """Continue a failed, cancelled, preempted or lost job from its state directory (a new attempt)."""
+    from .. import jobs
+
+    rank_filter = _parse_ranks(ranks)
+    record, code = jobs.resume(job, detach=detach, out=sys.stdout, ranks=rank_filter, events=_event)
+    if detach:
+        typer.echo(record.id)
+        return
+    _report_end(record, shown=rank_filter)
+    raise typer.Exit(code if code is not None else 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one error boundary for the whole CLI."""
     global _DEBUG
@@ -294,7 +350,7 @@ def _leading_options(args: list[str]) -> list[str]:
     """Options before the run target (``--debug`` after the script belongs to the script)."""
     lead = []
     for word in args:
-        if not word.startswith("-") and word not in ("run", "ps", "status", "logs", "wait", "stop"):
+        if not word.startswith("-") and word not in ("run", "ps", "status", "logs", "wait", "stop", "resume"):
             break
         lead.append(word)
     return lead

@@ -9,6 +9,7 @@
         spec.json                     the JobSpec as submitted
         plan.json                     the plan of the latest attempt (what submit executes)
         supervisor.log                the supervisor's own output (detached runs)
+        attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         output/                       PHALANX_OUTPUT_DIR
         attempt_<k>/
           node_<n>/agent.log          the node agent's (and torchrun's) own output
@@ -77,6 +78,10 @@ class JobPaths:
     @property
     def supervisor_log(self) -> Path:
         return self.root / "supervisor.log"
+
+    @property
+    def attempts_log(self) -> Path:
+        return self.root / "attempts.jsonl"
 
     @property
     def output_dir(self) -> Path:

@@ -3,12 +3,16 @@
 ::
 
     PENDING --> RUNNING --> SUCCEEDED
-       |           |------> FAILED
-       |           |------> STOPPING --> CANCELLED
-       |           '------> LOST        (the supervisor vanished; found by reconcile)
+       |           |------> FAILED        (retries exhausted or the failure is not retryable)
+       |           |------> PREEMPTED     (the launcher was told to go: SIGTERM/SIGUSR1 from outside)
+       |           |------> STOPPING --> CANCELLED   (phalanx stop, Ctrl-C)
+       |           '------> LOST          (the supervisor vanished; found by reconcile)
        '------------------> CANCELLED / FAILED (never started)
 
-Terminal states never change again (``is_terminal``).
+    FAILED / CANCELLED / PREEMPTED / LOST --(phalanx resume)--> PENDING
+
+Job-level retries happen inside RUNNING (the attempt number grows). The supervisor never
+leaves a terminal state; only ``resume`` reopens a job (``can_resume``).
 """
 
 from __future__ import annotations
@@ -23,20 +27,27 @@ class JobState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
     LOST = "LOST"
 
 
-TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST})
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST})
+RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST})
 
+_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST}
 _ALLOWED = {
-    JobState.PENDING: {JobState.RUNNING, JobState.STOPPING, JobState.FAILED, JobState.CANCELLED, JobState.LOST},
-    JobState.RUNNING: {JobState.STOPPING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST},
+    JobState.PENDING: {JobState.RUNNING, JobState.STOPPING} | _ENDS,
+    JobState.RUNNING: {JobState.STOPPING} | _ENDS,
     JobState.STOPPING: {JobState.CANCELLED, JobState.FAILED, JobState.SUCCEEDED, JobState.LOST},
 }
 
 
 def is_terminal(state: JobState) -> bool:
     return state in TERMINAL
+
+
+def can_resume(state: JobState) -> bool:
+    return state in RESUMABLE
 
 
 def can_transition(old: JobState, new: JobState) -> bool:

@@ -3,11 +3,20 @@
 It starts every node agent through the backend, then watches them (signal-driven, no
 busy loop) and owns the job-level decisions:
 
-- a node that fails stops the whole job at once (fail fast: SIGTERM to the other nodes,
-  their grace period, then SIGKILL), instead of leaving peers hung in a collective;
-- a stop request (SIGTERM/SIGINT/SIGHUP/SIGUSR1, as sent by ``phalanx stop``, Ctrl-C or a
-  scheduler) is forwarded to every node; a second request kills at once;
-- the root cause is the *first* failure by timestamp across all ranks and nodes.
+- **fail fast**: a node that fails stops the whole job at once (SIGTERM to the other nodes,
+  their grace period, then SIGKILL) instead of leaving peers hung in a collective;
+- **stall**: with ``stall_timeout``, a job whose ranks print nothing for that long gets every
+  rank's Python stacks dumped to its log (SIGUSR2 -> faulthandler), then counts as failed;
+- **retry**: a failed attempt is rerun as a whole (all nodes, fresh rendezvous, same job id,
+  ``PHALANX_ATTEMPT`` + 1, same state directory) while retries remain and the failure is
+  retryable (``no_retry_on`` patterns, ``retry_on_exit_codes``);
+- **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) and Ctrl-C cancel the job;
+  SIGTERM/SIGUSR1/SIGHUP from anyone else mean the machine is being taken away: every rank
+  gets SIGTERM and the grace period to checkpoint, and the job is recorded PREEMPTED, ready
+  for ``phalanx resume``. A second signal kills at once;
+- **state**: with ``state_uri``, the state directory is pulled before the first attempt,
+  pushed periodically while running and once more at the end;
+- the **root cause** is the first failure by timestamp across all ranks and nodes.
 
 Runs in the ``phalanx run`` process for foreground jobs, and as
 ``python -m phalanx.launch.supervisor JOB_ID`` (its own session) for detached ones.
@@ -15,20 +24,33 @@ Runs in the ``phalanx run`` process for foreground jobs, and as
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
+from ..core.spec import JobSpec
 from ..core.state import JobState
 from ..store import JobRecord, Store
 from .plan import Plan
 from .procs import ChildWatcher, signal_name
 
 LOG_TAIL_LINES = 20
+STATE_SYNC_INTERVAL = 60.0
+Events = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    kind: str  # succeeded | failed | stalled | cancelled | preempted
+    exit_code: int
+    cause: dict[str, Any] | None = None
 
 
 def write_launch_files(plan: Plan, paths: JobPaths) -> None:
@@ -40,50 +62,181 @@ def write_launch_files(plan: Plan, paths: JobPaths) -> None:
         )
 
 
-def supervise(store: Store, record: JobRecord, plan: Plan, on_started: Callable[[], None] | None = None) -> int:
-    """Run ``plan`` to completion; returns the job's exit code. Blocking. Main thread only."""
+def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None) -> int:
+    """Run ``plan`` (and its retries) to completion; returns the job's exit code.
+
+    Blocking; main thread only (it handles signals).
+    """
     from ..backends.registry import get_backend
 
+    say = events or (lambda text: None)
+    spec = JobSpec.from_dict(json.loads(record.spec_json))
     backend = get_backend(plan.backend)
     paths = JobPaths(Path(record.job_dir))
-    write_launch_files(plan, paths)
-    me = _self_identity()
     with ChildWatcher() as watcher:
-        if not store.transition(record.id, JobState.RUNNING, attempt=plan.attempt, **me):
+        if not store.transition(record.id, JobState.RUNNING, attempt=plan.attempt, **_self_identity()):
             return 1  # stopped before it started
-        handles = [backend.start_node(node, paths, plan.attempt) for node in plan.nodes]
-        if on_started:
-            on_started()
-        stopping: int | None = None
-        failed_node: int | None = None
-        kill_at: float | None = None
+        sync = _state_sync(store, home, record, spec, say)
+        if isinstance(sync, Outcome):
+            return _finish(store, record, sync)
+        retries = 0
         while True:
-            codes = [h.poll() for h in handles]
-            if all(c is not None for c in codes):
+            write_launch_files(plan, paths)
+            started = time.time()
+            outcome = _run_attempt(store, backend, record, spec, plan, paths, watcher)
+            retry, reason = _should_retry(spec, outcome, retries, paths, plan)
+            _log_attempt(paths, plan.attempt, started, outcome, retry, reason)
+            if not retry:
                 break
-            if watcher.stop_requests and stopping is None:
-                stopping = watcher.stop_requests[0]
-                store.transition(record.id, JobState.STOPPING)
-                for h in handles:
-                    h.signal(stopping)
-                kill_at = time.monotonic() + plan.grace + max(h.kill_margin for h in handles)
-            elif len(watcher.stop_requests) > 1 and stopping is not None:
-                kill_at = time.monotonic()  # asked twice: no more grace
-            if failed_node is None and stopping is None:
-                for h, c in zip(handles, codes):
-                    if c not in (None, 0):
-                        failed_node = h.node_rank
-                        for other in handles:
-                            other.signal(signal.SIGTERM)
-                        kill_at = time.monotonic() + plan.grace + max(h.kill_margin for h in handles)
-                        break
-            if kill_at is not None and time.monotonic() >= kill_at:
-                for h in handles:
-                    h.kill()
-                continue
-            watcher.wait(1.0 if kill_at is None else max(0.0, min(1.0, kill_at - time.monotonic())))
+            retries += 1
+            say(f"attempt {plan.attempt} {outcome.kind} (exit {outcome.exit_code}): {_short(outcome)}; "
+                f"retrying ({retries}/{spec.max_retries}) as attempt {plan.attempt + 1}")
+            plan = backend.plan(spec, record.id, plan.attempt + 1, home)
+            store.update(record.id, attempt=plan.attempt, retries=retries)
+        if sync is not None:
+            sync.stop()
+    return _finish(store, record, outcome)
+
+
+def _run_attempt(
+    store: Store, backend: Any, record: JobRecord, spec: JobSpec, plan: Plan, paths: JobPaths, watcher: ChildWatcher
+) -> Outcome:
+    handles = [backend.start_node(node, paths, plan.attempt) for node in plan.nodes]
+    margin = max(h.kill_margin for h in handles)
+    stop_kind: str | None = None
+    stop_signal = signal.SIGTERM
+    stalled_for: float | None = None
+    kill_at: float | None = None
+    seen_requests = 0
+    last_activity = time.time()
+    while True:
         codes = [h.poll() for h in handles]
-    return _finish(store, record, paths, plan, codes, stopping)
+        if all(c is not None for c in codes):
+            break
+        if len(watcher.stop_requests) > seen_requests:
+            if stop_kind is None:
+                stop_signal = watcher.stop_requests[seen_requests]
+                stop_kind = _stop_kind(store, record.id, stop_signal)
+                if stop_kind == "cancelled":
+                    store.transition(record.id, JobState.STOPPING)
+                for h in handles:
+                    h.signal(signal.SIGINT if stop_signal == signal.SIGINT else signal.SIGTERM)
+                kill_at = time.monotonic() + plan.grace + margin
+            else:
+                kill_at = time.monotonic()  # asked twice: no more grace
+            seen_requests = len(watcher.stop_requests)
+        if kill_at is None and any(c not in (None, 0) for c in codes):
+            for h in handles:  # fail fast: the rest of the job stops now
+                h.signal(signal.SIGTERM)
+            kill_at = time.monotonic() + plan.grace + margin
+        if spec.stall_timeout and kill_at is None:
+            last_activity = max(last_activity, _last_output(paths, plan.attempt))
+            if time.time() - last_activity > spec.stall_timeout:
+                stalled_for = time.time() - last_activity
+                _dump_stacks(paths, plan.attempt)
+                for h in handles:
+                    h.signal(signal.SIGTERM)
+                kill_at = time.monotonic() + plan.grace + margin
+        if kill_at is not None and time.monotonic() >= kill_at:
+            for h in handles:
+                h.kill()
+            continue
+        tick = 1.0 if kill_at is None else max(0.0, min(1.0, kill_at - time.monotonic()))
+        watcher.wait(tick)
+    codes = [h.poll() for h in handles]
+    if stop_kind is not None:
+        return Outcome(stop_kind, 128 + int(stop_signal))
+    if stalled_for is not None:
+        return Outcome("stalled", 124, {
+            "exitcode": 124,
+            "message": f"no output from any rank for {stalled_for:.0f}s (--stall-timeout {spec.stall_timeout:g}); "
+                       "each rank's Python stacks were dumped to its log",
+        })
+    if all(c == 0 for c in codes):
+        return Outcome("succeeded", 0)
+    cause = root_cause(paths, plan.attempt, len(plan.nodes), codes)
+    return Outcome("failed", int(cause.get("exitcode") or 1), cause)
+
+
+def _stop_kind(store: Store, job_id: str, signum: int) -> str:
+    """A user stop (``phalanx stop`` marks the store first; Ctrl-C is SIGINT) or a preemption."""
+    if signum == signal.SIGINT or store.get(job_id).state is JobState.STOPPING:
+        return "cancelled"
+    return "preempted"
+
+
+def _should_retry(spec: JobSpec, outcome: Outcome, retries: int, paths: JobPaths, plan: Plan) -> tuple[bool, str]:
+    if outcome.kind not in ("failed", "stalled"):
+        return False, outcome.kind
+    if retries >= spec.max_retries:
+        return False, f"no retries left ({retries}/{spec.max_retries} used)"
+    if spec.retry_on_exit_codes and outcome.exit_code not in spec.retry_on_exit_codes:
+        return False, f"exit code {outcome.exit_code} is not in --retry-on-exit-codes"
+    text = "\n".join(_tail(paths.rank_log(plan.attempt, r), 200) for r in paths.ranks(plan.attempt))
+    for pattern in spec.no_retry_on:
+        if re.search(pattern, text):
+            return False, f"the output matches --no-retry-on '{pattern}'"
+    return True, "retryable"
+
+
+def _log_attempt(paths: JobPaths, attempt: int, started: float, outcome: Outcome, retry: bool, reason: str) -> None:
+    entry = {
+        "attempt": attempt, "started": started, "ended": time.time(), "outcome": outcome.kind,
+        "exit_code": outcome.exit_code, "message": _short(outcome), "retry": retry, "reason": reason,
+    }
+    with open(paths.attempts_log, "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+
+
+def _short(outcome: Outcome) -> str:
+    cause = outcome.cause or {}
+    where = f"rank {cause['rank']}: " if "rank" in cause else ""
+    return f"{where}{cause.get('message', outcome.kind)}"
+
+
+def _last_output(paths: JobPaths, attempt: int) -> float:
+    latest = 0.0
+    for rank in paths.ranks(attempt):
+        for path in (paths.rank_log(attempt, rank), paths.rank_user_metrics(attempt, rank)):
+            try:
+                latest = max(latest, path.stat().st_mtime)
+            except FileNotFoundError:
+                pass
+    return latest
+
+
+def _dump_stacks(paths: JobPaths, attempt: int) -> None:
+    """SIGUSR2 to every rank: the bootstrap's faulthandler prints all Python stacks to its log."""
+    for rank in paths.ranks(attempt):
+        proc = read_json(paths.rank_proc(attempt, rank)) or {}
+        if proc.get("pid"):
+            try:
+                os.kill(int(proc["pid"]), signal.SIGUSR2)
+            except (ProcessLookupError, PermissionError):
+                pass
+    time.sleep(1.0)  # let faulthandler write before the ranks are stopped
+
+
+def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec, say: Events) -> Any:
+    """Pull the remote state before the first attempt; returns the running sync, None, or a failed Outcome."""
+    if not spec.state_uri:
+        return None
+    from ..errors import PhalanxError
+    from ..storage.state import StateSync
+
+    sync = StateSync(
+        home.state_dir(spec.name), spec.state_uri,
+        on_pushed=lambda ts: store.update(record.id, state_synced_at=ts),
+        on_error=lambda msg: say(f"warning: {msg}"),
+    )
+    try:
+        pulled = sync.pull()
+    except PhalanxError as exc:
+        return Outcome("failed", 1, {"exitcode": 1, "message": f"could not restore the state directory: {exc}"})
+    if pulled:
+        say(f"restored {pulled} file(s) of state from {spec.state_uri}")
+    sync.start(STATE_SYNC_INTERVAL)
+    return sync
 
 
 def _self_identity() -> dict[str, Any]:
@@ -92,25 +245,19 @@ def _self_identity() -> dict[str, Any]:
     return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
 
 
-def _finish(store: Store, record: JobRecord, paths: JobPaths, plan: Plan, codes: list[int | None], stopping: int | None) -> int:
-    if stopping is not None:
-        code = 128 + int(stopping)
+def _finish(store: Store, record: JobRecord, outcome: Outcome) -> int:
+    code = outcome.exit_code
+    if outcome.kind == "succeeded":
+        store.transition(record.id, JobState.SUCCEEDED, exit_code=0)
+    elif outcome.kind == "cancelled":
         if not store.transition(record.id, JobState.CANCELLED, exit_code=code):
             store.transition(record.id, JobState.FAILED, exit_code=code)
-        return code
-    if all(c == 0 for c in codes):
-        store.transition(record.id, JobState.SUCCEEDED, exit_code=0)
-        return 0
-    cause = root_cause(paths, plan.attempt, len(plan.nodes), codes)
-    code = int(cause.get("exitcode") or 1)
-    store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=_json(cause))
+    elif outcome.kind == "preempted":
+        cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
+        store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
+    else:
+        store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
     return code
-
-
-def _json(data: Any) -> str:
-    import json
-
-    return json.dumps(data, sort_keys=True)
 
 
 def rank_failures(paths: JobPaths, attempt: int, nnodes: int) -> list[dict[str, Any]]:
@@ -134,6 +281,7 @@ def root_cause(paths: JobPaths, attempt: int, nnodes: int, codes: list[int | Non
     failures = rank_failures(paths, attempt, nnodes)
     if failures:
         first = dict(min(failures, key=lambda f: f["timestamp"]))
+        first["attempt"] = attempt
         first["log_tail"] = _tail(paths.rank_log(attempt, first["rank"]))
         first["log"] = str(paths.rank_log(attempt, first["rank"]))
         if not first.get("message"):
@@ -143,16 +291,17 @@ def root_cause(paths: JobPaths, attempt: int, nnodes: int, codes: list[int | Non
     for node_rank, code in enumerate(codes):
         if code not in (None, 0):
             log = paths.agent_log(attempt, node_rank)
-            sig = signal_name(-code if code < 0 else code)
+            sig = signal_name(code)
             return {
+                "attempt": attempt,
                 "node_rank": node_rank,
-                "exitcode": 128 - code if code < 0 else code,
+                "exitcode": code,
                 "signal": sig,
                 "message": f"node agent {node_rank} {'was killed by ' + sig if sig else f'exited with code {code}'}",
                 "log": str(log),
                 "log_tail": _tail(log),
             }
-    return {"exitcode": 1, "message": "the job failed for an unknown reason"}
+    return {"attempt": attempt, "exitcode": 1, "message": "the job failed for an unknown reason"}
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -169,14 +318,17 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Detached entry point: ``python -m phalanx.launch.supervisor JOB_ID``."""
     from .. import config
-    from ..launch.plan import Plan as PlanCls
 
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
     store = Store(home.db)
     record = store.get(args[0])
-    plan = PlanCls.from_dict(read_json(JobPaths(Path(record.job_dir)).plan))
-    code = supervise(store, record, plan)
+    plan = Plan.from_dict(read_json(JobPaths(Path(record.job_dir)).plan))
+
+    def say(text: str) -> None:
+        print(f"phalanx: {text}", flush=True)
+
+    code = supervise(store, home, record, plan, events=say)
     sys.stdout.flush()
     os._exit(code & 0xFF)
 

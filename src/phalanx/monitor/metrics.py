@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from array import array
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -50,19 +49,24 @@ EPOCH_KEYS = ("epoch",)
 # Numbers scripts print that are identities or settings, not measurements.
 NOT_METRICS = frozenset({"rank", "local_rank", "global_rank", "world_size", "pid", "port", "seed", "node_rank", "gpu", "device"})
 
-_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-# name=value or name: value; the value must end the token (so 12:30:01, 1.2.3, 10ms, v=3x are
-# not numbers) and the name must start the token (so a=b=1 or path/x=1 do not half-match).
-_AUTO = re.compile(
-    r"(?<![\w@./=-])([A-Za-z_][\w@./-]*?)['\"]?(?:\s*=\s*|:[ \t]*)(" + _NUMBER + r")(?=[\s,;|)\]}'\"]|%|$)",
-    re.MULTILINE,
+# A number as scripts print it; junk the class admits (1.2.3) is dropped by float().
+_NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+)(?:[eE][-+]?\d+)?"
+# One pass per line finds both metrics and step/epoch: ``name=value`` or ``name: value``
+# (groups: name, separator, number), or ``name value`` / ``Name [3/10]`` (no separator), which
+# counts only for step and epoch. The name must start a token (so --lr=1 or a/b=1 do not
+# half-match) and the number must end one (so 12:30:01, 1.5x or 10ms are not numbers).
+_SCAN = re.compile(
+    r"""(?:^|(?<=[\s,;({\[|'"]))([A-Za-z_][\w@./-]*+)['"]?(?:([=:])[ \t]*|[ \t]+)\[?[ \t]*("""
+    + _NUMBER
+    + r""")(?:/\d+)?(?=[\s,;|)\]}'"%]|$)"""
 )
-# step 12 / step=12 / Step: 12 / Epoch [3/10] / iter 5/100: integers only.
-_CONTEXT = re.compile(
-    r"\b(" + "|".join(STEP_KEYS + EPOCH_KEYS) + r")\b[ \t]*[=:]?[ \t]*\[?[ \t]*(\d+)(?![\d.])",
-    re.IGNORECASE,
-)
-_CONTEXT_NAMES = frozenset(STEP_KEYS + EPOCH_KEYS)
+_CONTEXT = {**{k: "step" for k in STEP_KEYS}, **{k: "epoch" for k in EPOCH_KEYS}}
+
+
+def _maybe_context(line: str) -> bool:
+    """Could ``line`` name a step or an epoch? (Cheap substring tests before the regex.)"""
+    low = line.lower()
+    return "step" in low or "epoch" in low or "iter" in low
 
 
 def _json_str(text: str) -> str:
@@ -118,7 +122,8 @@ class MetricsCollector:
         self.paths = paths
         self.attempt = attempt
         self.auto = auto
-        self._defs = [(re.compile(d.regex, re.MULTILINE), _json_str(d.name)) for d in defs]
+        self._def_rx = [(re.compile(d.regex, re.MULTILINE), _json_str(d.name)) for d in defs]
+        self._defs = [(rx.findall, jname, rx.groups == 1) for rx, jname in self._def_rx]
         self._def_names = frozenset(d.name for d in defs)
         self._names: dict[str, str] = {}  # name -> its JSON encoding, computed once
         self._ranks: dict[int, _RankState] = {}
@@ -168,10 +173,9 @@ class MetricsCollector:
                     self.last_activity = time.time()
                 at_end = len(chunk) < READ_CHUNK
                 data = src.partial + chunk
-                if final and at_end or len(data) > MAX_LINE:
+                cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+                if final and at_end or not cut and len(data) > MAX_LINE:
                     cut = len(data)  # the file is complete (or the line absurd): take it all
-                else:
-                    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
                 src.partial = data[cut:]
                 if cut:
                     text = data[:cut].decode("utf-8", errors="replace")
@@ -180,77 +184,71 @@ class MetricsCollector:
                     return
 
     def _extract(self, text: str, rank: int, state: _RankState, now: float, out: list[str]) -> None:
-        """Every metric value in ``text`` (complete lines), with the step/epoch of its line."""
-        steps_at: list[int] = []
-        steps: list[int] = []
-        epochs_at: list[int] = []
-        epochs: list[int] = []
-        for m in _CONTEXT.finditer(text):
-            key = m.group(1).lower()
-            try:
-                number = int(m.group(2))
-            except ValueError:
-                continue
-            if key == "epoch":
-                epochs_at.append(m.start())
-                epochs.append(number)
-            else:
-                steps_at.append(m.start())
-                steps.append(number)
-        found: list[tuple[int, str, float]] = []  # (position, JSON name, value)
-        taken: list[tuple[int, int]] = []  # spans of values a definition matched
-        for rx, jname in self._defs:
-            for m in rx.finditer(text):
-                value = _finite(m.group(1))
-                if value is None:
-                    continue
-                found.append((m.start(1), jname, value))
-                if self.auto:
-                    taken.append(m.span(1))
-        if self.auto:
-            taken.sort()
-            starts = [s for s, _ in taken]
-            names = self._names
-            for m in _AUTO.finditer(text):
-                name = m.group(1)
-                low = name.lower()
-                if low in _CONTEXT_NAMES or low in NOT_METRICS or name in self._def_names:
-                    continue
-                start, end = m.span(2)
-                if taken:
-                    i = bisect_right(starts, end - 1) - 1
-                    if i >= 0 and taken[i][1] > start:
-                        continue  # a definition already reported this number
-                value = _finite(m.group(2))
-                if value is None:
-                    continue
-                jname = names.get(name)
-                if jname is None:
-                    jname = names[name] = _json_str(name)
-                found.append((start, jname, value))
+        """Every metric value in ``text`` (complete lines), with the step and epoch of its line.
+
+        This runs over every line a job prints, so it is written for speed: one findall per
+        definition and one scan per line, no match objects unless a line needs them.
+        """
+        defs = self._defs
+        def_names = self._def_names
+        auto = self.auto
+        names = self._names
+        scan = _SCAN.findall
+        context = _CONTEXT
+        step, epoch = state.step, state.epoch
         tail = f', "rank": {rank}, "attempt": {self.attempt}, "time": {now:.3f}}}\n'
-        find = text.find
-        line_end = last_pos = -1
-        step_s = epoch_s = "null"
-        # ``found`` ascends by position within each source (a definition, auto): look the
-        # line's step and epoch up again only on a new line or when the source changes.
-        for pos, jname, value in found:
-            if pos > line_end or pos < last_pos:
-                line_end = find("\n", pos)
-                if line_end < 0:
-                    line_end = len(text)
-                i = bisect_right(steps_at, line_end) - 1
-                step = steps[i] if i >= 0 else state.step
-                j = bisect_right(epochs_at, line_end) - 1
-                epoch = epochs[j] if j >= 0 else state.epoch
-                step_s = "null" if step is None else str(step)
-                epoch_s = "null" if epoch is None else str(epoch)
-            last_pos = pos
-            out.append(f'{{"name": {jname}, "value": {value!r}, "step": {step_s}, "epoch": {epoch_s}{tail}')
-        if steps:
-            state.step = steps[-1]
-        if epochs:
-            state.epoch = epochs[-1]
+        append = out.append
+        for line in text.split("\n"):
+            if not line:
+                continue
+            found: list[tuple[str, str]] = []  # (JSON name, number text)
+            for findall, jname, single in defs:
+                for g in findall(line):
+                    found.append((jname, g if single else g[0]))
+            if auto and ("=" in line or ":" in line) or _maybe_context(line):
+                picked: list[tuple[str, str]] = []
+                for name, sep, number in scan(line):
+                    low = name.lower()
+                    key = context.get(low)
+                    if key is not None:
+                        if number.isdigit():
+                            if key == "step":
+                                step = int(number)
+                            else:
+                                epoch = int(number)
+                    elif auto and sep and name not in def_names and low not in NOT_METRICS:
+                        picked.append((name, number))
+                if picked:
+                    if found:
+                        picked = self._untaken(line, picked)
+                    for name, number in picked:
+                        jname = names.get(name)
+                        if jname is None:
+                            jname = names[name] = _json_str(name)
+                        found.append((jname, number))
+            if not found:
+                continue
+            head = f', "step": {"null" if step is None else step}, "epoch": {"null" if epoch is None else epoch}{tail}'
+            for jname, number in found:
+                try:
+                    value = float(number)
+                except ValueError:
+                    continue
+                if value - value:  # nan or inf: not a number JSON can hold
+                    continue
+                append(f'{{"name": {jname}, "value": {value!r}{head}')
+        state.step, state.epoch = step, epoch
+
+    def _untaken(self, line: str, picked: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The picked-up numbers of ``line`` that no definition matched (slow path: spans)."""
+        taken = [m.span(1) for rx, _ in self._def_rx for m in rx.finditer(line)]
+        keep = []
+        for m in _SCAN.finditer(line):
+            if (m.group(1), m.group(3)) in picked:
+                start, end = m.span(3)
+                if not any(s < end and start < e for s, e in taken):
+                    keep.append((m.group(1), m.group(3)))
+        return keep
 
     def _user_lines(self, text: str, rank: int, now: float, out: list[str]) -> None:
         for line in text.splitlines():
@@ -268,7 +266,7 @@ class MetricsCollector:
             if isinstance(obj.get("name"), str) and "value" in obj:
                 pairs: Iterable[tuple[str, Any]] = [(obj["name"], obj["value"])]
             else:
-                pairs = ((k, v) for k, v in obj.items() if k.lower() not in _CONTEXT_NAMES and k != "time")
+                pairs = ((k, v) for k, v in obj.items() if k.lower() not in _CONTEXT and k != "time")
             for name, raw in pairs:
                 value = _finite(raw) if isinstance(raw, (int, float)) else None
                 if value is None:
@@ -352,6 +350,21 @@ def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     return _parse_lines(data[:cut]), offset + cut
 
 
+def tail_jsonl(path: Path, max_bytes: int = 1 << 18) -> list[dict[str, Any]]:
+    """The complete JSON lines within the last ``max_bytes`` of ``path`` (recent records only)."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            start = max(0, size - max_bytes)
+            fh.seek(start)
+            data = fh.read()
+    except OSError:
+        return []
+    if start:
+        data = data[data.find(b"\n") + 1:]  # the first line is cut by the window
+    return _parse_lines(data[: data.rfind(b"\n") + 1])
+
+
 def read_metrics(paths: JobPaths, attempt: int | None = None, rank: int | None = None) -> list[dict[str, Any]]:
     """Metric records of one attempt (all attempts, oldest first, if None), optionally one rank."""
     attempts = paths.attempts() if attempt is None else [attempt]
@@ -427,26 +440,58 @@ def _fmt(value: float) -> str:
     return f"{value:.6g}"
 
 
+def default_rank(paths: JobPaths, attempts: Sequence[int]) -> int | None:
+    """Rank 0 if it has metrics in any of ``attempts``, else the lowest rank that has."""
+    found = sorted({r for a in attempts for r in paths.ranks(a) if paths.rank_metrics(a, r).exists()})
+    return 0 if 0 in found or not found else found[0]
+
+
+def metrics_report(record: Any, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]:
+    """What ``phalanx metrics`` shows: per metric last/min/max/count/last step and a sparkline
+    by step, for one rank (default 0) of one attempt or of all attempts (default)."""
+    from ..errors import UsageError
+
+    paths = JobPaths(Path(record.job_dir))
+    known = paths.attempts()
+    if attempt is not None and attempt not in known:
+        raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, known)) or 'none yet'}")
+    attempts = known if attempt is None else [attempt]
+    if rank is None:
+        rank = default_rank(paths, attempts)
+    elif rank < 0 or rank >= record.nnodes * record.nproc_per_node:
+        raise UsageError(f"job {record.id} has no rank {rank}", f"ranks: 0..{record.nnodes * record.nproc_per_node - 1}")
+    records = [r for a in attempts for r in read_metrics(paths, a, rank)] if rank is not None else []
+    summary = summarize(records)
+    for name, s in summary.items():
+        s["sparkline"] = sparkline([v for _, v in by_step(records, name)])
+    span = "attempt " + str(attempt) if attempt is not None else (
+        f"attempts {known[0]}-{known[-1]}" if len(known) > 1 else f"attempt {known[0] if known else 0}")
+    return {"job": record.id, "attempt": attempt, "rank": rank, "where": f"rank {rank}, {span}", "metrics": summary}
+
+
 def status_summary_lines(record: Any) -> list[str]:
     """Lines for ``phalanx status``: rank 0's metrics of the latest attempt, then hints."""
     from .hints import hints
-    from .resources import read_resources
+    from .resources import recent_resources
 
     paths = JobPaths(Path(record.job_dir))
     attempt = record.attempt
-    ranks = paths.ranks(attempt)
     lines: list[str] = []
-    if ranks:
-        summary = summarize(read_metrics(paths, attempt, ranks[0]))
-        parts = []
-        for name, s in summary.items():
-            step = "" if s["last_step"] is None else f" (step {s['last_step']})"
-            parts.append(f"{name} last={_fmt(s['last'])} min={_fmt(s['min'])} max={_fmt(s['max'])}{step}")
-        if parts:
-            label = "metrics" if ranks[0] == 0 else f"metrics (rank {ranks[0]})"
-            lines.append(f"{label:<9} " + parts[0])
-            lines.extend(" " * 10 + p for p in parts[1:])
-    resources = read_resources(paths, attempt)
-    for hint in hints(resources, read_metrics(paths, attempt) if len(ranks) > 1 else []):
+    rank = default_rank(paths, [attempt])
+    summary = summarize(read_metrics(paths, attempt, rank)) if rank is not None else {}
+    parts = []
+    for name, s in summary.items():
+        step = "" if s["last_step"] is None else f" (step {s['last_step']})"
+        parts.append(f"{name} last={_fmt(s['last'])} min={_fmt(s['min'])} max={_fmt(s['max'])}{step}")
+    if parts:
+        label = "metrics" if rank == 0 else f"metrics (rank {rank})"
+        lines.append(f"{label:<9} " + parts[0])
+        lines.extend(" " * 10 + p for p in parts[1:])
+    for hint in hints(recent_resources(paths, attempt), recent_metrics(paths, attempt)):
         lines.append(f"hint      {hint}")
     return lines
+
+
+def recent_metrics(paths: JobPaths, attempt: int, max_bytes: int = 1 << 16) -> list[dict[str, Any]]:
+    """The latest records of every rank (the end of each file): enough for rates, cheap."""
+    return [r for rank in paths.ranks(attempt) for r in tail_jsonl(paths.rank_metrics(attempt, rank), max_bytes)]

@@ -7,7 +7,7 @@ copy, so lines from different ranks can never be glued together.
 from __future__ import annotations
 
 import threading
-from typing import Callable, TextIO
+from typing import TextIO
 
 from ..core.paths import JobPaths
 
@@ -52,16 +52,21 @@ class RankTailer:
         return f"[{rank}] {line}" if self.prefix else line
 
 
-def stream(
-    tailer: RankTailer, out: TextIO, done: threading.Event, interval: float = 0.1,
-    write: Callable[[str], None] | None = None,
+def follow_attempts(
+    paths: JobPaths, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
+    interval: float = 0.1,
 ) -> None:
-    """Print lines until ``done`` is set, then print what is left. Blocking."""
-    emit = write or (lambda text: (out.write(text), out.flush()))
+    """Like ``stream``, but moves on to each new attempt (job-level retries) as it appears."""
+    tailer = RankTailer(paths, attempt, ranks, prefix)
     while True:
         finished = done.wait(interval)
-        lines = tailer.poll(final=finished)
+        newer = [a for a in paths.attempts() if a > tailer.attempt]
+        lines = tailer.poll(final=finished or bool(newer))
         if lines:
-            emit("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
+            out.write("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
+            out.flush()
+        if newer:
+            tailer = RankTailer(paths, min(newer), ranks, prefix)
+            continue
         if finished:
             return

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..core.state import TERMINAL, JobState, sources_of
+from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
 from .migrations import MIGRATIONS
 
 _COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
-    "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause"
+    "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries"
 ).split()
 
 
@@ -45,6 +45,8 @@ class JobRecord:
     supervisor_pid: int | None
     supervisor_started: float | None
     root_cause: str | None
+    state_synced_at: float | None = None
+    retries: int = 0
 
     @property
     def topology(self) -> str:
@@ -148,6 +150,18 @@ class Store:
         changed = self._write(
             f"UPDATE jobs SET {sets} WHERE id = ? AND state IN ({marks})",
             [new.value, *fields.values(), job_id, *sources],
+        )
+        return changed == 1
+
+    def reopen(self, job_id: str, attempt: int, **fields: Any) -> bool:
+        """``resume``: move a resumable job back to PENDING for ``attempt``. Compare-and-set."""
+        marks = ", ".join("?" for _ in RESUMABLE)
+        changed = self._write(
+            "UPDATE jobs SET state = ?, attempt = ?, ended_at = NULL, exit_code = NULL, root_cause = NULL,"
+            " retries = 0, supervisor_pid = ?, supervisor_started = ?"
+            f" WHERE id = ? AND state IN ({marks})",
+            [JobState.PENDING.value, attempt, fields.get("supervisor_pid"), fields.get("supervisor_started"),
+             job_id, *(s.value for s in RESUMABLE)],
         )
         return changed == 1
 

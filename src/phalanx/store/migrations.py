@@ -29,4 +29,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_name ON jobs (name, created_at);
     CREATE INDEX jobs_state ON jobs (state);
     """,
+    # 2: survival: when the state directory last reached its remote copy; retries used
+    """
+    ALTER TABLE jobs ADD COLUMN state_synced_at REAL;
+    ALTER TABLE jobs ADD COLUMN retries INTEGER NOT NULL DEFAULT 0;
+    """,
 )

@@ -1,0 +1,171 @@
+"""Keeping the state directory (checkpoints) in step with a remote copy, through fsspec.
+
+Layout at the URI: the files as they are under the state directory, plus a manifest
+``_phalanx_manifest.json`` ({path: {size, mtime}}) written *after* every file it lists.
+Each object is written whole (an S3 PUT is atomic; local files go to a temp name and are
+renamed), so an upload cut off mid-way leaves the previous manifest and complete files:
+``pull`` restores exactly what the last finished upload listed, never a half-written file.
+
+Endpoints and credentials come from each store's standard configuration
+(``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``~/.aws/...`` for S3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import PhalanxError
+
+MANIFEST = "_phalanx_manifest.json"
+
+
+class StateSyncError(PhalanxError):
+    pass
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:
+        from ..errors import MissingDependency
+
+        raise MissingDependency("fsspec", "storage") from None
+    try:
+        fs, root = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:
+        raise StateSyncError(f"cannot open state URI '{uri}': {exc}", "install the store's fsspec package, e.g. pip install s3fs") from None
+    return fs, root.rstrip("/")
+
+
+class StateSync:
+    """Pull before a job starts, push while it runs (``start``) and at the end (``stop``)."""
+
+    def __init__(self, local: Path, uri: str, on_pushed: Callable[[float], None] | None = None,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        self.local = local
+        self.uri = uri
+        self.fs, self.root = _filesystem(uri)
+        self.on_pushed = on_pushed
+        self.on_error = on_error
+        self._pushed: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- listing ----------------------------------------------------------------
+
+    def _local_files(self) -> dict[str, dict[str, float]]:
+        files = {}
+        if self.local.exists():
+            for path in self.local.rglob("*"):
+                if path.is_file() and not path.name.startswith(".") and ".tmp" not in path.name:
+                    st = path.stat()
+                    files[path.relative_to(self.local).as_posix()] = {"size": st.st_size, "mtime": st.st_mtime}
+        return files
+
+    def _remote_manifest(self) -> dict[str, dict[str, float]]:
+        try:
+            with self.fs.open(f"{self.root}/{MANIFEST}", "rb") as fh:
+                return dict(json.loads(fh.read())["files"])
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError) as exc:
+            raise StateSyncError(f"cannot read the state manifest at {self.uri}: {exc}", "check the URI and credentials") from None
+
+    # -- transfers ----------------------------------------------------------------
+
+    def pull(self) -> int:
+        """Bring files listed by the remote manifest that are missing or different locally."""
+        manifest = self._remote_manifest()
+        self.local.mkdir(parents=True, exist_ok=True)
+        have = self._local_files()
+        count = 0
+        for rel, meta in manifest.items():
+            if have.get(rel, {}).get("size") == meta["size"] and have.get(rel, {}).get("mtime") == meta["mtime"]:
+                continue
+            target = self.local / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.part")
+            self.fs.get_file(f"{self.root}/{rel}", str(tmp))
+            os.utime(tmp, (meta["mtime"], meta["mtime"]))
+            os.replace(tmp, target)
+            count += 1
+        with self._lock:
+            self._pushed = dict(manifest)
+        return count
+
+    def push(self) -> int:
+        """Upload changed files, then the manifest. Raises StateSyncError; the old manifest stays valid."""
+        with self._lock:
+            files = self._local_files()
+            changed = [rel for rel, meta in files.items() if self._pushed.get(rel) != meta]
+            if not changed and set(files) == set(self._pushed):
+                return 0
+            try:
+                for rel in changed:
+                    self._put(self.local / rel, f"{self.root}/{rel}")
+                payload = json.dumps({"files": files, "time": time.time()}).encode()
+                self._write(f"{self.root}/{MANIFEST}", payload)
+            except OSError as exc:
+                raise StateSyncError(f"uploading the state to {self.uri} failed: {exc}", "the previous upload is still complete") from exc
+            self._pushed = files
+        if self.on_pushed:
+            self.on_pushed(time.time())
+        return len(changed)
+
+    def reset(self) -> None:
+        """Start over (``--clean-state``): an empty manifest; old objects stay but are ignored."""
+        self._write(f"{self.root}/{MANIFEST}", json.dumps({"files": {}, "time": time.time()}).encode())
+        self._pushed = {}
+
+    def _put(self, src: Path, dst: str) -> None:
+        self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+        if _is_local(self.fs):
+            part = f"{dst}.part"
+            self.fs.put_file(str(src), part)
+            self.fs.mv(part, dst)
+        else:
+            self.fs.put_file(str(src), dst)
+
+    def _write(self, dst: str, data: bytes) -> None:
+        self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+        if _is_local(self.fs):
+            part = f"{dst}.part"
+            self.fs.pipe_file(part, data)
+            self.fs.mv(part, dst)
+        else:
+            self.fs.pipe_file(dst, data)
+
+    # -- background ----------------------------------------------------------------
+
+    def start(self, interval: float) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                self._push_logged()
+
+        self._thread = threading.Thread(target=loop, name="phalanx-state-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the periodic pushes and push once more (the job's last checkpoint)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self._push_logged()
+
+    def _push_logged(self) -> None:
+        try:
+            self.push()
+        except PhalanxError as exc:
+            if self.on_error:
+                self.on_error(str(exc))
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
