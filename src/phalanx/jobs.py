@@ -38,6 +38,14 @@ def new_job_id() -> str:
     return secrets.token_hex(4)
 
 
+def check_storage(spec: JobSpec) -> None:
+    """Reach every store the job names before anything starts (a typo should not cost a run)."""
+    if spec.state_uri:
+        from .storage.state import StateSync
+
+        StateSync(home().state_dir(spec.name), spec.state_uri).check()
+
+
 def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan:
     """The plan ``submit`` would execute (what ``--dry-run`` prints). No side effects."""
     from .backends.registry import get_backend
@@ -96,6 +104,7 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     Returns the final record and the job's exit code. Ctrl-C (SIGINT) stops the job
     gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
     """
+    check_storage(spec)
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, **_identity())
@@ -147,6 +156,7 @@ def _spawn_supervisor(record: JobRecord, cwd: str) -> dict[str, Any]:
 
 def submit_detached(spec: JobSpec) -> JobRecord:
     """Start ``spec`` in the background (survives this process and the terminal); returns at once."""
+    check_storage(spec)
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan)

@@ -1,10 +1,12 @@
 """Keeping the state directory (checkpoints) in step with a remote copy, through fsspec.
 
-Layout at the URI: the files as they are under the state directory, plus a manifest
-``_phalanx_manifest.json`` ({path: {size, mtime}}) written *after* every file it lists.
-Each object is written whole (an S3 PUT is atomic; local files go to a temp name and are
-renamed), so an upload cut off mid-way leaves the previous manifest and complete files:
-``pull`` restores exactly what the last finished upload listed, never a half-written file.
+Layout at the URI: every version of a file is its own object,
+``objects/<path>.<mtime_ns>-<size>``, never overwritten; the manifest
+``_phalanx_manifest.json`` ({path: {size, mtime, key}}) is written *after* every object it
+lists, and only then are objects no manifest lists any more deleted. Each object is written
+whole (an S3 PUT is atomic; local files go to a temp name and are renamed). So an upload cut
+off mid-way leaves the previous manifest pointing at the previous, complete objects: ``pull``
+restores exactly what the last finished upload listed, never a half-written or mixed state.
 
 Endpoints and credentials come from each store's standard configuration
 (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``~/.aws/...`` for S3).
@@ -52,14 +54,27 @@ class StateSync:
         self.fs, self.root = _filesystem(uri)
         self.on_pushed = on_pushed
         self.on_error = on_error
-        self._pushed: dict[str, dict[str, float]] = {}
+        self._pushed: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def check(self) -> None:
+        """Fail now, with a clear message, if the bucket (or top directory) is not there."""
+        if _is_local(self.fs):
+            self.fs.makedirs(self.root, exist_ok=True)
+            return
+        bucket = self.root.split("/", 1)[0]
+        try:
+            found = self.fs.exists(bucket)
+        except (OSError, ValueError) as exc:
+            raise StateSyncError(f"cannot reach the state store for '{self.uri}': {exc}", "check the endpoint and credentials") from None
+        if not found:
+            raise StateSyncError(f"bucket '{bucket}' of '{self.uri}' does not exist", "create it, or fix --state")
+
     # -- listing ----------------------------------------------------------------
 
-    def _local_files(self) -> dict[str, dict[str, float]]:
+    def _local_files(self) -> dict[str, dict[str, Any]]:
         files = {}
         if self.local.exists():
             for path in self.local.rglob("*"):
@@ -68,7 +83,7 @@ class StateSync:
                     files[path.relative_to(self.local).as_posix()] = {"size": st.st_size, "mtime": st.st_mtime}
         return files
 
-    def _remote_manifest(self) -> dict[str, dict[str, float]]:
+    def _remote_manifest(self) -> dict[str, dict[str, Any]]:
         try:
             with self.fs.open(f"{self.root}/{MANIFEST}", "rb") as fh:
                 return dict(json.loads(fh.read())["files"])
@@ -91,7 +106,7 @@ class StateSync:
             target = self.local / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".{target.name}.part")
-            self.fs.get_file(f"{self.root}/{rel}", str(tmp))
+            self.fs.get_file(f"{self.root}/{meta['key']}", str(tmp))
             os.utime(tmp, (meta["mtime"], meta["mtime"]))
             os.replace(tmp, target)
             count += 1
@@ -103,16 +118,24 @@ class StateSync:
         """Upload changed files, then the manifest. Raises StateSyncError; the old manifest stays valid."""
         with self._lock:
             files = self._local_files()
+            for rel, meta in files.items():
+                meta["key"] = f"objects/{rel}.{int(meta['mtime'] * 1e9)}-{int(meta['size'])}"
             changed = [rel for rel, meta in files.items() if self._pushed.get(rel) != meta]
             if not changed and set(files) == set(self._pushed):
                 return 0
             try:
                 for rel in changed:
-                    self._put(self.local / rel, f"{self.root}/{rel}")
+                    self._put(self.local / rel, f"{self.root}/{files[rel]['key']}")
                 payload = json.dumps({"files": files, "time": time.time()}).encode()
                 self._write(f"{self.root}/{MANIFEST}", payload)
             except OSError as exc:
                 raise StateSyncError(f"uploading the state to {self.uri} failed: {exc}", "the previous upload is still complete") from exc
+            stale = {m["key"] for m in self._pushed.values() if "key" in m} - {m["key"] for m in files.values()}
+            for key in stale:
+                try:
+                    self.fs.rm_file(f"{self.root}/{key}")
+                except OSError:
+                    pass  # garbage only; the manifest no longer points at it
             self._pushed = files
         if self.on_pushed:
             self.on_pushed(time.time())

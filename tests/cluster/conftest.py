@@ -1,0 +1,66 @@
+"""Real daemons started by the tests themselves, on 127.0.0.1 only, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """An S3-compatible server (moto_server) on a free loopback port; yields its endpoint URL."""
+    exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    if not os.path.exists(exe):
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("moto_server did not start")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """Standard AWS configuration pointing at the test server, plus a fresh bucket."""
+    env = {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    bucket = f"phx-{os.getpid()}-{time.monotonic_ns()}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+    return bucket
