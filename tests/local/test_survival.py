@@ -151,3 +151,29 @@ def test_stalled_rank_is_detected_with_stacks(phx_home, tmp_path):
     assert status["state"] == "FAILED" and "stall-timeout" in status["root_cause"]["message"]
     log1 = Path(status["job_dir"], "attempt_0", "rank_1", "output.log").read_text()
     assert "most recent call first" in log1 and "stall.py" in log1  # faulthandler's stack dump
+
+
+RESTART_SCRIPT = """
+import os, signal, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(10)
+for step in range(1, 6):
+    dist.all_reduce(t)
+    if step == 3 and rank == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)
+print(f"finished rank={rank} restart={os.environ['TORCHELASTIC_RESTART_COUNT']} attempt={os.environ['PHALANX_ATTEMPT']}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_torchrun_in_place_restart_is_reliable(phx_home, tmp_path, repeat):
+    script = tmp_path / "restart.py"
+    script.write_text(RESTART_SCRIPT)
+    proc = phalanx("run", "--max-restarts", "1", "-n", "2", str(script), timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # recovered in place (torchrun restart 1), not by a job-level retry
+    assert sorted(re.findall(r"finished rank=(\d) restart=(\d) attempt=(\d)", proc.stdout)) == [
+        ("0", "1", "0"), ("1", "1", "0")]

@@ -24,6 +24,10 @@ from .base import Backend, NodeHandle, PortSource
 
 LOOPBACK = "127.0.0.1"
 
+# torchrun's in-place restarts (--max-restarts) hang or fail most of the time when workers
+# share the agent's rendezvous TCPStore (see docs/restarts.md); a store per round is reliable.
+RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
 
 def local_gpu_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -102,7 +106,7 @@ class LocalBackend(Backend):
             job_dir=str(paths.root),
             num_gpus=local_gpu_count(),
         )
-        net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **RESTART_SAFE_ENV}
         hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))
         nodes = build_nodes(spec, topo, paths, hosts, (LOOPBACK,) * nnodes, net_env)
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
