@@ -29,6 +29,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backend", "local", str, "Backend used when --backend is not given."),
     Setting("grace", 30.0, float, "Seconds a stopped job gets between SIGTERM and SIGKILL."),
     Setting("ps_limit", 50, int, "Rows `phalanx ps --all` shows unless --limit is given."),
+    Setting("state_sync_interval", 60.0, float, "Seconds between uploads of the state directory to --state."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 

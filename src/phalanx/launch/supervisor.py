@@ -42,7 +42,6 @@ from .plan import Plan
 from .procs import ChildWatcher, signal_name
 
 LOG_TAIL_LINES = 20
-STATE_SYNC_INTERVAL = 60.0
 Events = Callable[[str], None]
 
 
@@ -235,7 +234,9 @@ def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec,
         return Outcome("failed", 1, {"exitcode": 1, "message": f"could not restore the state directory: {exc}"})
     if pulled:
         say(f"restored {pulled} file(s) of state from {spec.state_uri}")
-    sync.start(STATE_SYNC_INTERVAL)
+    from .. import config
+
+    sync.start(float(config.get("state_sync_interval")))
     return sync
 
 
