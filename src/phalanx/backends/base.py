@@ -37,6 +37,9 @@ class NodeHandle(abc.ABC):
     # Extra seconds after the job's grace before SIGKILL: an agent needs time to run its own
     # grace period for its workers and report back.
     kill_margin: float = 10.0
+    # A node agent samples its node's resources itself; a process the supervisor started
+    # directly is sampled by the supervisor.
+    samples_itself: bool = True
 
     @abc.abstractmethod
     def poll(self) -> int | None:

@@ -126,6 +126,7 @@ class SingleProcessNode(NodeHandle):
     """The node's only process, started by the supervisor itself; writes the node's result.json."""
 
     kill_margin = 0.0  # no agent in between that has its own grace period
+    samples_itself = False
 
     def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], result: Path) -> None:
         self.node_rank = node.node_rank

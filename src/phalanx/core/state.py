@@ -6,6 +6,7 @@
        |           |------> FAILED        (retries exhausted or the failure is not retryable)
        |           |------> PREEMPTED     (the launcher was told to go: SIGTERM/SIGUSR1 from outside)
        |           |------> STOPPING --> CANCELLED   (phalanx stop, Ctrl-C)
+       |           |------> PRUNED        (a sweep stopped a hopeless trial early)
        |           '------> LOST          (the supervisor vanished; found by reconcile)
        '------------------> CANCELLED / FAILED (never started)
 
@@ -28,13 +29,16 @@ class JobState(str, Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     PREEMPTED = "PREEMPTED"
+    PRUNED = "PRUNED"
     LOST = "LOST"
 
 
-TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST})
+TERMINAL = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.LOST}
+)
 RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST})
 
-_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST}
+_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.LOST}
 _ALLOWED = {
     JobState.PENDING: {JobState.RUNNING, JobState.STOPPING} | _ENDS,
     JobState.RUNNING: {JobState.STOPPING} | _ENDS,

@@ -110,6 +110,17 @@ def run_direct(node: NodePlan, grace: float) -> dict[str, Any]:
     return {"exitcode": 0, "failures": [], "ranks": ranks}
 
 
+def _start_sampler(paths: JobPaths, attempt: int, node_rank: int, interval: float) -> Any:
+    """This node's resource samples (CPU, RAM, I/O, GPUs; per rank process tree)."""
+    try:
+        from ..monitor.resources import ResourceSampler, rank_pids
+    except ImportError:  # psutil missing on a remote node: run without samples
+        return None
+    return ResourceSampler(
+        paths.node_resources(attempt, node_rank), node_rank, lambda: rank_pids(paths, attempt, node_rank), interval
+    ).start()
+
+
 def _failure(rank: int, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
     return {"rank": rank, "pid": proc.pid, "exitcode": exit_code(code), "signal": signal_name(code), "timestamp": time.time()}
@@ -130,10 +141,15 @@ def main(argv: list[str] | None = None) -> None:
     attempt = int(data["attempt"])
     os.environ.update(node.env)
     started = time.time()
-    if node.torchrun_argv is not None:
-        result = run_torchrun(node)
-    else:
-        result = run_direct(node, float(data["grace"]))
+    sampler = _start_sampler(paths, attempt, node.node_rank, float(data.get("sample_interval", 5.0)))
+    try:
+        if node.torchrun_argv is not None:
+            result = run_torchrun(node)
+        else:
+            result = run_direct(node, float(data["grace"]))
+    finally:
+        if sampler is not None:
+            sampler.stop()
     result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time())
     write_json(paths.node_result(attempt, node.node_rank), result)
     sys.stdout.flush()

@@ -47,17 +47,18 @@ Events = Callable[[str], None]
 
 @dataclass
 class Outcome:
-    kind: str  # succeeded | failed | stalled | cancelled | preempted
+    kind: str  # succeeded | failed | stalled | cancelled | preempted | pruned
     exit_code: int
     cause: dict[str, Any] | None = None
 
 
-def write_launch_files(plan: Plan, paths: JobPaths) -> None:
+def write_launch_files(plan: Plan, paths: JobPaths, sample_interval: float = 5.0) -> None:
     write_atomic(paths.plan, plan.to_json())
     for node in plan.nodes:
         write_json(
             paths.node_launch(plan.attempt, node.node_rank),
-            {"node": node.to_dict(), "job_dir": str(paths.root), "attempt": plan.attempt, "grace": plan.grace},
+            {"node": node.to_dict(), "job_dir": str(paths.root), "attempt": plan.attempt, "grace": plan.grace,
+             "sample_interval": sample_interval},
         )
 
 
@@ -66,95 +67,181 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
 
     Blocking; main thread only (it handles signals).
     """
-    from ..backends.registry import get_backend
-
-    say = events or (lambda text: None)
-    spec = JobSpec.from_dict(json.loads(record.spec_json))
-    backend = get_backend(plan.backend)
-    paths = JobPaths(Path(record.job_dir))
+    run = JobRun(store, home, record, plan, events)
     with ChildWatcher() as watcher:
-        if not store.transition(record.id, JobState.RUNNING, attempt=plan.attempt, **_self_identity()):
-            return 1  # stopped before it started
-        sync = _state_sync(store, home, record, spec, say)
+        run.start()
+        seen = 0
+        while not run.done:
+            if len(watcher.stop_requests) > seen:
+                signum = watcher.stop_requests[seen]
+                seen = len(watcher.stop_requests)
+                run.stop(_stop_kind(store, record.id, signum), signum)
+            run.tick()
+            if not run.done:
+                watcher.wait(run.wait_hint())
+    assert run.exit_code is not None
+    return run.exit_code
+
+
+class JobRun:
+    """One job from RUNNING to its final state, advanced by ``tick()``.
+
+    Non-blocking, so one loop can drive many jobs (a sweep's trials); ``supervise`` drives
+    one. Must run in the main thread under a ``ChildWatcher`` (child exits wake the loop).
+    """
+
+    METRICS_EVERY = 1.0  # seconds between reads of the ranks' output for metrics
+
+    def __init__(self, store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None) -> None:
+        from ..backends.registry import get_backend
+
+        self.store = store
+        self.home = home
+        self.record = record
+        self.plan = plan
+        self.say = events or (lambda text: None)
+        self.spec = JobSpec.from_dict(json.loads(record.spec_json))
+        self.backend = get_backend(plan.backend)
+        self.paths = JobPaths(Path(record.job_dir))
+        self.retries = 0
+        self.exit_code: int | None = None
+        self.outcome: Outcome | None = None
+        self._sync: Any = None
+        self._handles: list[Any] = []
+        self._samplers: list[Any] = []
+        self._collector: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.exit_code is not None
+
+    def start(self, identity: dict[str, Any] | None = None) -> None:
+        if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt,
+                                     **(identity or _self_identity())):
+            self.exit_code = 1  # stopped before it started
+            return
+        sync = _state_sync(self.store, self.home, self.record, self.spec, self.say)
         if isinstance(sync, Outcome):
-            return _finish(store, record, sync)
-        retries = 0
-        while True:
-            write_launch_files(plan, paths)
-            started = time.time()
-            outcome = _run_attempt(store, backend, record, spec, plan, paths, watcher)
-            retry, reason = _should_retry(spec, outcome, retries, paths, plan)
-            _log_attempt(paths, plan.attempt, started, outcome, retry, reason)
-            if not retry:
-                break
-            retries += 1
-            say(f"attempt {plan.attempt} {outcome.kind} (exit {outcome.exit_code}): {_short(outcome)}; "
-                f"retrying ({retries}/{spec.max_retries}) as attempt {plan.attempt + 1}")
-            plan = backend.plan(spec, record.id, plan.attempt + 1, home)
-            store.update(record.id, attempt=plan.attempt, retries=retries)
-        if sync is not None:
-            sync.stop()
-    return _finish(store, record, outcome)
+            self._finish(sync)
+            return
+        self._sync = sync
+        self._start_attempt()
 
+    def _start_attempt(self) -> None:
+        from ..monitor.metrics import MetricsCollector
 
-def _run_attempt(
-    store: Store, backend: Any, record: JobRecord, spec: JobSpec, plan: Plan, paths: JobPaths, watcher: ChildWatcher
-) -> Outcome:
-    handles = [backend.start_node(node, paths, plan.attempt) for node in plan.nodes]
-    margin = max(h.kill_margin for h in handles)
-    stop_kind: str | None = None
-    stop_signal = signal.SIGTERM
-    stalled_for: float | None = None
-    kill_at: float | None = None
-    seen_requests = 0
-    last_activity = time.time()
-    while True:
-        codes = [h.poll() for h in handles]
+        plan = self.plan
+        write_launch_files(plan, self.paths, self.spec.sample_interval)
+        self._started = time.time()
+        self._handles = [self.backend.start_node(node, self.paths, plan.attempt) for node in plan.nodes]
+        self._margin = max(h.kill_margin for h in self._handles)
+        self._stop_kind: str | None = None
+        self._stop_signal = signal.SIGTERM
+        self._stalled_for: float | None = None
+        self._kill_at: float | None = None
+        self._last_activity = time.time()
+        self._collector = MetricsCollector(self.paths, plan.attempt, self.spec.metrics, self.spec.auto_metrics)
+        self._collected_at = 0.0
+        self._samplers = [self._sampler(h.node_rank) for h in self._handles if not h.samples_itself]
+
+    def _sampler(self, node_rank: int) -> Any:
+        from ..monitor.resources import ResourceSampler, rank_pids
+
+        attempt = self.plan.attempt
+        return ResourceSampler(
+            self.paths.node_resources(attempt, node_rank), node_rank,
+            lambda: rank_pids(self.paths, attempt, node_rank), self.spec.sample_interval,
+        ).start()
+
+    def stop(self, kind: str, signum: int = signal.SIGTERM) -> None:
+        """Stop the current attempt: ``cancelled``, ``preempted`` or ``pruned``. A second call kills."""
+        if self.done:
+            return
+        if self._stop_kind is not None:
+            self._kill_at = time.monotonic()  # asked twice: no more grace
+            return
+        self._stop_kind, self._stop_signal = kind, signum
+        if kind == "cancelled":
+            self.store.transition(self.record.id, JobState.STOPPING)
+        for h in self._handles:
+            h.signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        self._kill_at = time.monotonic() + self.plan.grace + self._margin
+
+    def wait_hint(self) -> float:
+        """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
+        if self._kill_at is None:
+            return self.METRICS_EVERY
+        return max(0.0, min(self.METRICS_EVERY, self._kill_at - time.monotonic()))
+
+    def tick(self) -> None:
+        if self.done:
+            return
+        codes = [h.poll() for h in self._handles]
+        if time.monotonic() - self._collected_at >= self.METRICS_EVERY:
+            self._collect()
         if all(c is not None for c in codes):
-            break
-        if len(watcher.stop_requests) > seen_requests:
-            if stop_kind is None:
-                stop_signal = watcher.stop_requests[seen_requests]
-                stop_kind = _stop_kind(store, record.id, stop_signal)
-                if stop_kind == "cancelled":
-                    store.transition(record.id, JobState.STOPPING)
-                for h in handles:
-                    h.signal(signal.SIGINT if stop_signal == signal.SIGINT else signal.SIGTERM)
-                kill_at = time.monotonic() + plan.grace + margin
-            else:
-                kill_at = time.monotonic()  # asked twice: no more grace
-            seen_requests = len(watcher.stop_requests)
-        if kill_at is None and any(c not in (None, 0) for c in codes):
-            for h in handles:  # fail fast: the rest of the job stops now
-                h.signal(signal.SIGTERM)
-            kill_at = time.monotonic() + plan.grace + margin
-        if spec.stall_timeout and kill_at is None:
-            last_activity = max(last_activity, _last_output(paths, plan.attempt))
-            if time.time() - last_activity > spec.stall_timeout:
-                stalled_for = time.time() - last_activity
-                _dump_stacks(paths, plan.attempt)
-                for h in handles:
-                    h.signal(signal.SIGTERM)
-                kill_at = time.monotonic() + plan.grace + margin
-        if kill_at is not None and time.monotonic() >= kill_at:
-            for h in handles:
+            self._attempt_over(codes)
+            return
+        if self._kill_at is None and any(c not in (None, 0) for c in codes):
+            self._stop_all()  # fail fast: the rest of the job stops now
+        if self.spec.stall_timeout and self._kill_at is None:
+            self._last_activity = max(self._last_activity, _last_output(self.paths, self.plan.attempt))
+            if time.time() - self._last_activity > self.spec.stall_timeout:
+                self._stalled_for = time.time() - self._last_activity
+                _dump_stacks(self.paths, self.plan.attempt)
+                self._stop_all()
+        if self._kill_at is not None and time.monotonic() >= self._kill_at:
+            for h in self._handles:
                 h.kill()
-            continue
-        tick = 1.0 if kill_at is None else max(0.0, min(1.0, kill_at - time.monotonic()))
-        watcher.wait(tick)
-    codes = [h.poll() for h in handles]
-    if stop_kind is not None:
-        return Outcome(stop_kind, 128 + int(stop_signal))
-    if stalled_for is not None:
-        return Outcome("stalled", 124, {
-            "exitcode": 124,
-            "message": f"no output from any rank for {stalled_for:.0f}s (--stall-timeout {spec.stall_timeout:g}); "
-                       "each rank's Python stacks were dumped to its log",
-        })
-    if all(c == 0 for c in codes):
-        return Outcome("succeeded", 0)
-    cause = root_cause(paths, plan.attempt, len(plan.nodes), codes)
-    return Outcome("failed", int(cause.get("exitcode") or 1), cause)
+
+    def _stop_all(self) -> None:
+        for h in self._handles:
+            h.signal(signal.SIGTERM)
+        self._kill_at = time.monotonic() + self.plan.grace + self._margin
+
+    def _collect(self, final: bool = False) -> None:
+        self._collected_at = time.monotonic()
+        try:
+            self._collector.poll(final=final)
+        except OSError as exc:  # metrics are an aid; never let them stop the job
+            self.say(f"warning: reading metrics failed: {exc}")
+
+    def _attempt_over(self, codes: list[int | None]) -> None:
+        self._collect(final=True)
+        for sampler in self._samplers:
+            sampler.stop()
+        outcome = self._outcome(codes)
+        retry, reason = _should_retry(self.spec, outcome, self.retries, self.paths, self.plan)
+        _log_attempt(self.paths, self.plan.attempt, self._started, outcome, retry, reason)
+        if retry:
+            self.retries += 1
+            self.say(f"attempt {self.plan.attempt} {outcome.kind} (exit {outcome.exit_code}): {_short(outcome)}; "
+                     f"retrying ({self.retries}/{self.spec.max_retries}) as attempt {self.plan.attempt + 1}")
+            self.plan = self.backend.plan(self.spec, self.record.id, self.plan.attempt + 1, self.home)
+            self.store.update(self.record.id, attempt=self.plan.attempt, retries=self.retries)
+            self._start_attempt()
+            return
+        if self._sync is not None:
+            self._sync.stop()
+        self._finish(outcome)
+
+    def _outcome(self, codes: list[int | None]) -> Outcome:
+        if self._stop_kind is not None:
+            return Outcome(self._stop_kind, 128 + int(self._stop_signal))
+        if self._stalled_for is not None:
+            return Outcome("stalled", 124, {
+                "exitcode": 124,
+                "message": f"no output from any rank for {self._stalled_for:.0f}s "
+                           f"(--stall-timeout {self.spec.stall_timeout:g}); each rank's Python stacks were dumped to its log",
+            })
+        if all(c == 0 for c in codes):
+            return Outcome("succeeded", 0)
+        cause = root_cause(self.paths, self.plan.attempt, len(self.plan.nodes), codes)
+        return Outcome("failed", int(cause.get("exitcode") or 1), cause)
+
+    def _finish(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.exit_code = _finish(self.store, self.record, outcome)
 
 
 def _stop_kind(store: Store, job_id: str, signum: int) -> str:
@@ -253,6 +340,8 @@ def _finish(store: Store, record: JobRecord, outcome: Outcome) -> int:
     elif outcome.kind == "cancelled":
         if not store.transition(record.id, JobState.CANCELLED, exit_code=code):
             store.transition(record.id, JobState.FAILED, exit_code=code)
+    elif outcome.kind == "pruned":
+        store.transition(record.id, JobState.PRUNED, exit_code=code)
     elif outcome.kind == "preempted":
         cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
         store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
