@@ -48,7 +48,9 @@ FILE_KEYS = {
     "metrics": "mapping of metric name to regex (group 1 is the value)",
     "auto_metrics": "pick up name=value numbers automatically (default true)",
     "sample_interval": "seconds between resource samples",
+    "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
 }
+SWEEP_KEYS = ("strategy", "trials", "seed", "objective", "early_stop", "parallel", "fail_fast")
 
 
 @dataclass
@@ -77,6 +79,13 @@ class RunOptions:
     metrics: list[str] = field(default_factory=list)
     auto_metrics: bool | None = None
     sample_interval: float | None = None
+    strategy: str | None = None
+    trials: int | None = None
+    seed: int | None = None
+    objective: str | None = None
+    early_stop: str | None = None
+    parallel: int | None = None
+    fail_fast: bool | None = None
 
 
 def load_job_file(path: str) -> dict[str, Any]:
@@ -269,3 +278,40 @@ def _default_grace() -> float:
     from . import config
 
     return float(config.get("grace"))
+
+
+def build_sweep(opts: RunOptions, spec: JobSpec) -> tuple[JobSpec, Any]:
+    """Find a search space in the script args. Returns the spec (literal escapes applied) and
+    the sweep settings, or None when the job is not a sweep. Validates before anything starts."""
+    from .sweeps.runner import SweepSettings, check, parse_objective
+    from .sweeps.space import parse_space
+
+    file = load_job_file(opts.job_file) if opts.job_file else {}
+    section = file.get("sweep") or {}
+    if not isinstance(section, dict) or set(section) - set(SWEEP_KEYS):
+        raise UsageError("the job file's 'sweep' section has unknown keys", f"valid keys: {', '.join(SWEEP_KEYS)}")
+    space = parse_space(spec.entrypoint.args)
+    spec = spec.with_(entrypoint=spec.entrypoint.__class__(spec.entrypoint.kind, spec.entrypoint.target, space.args))
+    asked = {k: getattr(opts, k) for k in SWEEP_KEYS if getattr(opts, k) is not None}
+    merged = {**section, **asked}
+    if not space.is_sweep:
+        if asked:
+            raise UsageError(f"--{next(iter(asked)).replace('_', '-')} needs a search space in the script arguments",
+                             'e.g. --lr "[0.001, 0.01]" or --lr "loguniform(1e-5, 1e-1)"')
+        return spec, None
+    objective, direction = parse_objective(merged.get("objective"))
+    strategy = merged.get("strategy") or ("grid" if space.all_discrete else "random")
+    settings = SweepSettings(
+        strategy=str(strategy), trials=_opt_int(merged.get("trials")), seed=_opt_int(merged.get("seed")),
+        objective=objective, direction=direction, early_stop=merged.get("early_stop"),
+        parallel=_opt_int(merged.get("parallel")), fail_fast=bool(merged.get("fail_fast", False)),
+    )
+    check(spec, space, settings)
+    if objective and not any(m.name == objective for m in spec.metrics) and not spec.auto_metrics:
+        raise UsageError(f"--objective '{objective}' is not a metric phalanx reads",
+                         f"add --metric {objective}=REGEX, or allow automatic metrics")
+    return spec, settings
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)

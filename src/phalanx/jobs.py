@@ -135,23 +135,7 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
 
 
 def _spawn_supervisor(record: JobRecord, cwd: str) -> dict[str, Any]:
-    import psutil
-
-    paths = JobPaths(Path(record.job_dir))
-    with open(paths.supervisor_log, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx.launch.supervisor", record.id],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=cwd,
-        )
-    try:
-        started = psutil.Process(proc.pid).create_time()
-    except psutil.NoSuchProcess:
-        started = time.time()
-    return {"supervisor_pid": proc.pid, "supervisor_started": started}
+    return _spawn(["phalanx.launch.supervisor", record.id], JobPaths(Path(record.job_dir)).supervisor_log, cwd)
 
 
 def submit_detached(spec: JobSpec) -> JobRecord:
@@ -385,3 +369,102 @@ def read_spec(record: JobRecord) -> JobSpec:
 
 def iter_records(store: Store) -> Iterator[JobRecord]:
     yield from store.list()
+
+
+# -- sweeps -------------------------------------------------------------------------
+
+
+def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Callable[[str], None] | None = None) -> tuple[Any, int | None]:
+    """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
+
+    Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""
+    from .sweeps.runner import SweepRunner, create_sweep
+
+    check_storage(spec)
+    store = open_store()
+    sweep = create_sweep(store, home(), spec, settings)
+    if detach:
+        store.sweeps.update(sweep.id, **_spawn(["phalanx.sweeps.runner", sweep.id], Path(sweep.sweep_dir) / "runner.log", spec.workdir))
+        return store.sweeps.get(sweep.id), None
+    code = SweepRunner(store, home(), sweep, events).run()
+    return store.sweeps.get(sweep.id), code
+
+
+def _spawn(module_args: list[str], log_path: Path, cwd: str) -> dict[str, Any]:
+    """Start ``python -m MODULE ARGS`` in its own session (survives the terminal)."""
+    import psutil
+
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *module_args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=cwd,
+        )
+    try:
+        started = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:
+        started = time.time()
+    return {"supervisor_pid": proc.pid, "supervisor_started": started}
+
+
+def find_sweep(ref: str, store: Store | None = None) -> Any:
+    """A sweep by id, id prefix or name, reconciled like a job; None if ``ref`` names no sweep."""
+    store = store or open_store()
+    sweep = store.sweeps.find(ref)
+    if sweep is None or is_terminal(sweep.state) or sweep.supervisor_pid is None:
+        return sweep
+    if not _supervisor_alive(sweep):  # type: ignore[arg-type]
+        store.sweeps.transition(sweep.id, JobState.LOST)
+        return store.sweeps.get(sweep.id)
+    return sweep
+
+
+def list_sweeps(all_sweeps: bool = False, limit: int | None = None, store: Store | None = None) -> list[Any]:
+    store = store or open_store()
+    out = []
+    for sweep in store.sweeps.list(active_only=not all_sweeps, limit=limit):
+        if not is_terminal(sweep.state) and sweep.supervisor_pid is not None:
+            sweep = find_sweep(sweep.id, store)
+        if all_sweeps or not is_terminal(sweep.state):
+            out.append(sweep)
+    return out
+
+
+def stop_sweep(sweep: Any, timeout: float | None = None) -> Any:
+    """Cancel every running trial of a sweep and the sweep itself. Idempotent; blocks."""
+    store = open_store()
+    if is_terminal(sweep.state):
+        return sweep
+    store.sweeps.transition(sweep.id, JobState.STOPPING)
+    if sweep.supervisor_pid is not None:
+        try:
+            os.kill(sweep.supervisor_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    spec = JobSpec.from_dict(json.loads(sweep.spec_json))
+    deadline = time.monotonic() + (timeout if timeout is not None else spec.grace + 15)
+    while time.monotonic() < deadline:
+        current = find_sweep(sweep.id, store)
+        if is_terminal(current.state):
+            return current
+        time.sleep(0.1)
+    raise PhalanxError(f"sweep {sweep.id} did not stop in time", f"its runner is pid {sweep.supervisor_pid}; try again")
+
+
+def resume_sweep(sweep: Any, detach: bool = False, events: Callable[[str], None] | None = None) -> tuple[Any, int | None]:
+    """Run what did not finish: unfinished trials continue, untried ones start."""
+    from .core.state import can_resume
+    from .sweeps.runner import SweepRunner
+
+    store = open_store()
+    if not can_resume(sweep.state):
+        raise UsageError(f"sweep {sweep.id} is {sweep.state.value}: nothing to resume", f"see: phalanx sweep show {sweep.id}")
+    spec = JobSpec.from_dict(json.loads(sweep.spec_json))
+    if detach:
+        if not store.sweeps.reopen(sweep.id):
+            raise PhalanxError(f"sweep {sweep.id} changed state meanwhile", "try again")
+        store.sweeps.update(sweep.id, **_spawn(["phalanx.sweeps.runner", sweep.id], Path(sweep.sweep_dir) / "runner.log", spec.workdir))
+        return store.sweeps.get(sweep.id), None
+    if not store.sweeps.reopen(sweep.id, **_identity()):
+        raise PhalanxError(f"sweep {sweep.id} changed state meanwhile", "try again")
+    code = SweepRunner(store, home(), store.sweeps.get(sweep.id), events).run()
+    return store.sweeps.get(sweep.id), code

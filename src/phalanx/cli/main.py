@@ -79,6 +79,13 @@ def run_cmd(
     metric: List[str] = typer.Option([], "--metric", help="A metric NAME=REGEX over each rank's output (repeatable)."),
     no_auto_metrics: bool = typer.Option(False, "--no-auto-metrics", help="Do not pick up name=value numbers automatically."),
     sample_interval: Optional[float] = typer.Option(None, "--sample-interval", help="Seconds between resource samples (default 5)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="Sweep: grid (default for finite spaces), random or tpe."),
+    trials: Optional[int] = typer.Option(None, "--trials", help="Sweep: number of trials (random, tpe; caps a grid)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sweep: seed of random and tpe."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="Sweep: METRIC:min or METRIC:max."),
+    early_stop: Optional[str] = typer.Option(None, "--early-stop", help="Sweep: prune hopeless trials: median or halving."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", help="Sweep: at most this many trials at once (default: as many as fit)."),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Sweep: stop at the first failed trial."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -86,22 +93,30 @@ def run_cmd(
 ) -> None:
     from .. import jobs
     from ..errors import UsageError
-    from ..jobfile import RunOptions, build_spec
+    from ..jobfile import RunOptions, build_spec, build_sweep
     from .render import dump_json
 
     words = list(words or [])
     if words and words[0].startswith("-") and words[0] != "-" and not (module or job_file):
         raise UsageError(f"no such option: {words[0]}", "see: phalanx run --help (script arguments go after the script)")
-    spec = build_spec(
+    options = (
         RunOptions(
             words=words, module=module, job_file=job_file, n=n, nnodes=nnodes, nproc_per_node=nproc_per_node,
             name=name, framework=framework, spawn=spawn, env=env, workdir=workdir, backend=backend,
             max_restarts=max_restarts, grace=grace, max_retries=max_retries, no_retry_on=no_retry_on,
             retry_on_exit_codes=retry_on_exit_codes, stall_timeout=stall_timeout, state=state, metrics=metric,
             auto_metrics=False if no_auto_metrics else None, sample_interval=sample_interval,
+            strategy=strategy, trials=trials, seed=seed, objective=objective, early_stop=early_stop,
+            parallel=parallel, fail_fast=fail_fast or None,
         )
     )
+    spec, sweep = build_sweep(options, build_spec(options))
     rank_filter = _parse_ranks(ranks)
+    if sweep is not None:
+        from .sweep import run_sweep_cli
+
+        run_sweep_cli(spec, sweep, dry_run=dry_run, detach=detach, as_json=as_json, clean=clean_state)
+        return
     if dry_run:
         plan = jobs.plan_job(spec)
         if as_json:
@@ -179,20 +194,25 @@ def ps_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many jobs (default 50 with --all)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """List jobs: running ones, or all with --all (newest first)."""
+    """List jobs and sweeps: running ones, or all with --all (newest first). A sweep is one row."""
     from .. import config, jobs
-    from .render import PS_HEADERS, dump_json, job_rows, table
+    from .render import PS_HEADERS, dump_json, job_rows, sweep_row, table
 
     if limit is None and all_jobs:
         limit = int(config.get("ps_limit"))
-    records = jobs.list_jobs(all_jobs=all_jobs, limit=limit)
+    store = jobs.open_store()
+    records = jobs.list_jobs(all_jobs=all_jobs, limit=limit, store=store)
+    sweeps = jobs.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
     if as_json:
-        dump_json([r.to_dict() for r in records], sys.stdout)
+        dump_json([r.to_dict() for r in records] + [{**s.to_dict(), "kind": "sweep"} for s in sweeps], sys.stdout)
         return
-    if not records:
+    if not records and not sweeps:
         typer.echo("no running jobs (phalanx ps --all shows finished ones)" if not all_jobs else "no jobs yet")
         return
-    table(job_rows(records), PS_HEADERS, sys.stdout)
+    rows = [(r.created_at, row) for r, row in zip(records, job_rows(records))]
+    rows += [(s.created_at, sweep_row(s)) for s in sweeps]
+    rows.sort(key=lambda pair: pair[0], reverse=True)
+    table([row for _, row in rows[:limit] if limit] if limit else [row for _, row in rows], PS_HEADERS, sys.stdout)
 
 
 @app.command("status")
@@ -289,9 +309,15 @@ def wait_cmd(
 def stop_cmd(
     job: str = typer.Argument(..., help="Job id, id prefix or name."),
 ) -> None:
-    """Stop a job gracefully: SIGTERM to every rank, its grace period, then SIGKILL."""
+    """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
+    with all its running trials."""
     from .. import jobs
 
+    sweep = jobs.find_sweep(job)
+    if sweep is not None:
+        sweep = jobs.stop_sweep(sweep)
+        typer.echo(f"{sweep.id} {sweep.state.value}")
+        return
     record = jobs.stop(job)
     typer.echo(f"{record.id} {record.state.value}")
 
@@ -302,9 +328,16 @@ def resume_cmd(
     detach: bool = typer.Option(False, "-d", "--detach", help="Resume in the background."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks."),
 ) -> None:
-    """Continue a failed, cancelled, preempted or lost job from its state directory (a new attempt)."""
+    """Continue a failed, cancelled, preempted or lost job from its state directory (a new
+    attempt), or a sweep: only the trials that did not finish run."""
     from .. import jobs
 
+    sweep = jobs.find_sweep(job)
+    if sweep is not None:
+        sweep, code = jobs.resume_sweep(sweep, detach=detach, events=_event)
+        typer.echo(sweep.id if detach else f"phalanx: sweep {sweep.id} {sweep.state.value.lower()}: {sweep.progress} trials",
+                   err=not detach)
+        raise typer.Exit(code or 0)
     rank_filter = _parse_ranks(ranks)
     record, code = jobs.resume(job, detach=detach, out=sys.stdout, ranks=rank_filter, events=_event)
     if detach:
@@ -312,6 +345,15 @@ def resume_cmd(
         return
     _report_end(record, shown=rank_filter)
     raise typer.Exit(code if code is not None else 0)
+
+
+def _register_subcommands() -> None:
+    from .sweep import sweep_app
+
+    app.add_typer(sweep_app, name="sweep")
+
+
+_register_subcommands()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -350,7 +392,7 @@ def _leading_options(args: list[str]) -> list[str]:
     """Options before the run target (``--debug`` after the script belongs to the script)."""
     lead = []
     for word in args:
-        if not word.startswith("-") and word not in ("run", "ps", "status", "logs", "wait", "stop", "resume"):
+        if not word.startswith("-") and word not in ("run", "ps", "status", "logs", "wait", "stop", "resume", "sweep"):
             break
         lead.append(word)
     return lead

@@ -49,6 +49,13 @@ def job_rows(records: Iterable[JobRecord], width: int = 48) -> list[tuple[str, .
     return rows
 
 
+def sweep_row(s: Any, width: int = 48) -> tuple[str, ...]:
+    best = f", best {s.objective}={s.best_value:.4g}" if s.best_value is not None else ""
+    cmd = f"[sweep {s.progress}{best}] {s.command}"
+    cmd = cmd if len(cmd) <= width + 24 else cmd[: width + 23] + "…"
+    return (s.id, s.name, s.state.value, s.topology, ago(s.created_at), duration(s.duration), cmd)
+
+
 PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "COMMAND")
 
 

@@ -5,12 +5,21 @@
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
       state/<name>/                   PHALANX_STATE_DIR, persistent per job name
+      sweeps/<id>/                    a sweep's own files (runner.log when detached)
+      cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
+      cache/channels/<key>.json       what was staged there: source, files with size and version
+      cache/channels/<key>.lock       held while staging (jobs sharing an input wait for each other)
+      cache/channels/<key>.partial/   transfers in progress; complete files are renamed into <key>/
       jobs/<id>/
         spec.json                     the JobSpec as submitted
         plan.json                     the plan of the latest attempt (what submit executes)
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         output/                       PHALANX_OUTPUT_DIR
+        code/                         the code snapshot the job runs from (taken at submit time)
+        code.json                     what the snapshot holds: files copied, entries linked
+        inputs.json                   fingerprint of the job's inputs (--skip-if-done)
+        artifacts.json                where outputs and logs were uploaded (--output), file by file
         attempt_<k>/
           node_<n>/agent.log          the node agent's (and torchrun's) own output
           node_<n>/launch.json        what the node agent runs (its part of the plan)
@@ -22,18 +31,26 @@
           rank_<r>/error.json         the rank's uncaught exception, if any
           rank_<r>/proc.json          the rank's pid, node and host, written at start
 
+Under ``--output URI`` a job's results go to ``<URI>/<name>-<id>/`` (``RemoteJobPaths``):
+``output/`` (PHALANX_OUTPUT_DIR), ``logs/`` (the job directory's records) and
+``_phalanx_artifacts.json``, written last, so its presence means the upload is complete.
+
 Files that other processes read are written atomically (see ``write_atomic``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .spec import Channel
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -59,8 +76,71 @@ class HomePaths:
     def state_dir(self, name: str) -> Path:
         return self.root / "state" / safe_name(name)
 
+    def sweep_dir(self, sweep_id: str) -> Path:
+        return self.root / "sweeps" / sweep_id
+
     def job(self, job_id: str) -> "JobPaths":
         return JobPaths(self.jobs / job_id)
+
+    def channel_cache(self, source: str, extract: bool = False) -> "ChannelCachePaths":
+        """The cache entry of one input source (a remote URI, or a local archive to extract)."""
+        key = hashlib.sha256((source + ("#extract" if extract else "")).encode()).hexdigest()[:16]
+        return ChannelCachePaths(self.root / "cache" / "channels", key)
+
+    def channel_path(self, channel: "Channel") -> Path:
+        """Where a job reads ``channel``: a local source in place, anything else in the cache. Pure."""
+        if not channel.source:
+            from ..errors import UsageError
+
+            raise UsageError(f"input '{channel.name}' ({channel.uri}) was never resolved", "build the spec with phalanx.jobfile.build_spec")
+        if not channel.is_remote and not channel.extract:
+            return Path(channel.source)
+        return self.channel_cache(channel.source, channel.extract).data
+
+
+@dataclass(frozen=True)
+class ChannelCachePaths:
+    base: Path
+    key: str
+
+    @property
+    def data(self) -> Path:
+        return self.base / self.key
+
+    @property
+    def manifest(self) -> Path:
+        return self.base / f"{self.key}.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.base / f"{self.key}.lock"
+
+    @property
+    def partial(self) -> Path:
+        return self.base / f"{self.key}.partial"
+
+
+@dataclass(frozen=True)
+class RemoteJobPaths:
+    """A job's uploaded results under ``--output URI`` (a URI or a local path)."""
+
+    root: str
+
+    @classmethod
+    def of(cls, output_uri: str, name: str, job_id: str) -> "RemoteJobPaths":
+        return cls(f"{output_uri.rstrip('/')}/{safe_name(name)}-{job_id}")
+
+    @property
+    def output(self) -> str:
+        return f"{self.root}/output"
+
+    @property
+    def logs(self) -> str:
+        return f"{self.root}/logs"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.root}/_phalanx_artifacts.json"
 
 
 @dataclass(frozen=True)
@@ -86,6 +166,22 @@ class JobPaths:
     @property
     def output_dir(self) -> Path:
         return self.root / "output"
+
+    @property
+    def code_dir(self) -> Path:
+        return self.root / "code"
+
+    @property
+    def code_manifest(self) -> Path:
+        return self.root / "code.json"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs.json"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts.json"
 
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"

@@ -22,7 +22,8 @@ from .migrations import MIGRATIONS
 
 _COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
-    "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries"
+    "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries "
+    "sweep_id trial params_json objective"
 ).split()
 
 
@@ -47,6 +48,10 @@ class JobRecord:
     root_cause: str | None
     state_synced_at: float | None = None
     retries: int = 0
+    sweep_id: str | None = None
+    trial: int | None = None
+    params_json: str | None = None
+    objective: float | None = None
 
     @property
     def topology(self) -> str:
@@ -66,6 +71,8 @@ class JobRecord:
         data["state"] = self.state.value
         data["topology"] = self.topology
         data["root_cause"] = self.root_cause_dict()
+        data["params"] = json.loads(self.params_json) if self.params_json else None
+        del data["params_json"]
         return data
 
 
@@ -138,6 +145,9 @@ class Store:
         Atomic compare-and-set; returns False (and changes nothing) when the job is already
         in a state that cannot move to ``new`` (e.g. terminal).
         """
+        return self._transition("jobs", job_id, new, fields)
+
+    def _transition(self, table: str, row_id: str, new: JobState, fields: dict[str, Any]) -> bool:
         sources = [s.value for s in sources_of(new)]
         if not sources:
             return False
@@ -148,10 +158,20 @@ class Store:
         sets = ", ".join(["state = ?", *(f"{k} = ?" for k in fields)])
         marks = ", ".join("?" for _ in sources)
         changed = self._write(
-            f"UPDATE jobs SET {sets} WHERE id = ? AND state IN ({marks})",
-            [new.value, *fields.values(), job_id, *sources],
+            f"UPDATE {table} SET {sets} WHERE id = ? AND state IN ({marks})",
+            [new.value, *fields.values(), row_id, *sources],
         )
         return changed == 1
+
+    @property
+    def sweeps(self) -> "SweepTable":
+        from .sweeps import SweepTable
+
+        return SweepTable(self)
+
+    def trials(self, sweep_id: str) -> list[JobRecord]:
+        """A sweep's trial jobs, in trial order."""
+        return self._rows("WHERE sweep_id = ? ORDER BY trial, created_at", [sweep_id])
 
     def reopen(self, job_id: str, attempt: int, **fields: Any) -> bool:
         """``resume``: move a resumable job back to PENDING for ``attempt``. Compare-and-set."""
@@ -192,13 +212,15 @@ class Store:
             return by_name[0]
         raise JobNotFound(f"no job with id or name '{ref}'", "list jobs with: phalanx ps --all")
 
-    def list(self, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
-        where = ""
+    def list(self, active_only: bool = False, limit: int | None = None, trials: bool = False) -> list[JobRecord]:
+        """Jobs, newest first; a sweep's trials only with ``trials=True`` (the sweep is listed instead)."""
+        clauses = [] if trials else ["sweep_id IS NULL"]
         params: list[Any] = []
         if active_only:
             marks = ", ".join("?" for _ in TERMINAL)
-            where = f"WHERE state NOT IN ({marks})"
+            clauses.append(f"state NOT IN ({marks})")
             params = [s.value for s in TERMINAL]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"{where} ORDER BY created_at DESC"
         if limit:
             sql += " LIMIT ?"

@@ -1,0 +1,138 @@
+"""Sweep rows: one per sweep, with counters and the best trial kept up to date incrementally,
+so listing a sweep of 1,000 trials costs the same as listing one of 10."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..core.state import TERMINAL, JobState
+from ..errors import JobNotFound
+
+if TYPE_CHECKING:
+    from .db import Store
+
+_COLUMNS = (
+    "id name state strategy objective direction total launched finished failed pruned best_job best_value "
+    "best_params command topology spec_json settings_json sweep_dir created_at started_at ended_at "
+    "supervisor_pid supervisor_started"
+).split()
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    id: str
+    name: str
+    state: JobState
+    strategy: str
+    objective: str | None
+    direction: str | None
+    total: int | None
+    launched: int
+    finished: int
+    failed: int
+    pruned: int
+    best_job: str | None
+    best_value: float | None
+    best_params: str | None
+    command: str
+    topology: str
+    spec_json: str
+    settings_json: str
+    sweep_dir: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    supervisor_pid: int | None
+    supervisor_started: float | None
+
+    @property
+    def progress(self) -> str:
+        return f"{self.finished}/{self.total if self.total is not None else '?'}"
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or time.time()) - self.started_at
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "settings_json", "best_params")}
+        data["state"] = self.state.value
+        data["best_params"] = json.loads(self.best_params) if self.best_params else None
+        data["settings"] = json.loads(self.settings_json)
+        data["progress"] = self.progress
+        return data
+
+
+class SweepTable:
+    def __init__(self, store: "Store") -> None:
+        self._store = store
+
+    def insert(self, **fields: Any) -> None:
+        fields.setdefault("created_at", time.time())
+        fields.setdefault("state", JobState.PENDING.value)
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        self._store._write(f"INSERT INTO sweeps ({cols}) VALUES ({marks})", fields.values())
+
+    def update(self, sweep_id: str, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._store._write(f"UPDATE sweeps SET {sets} WHERE id = ?", [*fields.values(), sweep_id])
+
+    def count(self, sweep_id: str, column: str, by: int = 1) -> None:
+        """Add to a counter column (launched, finished, failed, pruned) in place."""
+        assert column in ("launched", "finished", "failed", "pruned")
+        self._store._write(f"UPDATE sweeps SET {column} = {column} + ? WHERE id = ?", [by, sweep_id])
+
+    def transition(self, sweep_id: str, new: JobState, **fields: Any) -> bool:
+        return self._store._transition("sweeps", sweep_id, new, fields)
+
+    def reopen(self, sweep_id: str, **fields: Any) -> bool:
+        from ..core.state import RESUMABLE
+
+        marks = ", ".join("?" for _ in RESUMABLE)
+        sets = ", ".join(["state = ?", "ended_at = NULL", *(f"{k} = ?" for k in fields)])
+        changed = self._store._write(
+            f"UPDATE sweeps SET {sets} WHERE id = ? AND state IN ({marks})",
+            [JobState.PENDING.value, *fields.values(), sweep_id, *(s.value for s in RESUMABLE)],
+        )
+        return changed == 1
+
+    def _rows(self, sql: str, params: list[Any]) -> list[SweepRecord]:
+        cur = self._store._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM sweeps {sql}", tuple(params))
+        out = []
+        for row in cur.fetchall():
+            data = dict(zip(_COLUMNS, row))
+            data["state"] = JobState(data["state"])
+            out.append(SweepRecord(**data))
+        return out
+
+    def get(self, sweep_id: str) -> SweepRecord:
+        rows = self._rows("WHERE id = ?", [sweep_id])
+        if not rows:
+            raise JobNotFound(f"no sweep '{sweep_id}'", "list sweeps with: phalanx ps --all")
+        return rows[0]
+
+    def find(self, ref: str) -> SweepRecord | None:
+        """By id, unique id prefix, or name (latest); None when nothing matches."""
+        from .db import _like_prefix
+
+        for sql, arg in (("WHERE id = ?", ref), ("WHERE id LIKE ? ESCAPE '\\'", _like_prefix(ref)),
+                         ("WHERE name = ?", ref)):
+            rows = self._rows(f"{sql} ORDER BY created_at DESC LIMIT 2", [arg])
+            if len(rows) == 1 or (rows and sql.startswith("WHERE name")):
+                return rows[0]
+            if len(rows) > 1:
+                raise JobNotFound(f"sweep id prefix '{ref}' is ambiguous", "type more characters of the id")
+        return None
+
+    def list(self, active_only: bool = False, limit: int | None = None) -> list[SweepRecord]:
+        where, params = "", []
+        if active_only:
+            where = f"WHERE state NOT IN ({', '.join('?' for _ in TERMINAL)})"
+            params = [s.value for s in TERMINAL]
+        sql = f"{where} ORDER BY created_at DESC" + (" LIMIT ?" if limit else "")
+        return self._rows(sql, [*params, limit] if limit else params)
