@@ -36,7 +36,8 @@ class Strategy:
             self.total = min(size, trials) if trials else size
         else:
             if not trials:
-                raise UsageError(f"--strategy {kind} needs --trials N", f"e.g. --strategy {kind} --trials 20")
+                raise UsageError(f"a {kind} search needs --trials N",
+                                 "e.g. --trials 20; a grid needs finite values such as [a, b] or uniform(0, 1, 5)")
             self.total = trials
         self.space = space
         self.kind = kind
