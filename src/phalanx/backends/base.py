@@ -2,7 +2,7 @@
 
 A backend turns a :class:`~phalanx.core.spec.JobSpec` into a :class:`~phalanx.launch.plan.Plan`
 (``plan``: pure, no side effects, golden-tested) and starts the plan's node agents
-(``start_node``), returning handles the supervisor watches and signals. The job-level logic
+(``start``), returning one handle per node that the supervisor watches and signals. The job-level logic
 (state in the store, fail-fast, stop with a grace period, root cause) lives once in
 :mod:`phalanx.launch.supervisor`, not in each backend.
 
@@ -66,15 +66,23 @@ class Backend(abc.ABC):
             raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
         return self._plan(spec, job_id, attempt, home, home.job(job_id), ports)
 
-    def start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
-        """Start ``node``'s agent; returns at once (non-blocking). Its output goes to agent.log."""
-        paths.node_dir(attempt, node.node_rank).mkdir(parents=True, exist_ok=True)
-        return self._start_node(node, paths, attempt)
+    def start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+        """Start every node agent of ``plan``; returns at once (non-blocking), one handle per
+        node in node-rank order. Each agent's own output goes to its agent.log."""
+        for node in plan.nodes:
+            paths.node_dir(plan.attempt, node.node_rank).mkdir(parents=True, exist_ok=True)
+        return self._start(plan, paths)
+
+    def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+        """Default: one independent start per node. Schedulers that place all nodes at once
+        (SLURM) override this."""
+        return [self._start_node(node, paths, plan.attempt) for node in plan.nodes]
+
+    def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _plan(
         self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
     ) -> Plan: ...
 
-    @abc.abstractmethod
-    def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle: ...

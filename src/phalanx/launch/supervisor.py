@@ -133,7 +133,7 @@ class JobRun:
         plan = self.plan
         write_launch_files(plan, self.paths, self.spec.sample_interval)
         self._started = time.time()
-        self._handles = [self.backend.start_node(node, self.paths, plan.attempt) for node in plan.nodes]
+        self._handles = self.backend.start(plan, self.paths)
         self._margin = max(h.kill_margin for h in self._handles)
         self._stop_kind: str | None = None
         self._stop_signal = signal.SIGTERM
