@@ -64,3 +64,45 @@ def s3_env(s3_server, monkeypatch):
     bucket = f"phx-{os.getpid()}-{time.monotonic_ns()}"
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
     return bucket
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts(tmp_path_factory):
+    """Two sshd hosts (node1, node2) on 127.0.0.2 and 127.0.0.3; yields SshHosts."""
+    from tests.cluster import sshd
+
+    root = tmp_path_factory.mktemp("sshd")
+    try:
+        hosts = sshd.start(root)
+    except (FileNotFoundError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot start sshd here: {exc}")
+    try:
+        probe = hosts.ssh("node1", "true")
+        if probe.returncode != 0:
+            pytest.skip(f"sshd started but ssh fails: {probe.stderr.strip()}")
+        yield hosts
+    finally:
+        sshd.stop(hosts)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """munged + slurmctld + two slurmd (n1 on 127.0.0.2, n2 on 127.0.0.3); yields SlurmCluster."""
+    from tests.cluster import slurm
+
+    try:
+        cluster = slurm.start(tmp_path_factory.mktemp("slurm"))
+    except slurm.Unavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield cluster
+    finally:
+        slurm.stop(cluster)
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster, phx_home, monkeypatch):
+    """Client commands (and so phalanx) talk to the test cluster; jobs live in a fresh home."""
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    return slurm_cluster

@@ -40,9 +40,9 @@ def test_random_sampling_is_reproducible_and_in_range():
 
 
 def test_literal_escape_and_plain_args_untouched():
-    space = parse_space(["--tags", "\\[a, b]", "--name=\\range(3)", "--lr", "0.1", "data[1].csv"])
+    space = parse_space(["--tags", "\\[a, b]", "--name=\\range(3)", "--lr", "0.1", "data[1].csv", "\\", "C:\\x"])
     assert not space.is_sweep
-    assert space.args == ("--tags", "[a, b]", "--name=range(3)", "--lr", "0.1", "data[1].csv")
+    assert space.args == ("--tags", "[a, b]", "--name=range(3)", "--lr", "0.1", "data[1].csv", "\\", "C:\\x")
 
 
 @pytest.mark.parametrize(

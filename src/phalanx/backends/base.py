@@ -19,6 +19,7 @@ from ..core.paths import HomePaths, JobPaths
 from ..core.spec import JobSpec
 from ..errors import UsageError
 from ..launch.plan import NodePlan, Plan
+from .options import BackendOption, validate
 
 PortSource = Callable[[], int]
 
@@ -56,6 +57,10 @@ class NodeHandle(abc.ABC):
 
 class Backend(abc.ABC):
     name: str = ""
+    options: tuple[BackendOption, ...] = ()
+    # Trials of a sweep are packed onto this machine's GPUs or cores; a scheduler places
+    # them itself (False), and only --parallel limits how many run at once.
+    local_slots: bool = True
 
     def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, ports: PortSource = free_port) -> Plan:
         """The plan for one attempt of ``spec``. Pure apart from asking ``ports`` for free ports.
@@ -64,6 +69,7 @@ class Backend(abc.ABC):
         """
         if spec.resources.nnodes < 1 or spec.resources.nproc_per_node < 1:
             raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
+        spec = spec.with_(backend_options=validate(self.name, self.options, spec.backend_options))
         return self._plan(spec, job_id, attempt, home, home.job(job_id), ports)
 
     def start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 BUILTIN: dict[str, str] = {
     "local": "phalanx.backends.local:LocalBackend",
+    "ssh": "phalanx.backends.ssh:SshBackend",
+    "slurm": "phalanx.backends.slurm:SlurmBackend",
 }
 
 

@@ -3,7 +3,8 @@
 Recognised (as the whole argument value): ``[a, b, ...]``, ``choice(a, b, ...)``,
 ``range(start, stop[, step])``, ``uniform(lo, hi[, n])``, ``loguniform(lo, hi[, n])``.
 With ``n``, uniform/loguniform are ``n`` evenly spaced (log-spaced) values, usable in a grid.
-A value starting with a backslash is passed literally without it: ``"\\[1, 2]"`` -> ``[1, 2]``.
+A search expression preceded by a backslash is passed literally without it:
+``"\\[1, 2]"`` -> ``[1, 2]``; any other value, backslashes included, is passed unchanged.
 Pure functions; no I/O.
 """
 
@@ -100,7 +101,7 @@ def parse_space(args: Sequence[str]) -> Space:
         flag, value = None, word
         if word.startswith("--") and "=" in word:
             flag, value = word.split("=", 1)
-        if value.startswith("\\"):
+        if value.startswith("\\") and _is_expression(value[1:]):
             out[i] = (f"{flag}=" if flag else "") + value[1:]
             continue
         parsed = _parse_value(value)
@@ -113,6 +114,14 @@ def parse_space(args: Sequence[str]) -> Space:
         kind, values, low, high = parsed
         params.append(Param(name, i, kind, values, low, high, flag))
     return Space(tuple(out), tuple(params))
+
+
+def _is_expression(text: str) -> bool:
+    """Would ``text`` be read as a search space? (Then a leading backslash escapes it.)"""
+    try:
+        return _parse_value(text) is not None
+    except UsageError:
+        return True
 
 
 def _parse_value(text: str) -> tuple[str, tuple[Any, ...], float, float] | None:
