@@ -38,6 +38,7 @@ def start(root: Path, count: int = 2) -> SshHosts:
     if not os.path.exists(SSHD) or shutil.which("ssh") is None:
         raise FileNotFoundError("openssh-server / openssh-client are not installed (apt-get install openssh-server)")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+    root.mkdir(parents=True, exist_ok=True)
     key = root / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key), "-C", "phalanx-tests"], check=True)
     authorized = root / "authorized_keys"

@@ -35,11 +35,12 @@ from .local import RESTART_SAFE_ENV, build_nodes
 from .options import BackendOption
 
 PORT_RANGE = (29400, 29900)
+# Versions from package metadata, not imports: importing torch on every host costs seconds.
 PREFLIGHT = (
-    "import json, socket, sys\n"
+    "import json, socket, sys, importlib.metadata as md, importlib.util as iu\n"
     "info = {'python': '%d.%d' % sys.version_info[:2]}\n"
-    "try:\n    import torch; info['torch'] = torch.__version__\nexcept ImportError:\n    info['torch'] = None\n"
-    "try:\n    import phalanx; info['phalanx'] = True\nexcept ImportError:\n    info['phalanx'] = False\n"
+    "try:\n    info['torch'] = md.version('torch')\nexcept md.PackageNotFoundError:\n    info['torch'] = None\n"
+    "info['phalanx'] = iu.find_spec('phalanx') is not None\n"
     "port = int(sys.argv[1])\n"
     "if port:\n    s = socket.socket()\n    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
     "    try:\n        s.bind(('', port)); info['port_free'] = True\n    except OSError:\n        info['port_free'] = False\n"
@@ -106,7 +107,10 @@ class SshBackend(Backend):
 
     def ssh_argv(self, spec_or_opts: Any, host: str) -> list[str]:
         opts = spec_or_opts.backend_options if isinstance(spec_or_opts, JobSpec) else spec_or_opts
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+        # One TCP+auth handshake per host for the whole job (preflight, shipping, the agent),
+        # unless the user's config says otherwise (-o options come first and win over the file).
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ControlMaster=auto",
+                "-o", f"ControlPath={_control_dir()}/%C", "-o", "ControlPersist=60"]
         if opts.get("ssh_config"):
             argv += ["-F", str(Path(opts["ssh_config"]).expanduser())]
         return [*argv, host]
@@ -130,9 +134,12 @@ class SshBackend(Backend):
         spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
         opts = self._opts(spec)
         hosts = [n.host for n in plan.nodes]
-        self.preflight(opts, hosts, plan.nodes[0].env.get("PHALANX_NODE_ADDRS", ""), plan)
-        if not opts["shared_fs"]:
-            self._ship(opts, hosts, paths, plan)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # independent: check and ship at once
+            shipped = pool.submit(self._ship, opts, hosts, paths, plan) if not opts["shared_fs"] else None
+            checked = pool.submit(self.preflight, opts, hosts, "", plan)
+            checked.result()
+            if shipped is not None:
+                shipped.result()
         return [SshNode(self, opts, node, paths, plan, stream=not opts["shared_fs"]) for node in plan.nodes]
 
     def _opts(self, spec: JobSpec) -> dict[str, Any]:
@@ -270,6 +277,16 @@ class SshNode(NodeHandle):
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _control_dir() -> str:
+    """A short private directory for ssh control sockets (unix socket paths are limited)."""
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"phalanx-ssh-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 
 def remote_path(path: str) -> str:
