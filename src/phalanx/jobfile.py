@@ -48,6 +48,11 @@ FILE_KEYS = {
     "metrics": "mapping of metric name to regex (group 1 is the value)",
     "auto_metrics": "pick up name=value numbers automatically (default true)",
     "sample_interval": "seconds between resource samples",
+    "inputs": "input channels: mapping of name to URI (path, s3://, gs://, http(s)://, job:NAME; #extract unpacks)",
+    "output": "URI the outputs and logs are uploaded to at the end",
+    "skip_if_done": "do nothing if the last successful run of this name had the same inputs",
+    "snapshot": "run from a copy of the working directory taken at submit time (default true)",
+    "backend_options": "options of the backend (mapping), e.g. {hosts: 'gpu1,gpu2'} for ssh",
     "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
 }
 SWEEP_KEYS = ("strategy", "trials", "seed", "objective", "early_stop", "parallel", "fail_fast")
@@ -79,6 +84,11 @@ class RunOptions:
     metrics: list[str] = field(default_factory=list)
     auto_metrics: bool | None = None
     sample_interval: float | None = None
+    backend_options: dict[str, Any] = field(default_factory=dict)  # given on the CLI (None values dropped)
+    inputs: list[str] = field(default_factory=list)  # NAME=URI[#extract]
+    output: str | None = None
+    skip_if_done: bool | None = None
+    snapshot: bool | None = None
     strategy: str | None = None
     trials: int | None = None
     seed: int | None = None
@@ -185,7 +195,12 @@ def build_spec(opts: RunOptions) -> JobSpec:
         max_restarts=int(opts.max_restarts if opts.max_restarts is not None else file.get("max_restarts", 0)),
         grace=float(opts.grace if opts.grace is not None else file.get("grace", _default_grace())),
     )
-    spec = spec.with_(**_survival(opts, file), **_monitoring(opts, file))
+    spec = spec.with_(**_survival(opts, file), **_monitoring(opts, file), **_data(opts, file, base_dir, workdir, entry))
+    given = {k: v for k, v in opts.backend_options.items() if v is not None and v != [] and v is not False}
+    file_opts = file.get("backend_options") or {}
+    if not isinstance(file_opts, dict):
+        raise UsageError("the job file's 'backend_options' must be a mapping", "e.g. backend_options: {hosts: 'gpu1,gpu2'}")
+    spec = spec.with_(backend_options={**file_opts, **given})
     if spec.max_restarts < 0 or spec.grace < 0 or spec.max_retries < 0:
         raise UsageError("--max-restarts, --max-retries and --grace must not be negative", "use 0 or more")
     return spec
@@ -243,6 +258,54 @@ def _monitoring(opts: RunOptions, file: dict[str, Any]) -> dict[str, Any]:
         "auto_metrics": bool(_pick(opts.auto_metrics, file, "auto_metrics", True)),
         "sample_interval": interval,
     }
+
+
+def _data(opts: RunOptions, file: dict[str, Any], base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[str, Any]:
+    """Inputs (``job:`` references resolved now, so retries read the same data), output, snapshot."""
+    from dataclasses import replace
+
+    from .core.spec import channel_env_name, parse_channel
+    from .storage.uri import validate_uri
+
+    given = file.get("inputs") or {}
+    if not isinstance(given, dict):
+        raise UsageError("the job file's 'inputs' must be a mapping of name to URI", "e.g. inputs: {train: s3://bucket/train}")
+    texts = [(f"{k}={v}", base_dir) for k, v in given.items()] + [(t, Path.cwd()) for t in opts.inputs]
+    channels = {}
+    for text, base in texts:
+        channel = parse_channel(text)
+        if channel.uri.startswith("job:"):
+            from .jobs import resolve_job_input
+
+            source = resolve_job_input(channel.uri)
+        else:
+            from .storage.channels import resolve_source
+
+            source = resolve_source(channel.uri, base, channel.name)
+        channels[channel.name] = replace(channel, source=source)  # the command line beats the file
+    env_names = [channel_env_name(n) for n in channels]
+    if len(set(env_names)) < len(env_names):
+        raise UsageError(f"input names {', '.join(channels)} clash as environment variables", "use names that differ in more than case, - and _")
+    output = _pick(opts.output, file, "output", None)
+    snapshot = bool(_pick(opts.snapshot, file, "snapshot", True)) and _snapshot_fits(workdir, entry)
+    return {
+        "channels": tuple(channels.values()),
+        "output_uri": validate_uri(str(output), what="--output") if output else None,
+        "skip_if_done": bool(_pick(opts.skip_if_done, file, "skip_if_done", False)),
+        "snapshot": snapshot,
+    }
+
+
+def _snapshot_fits(workdir: Path, entry: Entrypoint) -> bool:
+    from . import config
+    from .storage.snapshot import list_workdir
+
+    script = entry.target if entry.kind is EntrypointKind.SCRIPT else None
+    listing = list_workdir(workdir, config.home(), script)
+    if listing.too_big:
+        sys.stderr.write(f"phalanx: warning: {workdir} is too big for a code snapshot ({listing.describe()}); "
+                         "the job runs from it in place (--no-snapshot, or a .phalanxignore, silences this)\n")
+    return not listing.too_big
 
 
 def _resources(opts: RunOptions, file: dict[str, Any]) -> Resources:

@@ -44,6 +44,76 @@ def check_storage(spec: JobSpec) -> None:
         from .storage.state import StateSync
 
         StateSync(home().state_dir(spec.name), spec.state_uri).check()
+    if spec.channels:
+        from .storage import channels
+
+        channels.check(spec)
+    if spec.output_uri:
+        from .storage import outputs
+
+        outputs.check(spec)
+
+
+def resolve_job_input(uri: str) -> str:
+    """``job:NAME_OR_ID[/output|/state]`` -> where that job's results are: its output directory
+    (or the uploaded copy), or its state directory. A name means its latest successful run."""
+    ref, _, part = uri[len("job:"):].partition("/")
+    part = part.strip("/") or "output"
+    if not ref or part not in ("output", "state"):
+        raise UsageError(f"invalid job reference '{uri}'", "use job:NAME_OR_ID, job:NAME_OR_ID/output or job:NAME_OR_ID/state")
+    store = open_store()
+    named = [r for r in store.list() if r.name == ref]
+    record = next((r for r in named if r.state is JobState.SUCCEEDED), None) if named else store.find(ref)
+    if record is None:
+        latest = named[0]
+        raise UsageError(f"'{uri}': no run of '{ref}' has succeeded (the latest, job {latest.id}, is {latest.state.value})",
+                         f"run it first; see: phalanx status {latest.id}")
+    if record.state is not JobState.SUCCEEDED:
+        raise UsageError(f"'{uri}': job {record.id} is {record.state.value}, so its {part} may be incomplete",
+                         "refer to a job that succeeded")
+    if part == "state":
+        return str(home().state_dir(record.name))
+    from .storage.outputs import job_output_source
+
+    return job_output_source(JobPaths(Path(record.job_dir)))
+
+
+def check_done(spec: JobSpec) -> tuple[JobRecord | None, dict[str, Any] | None]:
+    """``--skip-if-done``: the latest successful job of this name when it ran with the same
+    inputs (code, command, input data), and the fingerprint of this spec's inputs."""
+    if not spec.skip_if_done:
+        return None, None
+    from .storage.inputs import fingerprint
+
+    inputs = fingerprint(spec, home())
+    last = next((r for r in open_store().list() if r.name == spec.name and r.state is JobState.SUCCEEDED), None)
+    if last is not None and (read_json(JobPaths(Path(last.job_dir)).inputs) or {}).get("digest") == inputs["digest"]:
+        return last, inputs
+    return None, inputs
+
+
+def artifacts(record: JobRecord) -> Any:
+    """What the job produced (``storage.outputs.Artifacts``): uploaded, or in its job directory."""
+    from .storage.outputs import artifacts as read_artifacts
+
+    return read_artifacts(JobPaths(Path(record.job_dir)))
+
+
+def download(record: JobRecord, dest: Path | None = None, logs: bool = False, state: bool = False,
+             events: Callable[[str], None] | None = None) -> tuple[Path, dict[str, int]]:
+    """Bring a job's outputs (and logs, state) to ``dest`` (default ``./<name>-<id>``). Blocking."""
+    from .storage.outputs import download_job
+
+    dest = (dest or Path.cwd() / f"{record.name}-{record.id}").resolve()
+    counts = download_job(read_spec(record), JobPaths(Path(record.job_dir)), home(), dest, logs, state,
+                          events or (lambda text: None))
+    return dest, counts
+
+
+def _skipped(done: JobRecord, events: Callable[[str], None] | None) -> None:
+    if events:
+        events(f"skipped: job {done.id}, the last successful run of '{done.name}', had the same inputs "
+               "(without --skip-if-done it runs again)")
 
 
 def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan:
@@ -53,11 +123,17 @@ def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan
     return get_backend(spec.backend).plan(spec, job_id or new_job_id(), attempt, home())
 
 
-def create_job(store: Store, spec: JobSpec, plan: Plan, **supervisor: Any) -> JobRecord:
-    """Record the job (PENDING) and lay out its directory. Nothing runs yet."""
+def create_job(store: Store, spec: JobSpec, plan: Plan, inputs: dict[str, Any] | None = None, **supervisor: Any) -> JobRecord:
+    """Record the job (PENDING) and lay out its directory (with the code snapshot). Nothing runs yet."""
     paths = home().job(plan.job_id)
     paths.root.mkdir(parents=True, exist_ok=False)
     paths.output_dir.mkdir()
+    if spec.snapshot:
+        from .storage.snapshot import snapshot_job
+
+        snapshot_job(spec, paths, home().root)
+    if inputs is not None:
+        write_json(paths.inputs, inputs)
     home().state_dir(spec.name).mkdir(parents=True, exist_ok=True)
     write_json(paths.spec, spec.to_dict())
     write_atomic(paths.plan, plan.to_json())
@@ -105,9 +181,13 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
     """
     check_storage(spec)
+    done, inputs = check_done(spec)
+    if done is not None:
+        _skipped(done, events)
+        return done, 0
     store = open_store()
     plan = plan_job(spec)
-    record = create_job(store, spec, plan, **_identity())
+    record = create_job(store, spec, plan, inputs=inputs, **_identity())
     return _supervise_here(store, record, plan, out, ranks, events)
 
 
@@ -138,12 +218,17 @@ def _spawn_supervisor(record: JobRecord, cwd: str) -> dict[str, Any]:
     return _spawn(["phalanx.launch.supervisor", record.id], JobPaths(Path(record.job_dir)).supervisor_log, cwd)
 
 
-def submit_detached(spec: JobSpec) -> JobRecord:
-    """Start ``spec`` in the background (survives this process and the terminal); returns at once."""
+def submit_detached(spec: JobSpec, events: Callable[[str], None] | None = None) -> JobRecord:
+    """Start ``spec`` in the background (survives this process and the terminal); returns at once
+    (with ``--skip-if-done``, possibly the earlier job that makes this one unnecessary)."""
     check_storage(spec)
+    done, inputs = check_done(spec)
+    if done is not None:
+        _skipped(done, events)
+        return done
     store = open_store()
     plan = plan_job(spec)
-    record = create_job(store, spec, plan)
+    record = create_job(store, spec, plan, inputs=inputs)
     store.update(record.id, **_spawn_supervisor(record, spec.workdir))
     return store.get(record.id)
 

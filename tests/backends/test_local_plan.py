@@ -12,10 +12,10 @@ import pytest
 
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
-from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
+from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
 from phalanx.errors import UsageError
 
-GOLDEN = Path(__file__).parent / "golden"
+from .golden_files import assert_golden
 
 CASES = {
     "torchrun_2x2": JobSpec(
@@ -29,6 +29,13 @@ CASES = {
     ),
     "tf_2x1": JobSpec(Entrypoint(EntrypointKind.MODULE, "pkg.train"), Resources(2, 1), name="tf", framework=Framework.TF),
     "jax_2x1": JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/j.py"), Resources(2, 1), name="jax", framework=Framework.JAX),
+    "channels_snapshot_1x2": JobSpec(
+        Entrypoint(EntrypointKind.SCRIPT, "/work/train.py", ("--data", "$PHALANX_CHANNEL_TRAIN")), Resources(1, 2), name="train",
+        channels=(Channel("train", "s3://bucket/imagenet/train", "s3://bucket/imagenet/train"),
+                  Channel("val", "./data/val", "/work/data/val"),
+                  Channel("prep", "job:prep", "/home/u/.phalanx/jobs/0000abcd/output")),
+        output_uri="s3://bucket/runs/", snapshot=True,
+    ),
 }
 
 
@@ -49,14 +56,7 @@ def _plan(spec):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_golden(case):
-    rendered = _plan(CASES[case]).to_json()
-    golden = GOLDEN / f"{case}.json"
-    if os.environ.get("PHALANX_UPDATE_GOLDEN") == "1":
-        golden.write_text(rendered)
-    assert golden.exists(), f"no golden file {golden}; create it with: PHALANX_UPDATE_GOLDEN=1 pytest tests/backends"
-    assert rendered == golden.read_text(), (
-        f"plan for {case} changed; if intended, refresh with: PHALANX_UPDATE_GOLDEN=1 pytest tests/backends"
-    )
+    assert_golden(f"{case}.json", _plan(CASES[case]).to_json(), f"plan for {case}")
 
 
 def test_torchrun_plan_essentials():

@@ -251,7 +251,7 @@ def test_tf_and_jax_environments(phx_home):
 def test_dry_run_prints_plan_and_starts_nothing(phx_home):
     out = phalanx("run", "--dry-run", "-n", "2x2", str(EXAMPLES / "hello.py"), "--x", "1", check=True).stdout
     assert "[node 0 @ localhost-0]" in out and "[node 1 @ localhost-1]" in out
-    assert "--rdzv-backend=c10d" in out and "--script " + str(EXAMPLES / "hello.py") + " --x 1" in out
+    assert "--rdzv-backend=c10d" in out and "/code/examples/hello.py --x 1" in out  # from the code snapshot
     assert json.loads(phalanx("ps", "--all", "--json", check=True).stdout) == []
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core.env import Topology, node_env, process_env, template_values
 from ..core.paths import HomePaths, JobPaths, write_json
-from ..core.spec import JobSpec, Framework, render_template
+from ..core.spec import JobSpec, Framework, in_snapshot, render_template
 from ..launch.plan import NodePlan, Plan, ProcessPlan
 from ..launch.procs import exit_code, signal_group, signal_name
 from ..launch.torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
@@ -37,7 +37,7 @@ def local_gpu_count() -> int:
     return len(list(gpus.iterdir())) if gpus.is_dir() else 0
 
 
-def agent_argv(python: str, paths: JobPaths, attempt: int, node_rank: int) -> tuple[str, ...]:
+def agent_argv(python: str, paths: JobPaths, attempt: int, node_rank: int | str) -> tuple[str, ...]:
     return (
         python,
         "-m",
@@ -93,6 +93,8 @@ class LocalBackend(Backend):
     def _plan(
         self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
     ) -> Plan:
+        if spec.snapshot:
+            spec = in_snapshot(spec, str(paths.code_dir))
         nnodes = spec.resources.nnodes
         nworkers = nnodes * spec.procs_per_node_started
         topo = Topology(
@@ -105,6 +107,7 @@ class LocalBackend(Backend):
             output_dir=str(paths.output_dir),
             job_dir=str(paths.root),
             num_gpus=local_gpu_count(),
+            channels=tuple((c.name, str(home.channel_path(c))) for c in spec.channels),
         )
         net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **RESTART_SAFE_ENV}
         hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))

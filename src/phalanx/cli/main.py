@@ -50,6 +50,13 @@ RUN_HELP = """Run SCRIPT (or -m MODULE, or any COMMAND) like `python SCRIPT ARGS
 Everything after the script is passed to it unchanged."""
 
 
+def _slurm_help(name: str) -> str:
+    """A SLURM flag's help, from its one declaration (``backends/sbatch.py``)."""
+    from ..backends.sbatch import OPTIONS
+
+    return "slurm backend: " + next(o.help for o in OPTIONS if o.name == name)
+
+
 @app.command(
     "run",
     help=RUN_HELP,
@@ -79,6 +86,10 @@ def run_cmd(
     metric: List[str] = typer.Option([], "--metric", help="A metric NAME=REGEX over each rank's output (repeatable)."),
     no_auto_metrics: bool = typer.Option(False, "--no-auto-metrics", help="Do not pick up name=value numbers automatically."),
     sample_interval: Optional[float] = typer.Option(None, "--sample-interval", help="Seconds between resource samples (default 5)."),
+    inputs: List[str] = typer.Option([], "--input", help="Input channel NAME=URI: a path, s3://, gs://, http(s)://, job:NAME[/state]; URI#extract unpacks an archive (repeatable)."),
+    output: Optional[str] = typer.Option(None, "--output", help="Upload PHALANX_OUTPUT_DIR and the logs to this URI at the end."),
+    skip_if_done: bool = typer.Option(False, "--skip-if-done", help="Do nothing if the last successful run of this name had the same code, command and inputs."),
+    no_snapshot: bool = typer.Option(False, "--no-snapshot", help="Run from the working directory itself, not from a copy taken at submit time."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="Sweep: grid (default for finite spaces), random or tpe."),
     trials: Optional[int] = typer.Option(None, "--trials", help="Sweep: number of trials (random, tpe; caps a grid)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sweep: seed of random and tpe."),
@@ -86,6 +97,18 @@ def run_cmd(
     early_stop: Optional[str] = typer.Option(None, "--early-stop", help="Sweep: prune hopeless trials: median or halving."),
     parallel: Optional[int] = typer.Option(None, "--parallel", help="Sweep: at most this many trials at once (default: as many as fit)."),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Sweep: stop at the first failed trial."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="ssh backend: hosts in node-rank order, e.g. gpu1,gpu2."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", help="ssh backend: a file with one host per line."),
+    shared_fs: bool = typer.Option(False, "--shared-fs", help="ssh backend: hosts share this filesystem (no code shipping)."),
+    remote_python: Optional[str] = typer.Option(None, "--remote-python", help="ssh backend: the Python to run on the hosts."),
+    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="ssh backend: an ssh config file (default ~/.ssh/config)."),
+    remote_home: Optional[str] = typer.Option(None, "--remote-home", help="ssh backend: where jobs live on the hosts (default ~/.phalanx/remote)."),
+    partition: Optional[str] = typer.Option(None, "--partition", help=_slurm_help("partition")),
+    account: Optional[str] = typer.Option(None, "--account", help=_slurm_help("account")),
+    time_limit: Optional[str] = typer.Option(None, "--time", help=_slurm_help("time")),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=_slurm_help("gpus_per_node")),
+    signal_lead: Optional[int] = typer.Option(None, "--signal-lead", help=_slurm_help("signal_lead")),
+    sbatch_lines: List[str] = typer.Option([], "--sbatch", help=_slurm_help("sbatch")),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -106,8 +129,13 @@ def run_cmd(
             max_restarts=max_restarts, grace=grace, max_retries=max_retries, no_retry_on=no_retry_on,
             retry_on_exit_codes=retry_on_exit_codes, stall_timeout=stall_timeout, state=state, metrics=metric,
             auto_metrics=False if no_auto_metrics else None, sample_interval=sample_interval,
+            inputs=inputs, output=output, skip_if_done=skip_if_done or None, snapshot=False if no_snapshot else None,
             strategy=strategy, trials=trials, seed=seed, objective=objective, early_stop=early_stop,
             parallel=parallel, fail_fast=fail_fast or None,
+            backend_options={"hosts": hosts, "hostfile": hostfile, "shared_fs": shared_fs, "remote_python": remote_python,
+                             "ssh_config": ssh_config, "remote_home": remote_home,
+                             "partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
+                             "signal_lead": signal_lead, "sbatch": sbatch_lines},
         )
     )
     spec, sweep = build_sweep(options, build_spec(options))
@@ -129,7 +157,7 @@ def run_cmd(
         if moved:
             typer.echo(f"phalanx: previous state of '{spec.name}' moved to {moved}", err=True)
     if detach:
-        record = jobs.submit_detached(spec)
+        record = jobs.submit_detached(spec, events=_event)
         if as_json:
             dump_json({"id": record.id, "name": record.name, "job_dir": record.job_dir}, sys.stdout)
         else:
@@ -262,6 +290,11 @@ def status_cmd(
             for r in ranks
         ]
         table(rows, ("RANK", "NODE", "HOST", "PID", "EXIT", "STATE"), out)
+    from ..monitor.metrics import status_summary_lines
+
+    summary = status_summary_lines(record)
+    if summary:
+        out.write("\n" + "\n".join(summary) + "\n")
     cause = record.root_cause_dict()
     if cause:
         where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
@@ -348,9 +381,14 @@ def resume_cmd(
 
 
 def _register_subcommands() -> None:
+    """Commands that live in their own modules (each imports its heavy parts lazily)."""
+    from .data import register as register_data
+    from .observe import register as register_observe
     from .sweep import sweep_app
 
     app.add_typer(sweep_app, name="sweep")
+    register_observe(app)
+    register_data(app)
 
 
 _register_subcommands()
@@ -390,9 +428,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _leading_options(args: list[str]) -> list[str]:
     """Options before the run target (``--debug`` after the script belongs to the script)."""
+    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
     lead = []
     for word in args:
-        if not word.startswith("-") and word not in ("run", "ps", "status", "logs", "wait", "stop", "resume", "sweep"):
+        if not word.startswith("-") and word not in commands:
             break
         lead.append(word)
     return lead

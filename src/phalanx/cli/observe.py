@@ -27,7 +27,7 @@ def metrics_cmd(
 ) -> None:
     """Metrics of a job: last / min / max / count per metric, and a sparkline by step."""
     from .. import jobs
-    from ..monitor.metrics import metrics_report
+    from ..monitor.report import metrics_report
     from .render import dump_json
 
     report = metrics_report(jobs.get_job(job), attempt=attempt, rank=rank)
@@ -86,7 +86,7 @@ def top_cmd(
 
 
 def _top_rows(frame: dict[str, Any]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for node in frame["nodes"]:
         gpus = node.get("gpus") or []
         gpu = ", ".join(f"{g.get('util', '-')}%" for g in gpus) or "-"
@@ -95,7 +95,7 @@ def _top_rows(frame: dict[str, Any]) -> list[tuple[str, ...]]:
                      _mem(node.get("mem_used"), node.get("mem_total")), gpu, gmem, _age(node.get("age"))))
         for rank, r in sorted(node.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
             gm = "-" if r.get("gpu_mem") is None else _bytes(r["gpu_mem"])
-            rows.append((f"  rank {rank}", f"pid {r.get('pid')} ({r.get('procs', 1)} procs)", f"{r.get('cpu_percent', 0):.0f}%",
+            rows.append((f"  rank {rank}", f"pid {r.get('pid')}" + (f" +{r['procs'] - 1} children" if r.get("procs", 1) > 1 else ""), f"{r.get('cpu_percent', 0):.0f}%",
                          _bytes(r.get("rss")), "", gm, ""))
     return rows
 

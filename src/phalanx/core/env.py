@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .spec import Framework, JobSpec
+from .spec import Framework, JobSpec, channel_env_name
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Topology:
     output_dir: str
     job_dir: str
     num_gpus: int = 0  # per node
+    channels: tuple[tuple[str, str], ...] = ()  # (name, local path) of each input channel
 
     @property
     def master_addr(self) -> str:
@@ -74,10 +75,13 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
         "SM_NUM_CPUS": str(os.cpu_count() or 1),
         "SM_MODEL_DIR": topo.output_dir,
         "SM_OUTPUT_DATA_DIR": topo.output_dir,
-        "SM_CHANNELS": "[]",
+        "SM_CHANNELS": json.dumps(sorted(name for name, _ in topo.channels)),
         # Output must reach the per-rank log files as it is printed, not at exit.
         "PYTHONUNBUFFERED": "1",
     }
+    for name, path in topo.channels:
+        env[f"PHALANX_CHANNEL_{channel_env_name(name)}"] = path
+        env[f"SM_CHANNEL_{channel_env_name(name)}"] = path
     if spec.resources.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         # torchrun's own default; set explicitly so direct launches behave the same.
         env["OMP_NUM_THREADS"] = "1"

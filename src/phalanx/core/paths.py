@@ -21,6 +21,9 @@
         inputs.json                   fingerprint of the job's inputs (--skip-if-done)
         artifacts.json                where outputs and logs were uploaded (--output), file by file
         attempt_<k>/
+          batch.sh                    the batch script submitted to a scheduler (SLURM)
+          batch.log                   the batch script's own output (the scheduler writes it)
+          scheduler.json              the scheduler's id for the attempt (SLURM job id)
           node_<n>/agent.log          the node agent's (and torchrun's) own output
           node_<n>/launch.json        what the node agent runs (its part of the plan)
           node_<n>/result.json        per-rank exit codes of the node, written at its end
@@ -186,10 +189,21 @@ class JobPaths:
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"
 
-    def node_dir(self, attempt: int, node_rank: int) -> Path:
+    def batch_script(self, attempt: int) -> Path:
+        return self.attempt(attempt) / "batch.sh"
+
+    def batch_log(self, attempt: int) -> Path:
+        return self.attempt(attempt) / "batch.log"
+
+    def scheduler_job(self, attempt: int) -> Path:
+        return self.attempt(attempt) / "scheduler.json"
+
+    def node_dir(self, attempt: int, node_rank: int | str) -> Path:
+        """A node's directory; a str ``node_rank`` leaves a placeholder for whoever fills it
+        in at run time (``{node_rank}`` for the agent, ``%n`` for srun)."""
         return self.attempt(attempt) / f"node_{node_rank}"
 
-    def agent_log(self, attempt: int, node_rank: int) -> Path:
+    def agent_log(self, attempt: int, node_rank: int | str) -> Path:
         return self.node_dir(attempt, node_rank) / "agent.log"
 
     def node_result(self, attempt: int, node_rank: int) -> Path:
@@ -204,7 +218,7 @@ class JobPaths:
     def rank_user_metrics(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "user_metrics.jsonl"
 
-    def node_launch(self, attempt: int, node_rank: int) -> Path:
+    def node_launch(self, attempt: int, node_rank: int | str) -> Path:
         return self.node_dir(attempt, node_rank) / "launch.json"
 
     def rank_dir(self, attempt: int, rank: int) -> Path:

@@ -114,6 +114,58 @@ def parse_metric(text: str) -> MetricDef:
     return MetricDef(name.strip(), regex)
 
 
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
+_CHANNEL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class Channel:
+    """An input channel: data the job reads, staged to a local directory before it starts.
+
+    ``uri`` is what the user wrote (a path, ``s3://...``, ``job:prep``); ``source`` is where
+    the bytes are: an absolute local path (used in place) or a remote URI (downloaded to a
+    cache directory). A ``job:`` reference is resolved into ``source`` once, at submit time,
+    so retries and resumes read the same data.
+    """
+
+    name: str
+    uri: str
+    source: str = ""
+    extract: bool = False  # unpack an archive (.tar, .tar.gz, .zip) on arrival
+
+    @property
+    def env_name(self) -> str:
+        return channel_env_name(self.name)
+
+    @property
+    def is_remote(self) -> bool:
+        return "://" in self.source
+
+
+def channel_env_name(name: str) -> str:
+    """``train-a`` -> ``TRAIN_A`` (as in ``PHALANX_CHANNEL_TRAIN_A``)."""
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def parse_channel(text: str) -> Channel:
+    """``NAME=URI`` or ``NAME=URI#extract`` (the --input syntax) -> Channel (``source`` unresolved)."""
+    name, sep, uri = text.partition("=")
+    name = name.strip()
+    if not sep or not uri:
+        raise UsageError(f"invalid --input '{text}'", "use NAME=URI, e.g. --input train=s3://bucket/train")
+    if not _CHANNEL_NAME.match(name):
+        raise UsageError(f"invalid input name '{name}'", "use letters, digits, - and _, starting with a letter")
+    extract = uri.endswith("#extract")
+    if extract:
+        uri = uri[: -len("#extract")]
+        if not uri.lower().endswith(ARCHIVE_SUFFIXES):
+            raise UsageError(
+                f"input '{name}': '{uri}' is not an archive that #extract can unpack",
+                f"give a file ending in {', '.join(ARCHIVE_SUFFIXES)}, or drop #extract",
+            )
+    return Channel(name, uri, extract=extract)
+
+
 # Failures that another attempt cannot fix: retrying them only burns time.
 DEFAULT_NO_RETRY = (
     r"CUDA out of memory",
@@ -147,6 +199,11 @@ class JobSpec:
     metrics: tuple[MetricDef, ...] = ()
     auto_metrics: bool = True  # pick up name=value / name: value numbers too
     sample_interval: float = 5.0  # seconds between resource samples
+    backend_options: Mapping[str, Any] = field(default_factory=dict)  # see backends/options.py
+    channels: tuple[Channel, ...] = ()  # input data, staged before the first attempt
+    output_uri: str | None = None  # where PHALANX_OUTPUT_DIR and the logs are uploaded at the end
+    skip_if_done: bool = False  # no-op when the last successful run of this name had the same inputs
+    snapshot: bool = False  # run from a copy of workdir taken at submit time (JobPaths.code_dir)
 
     @property
     def uses_torchrun(self) -> bool:
@@ -174,6 +231,8 @@ class JobSpec:
         data["no_retry_on"] = list(self.no_retry_on)
         data["retry_on_exit_codes"] = list(self.retry_on_exit_codes)
         data["metrics"] = [asdict(m) for m in self.metrics]
+        data["backend_options"] = dict(self.backend_options)
+        data["channels"] = [asdict(c) for c in self.channels]
         return data
 
     @classmethod
@@ -199,7 +258,26 @@ class JobSpec:
             metrics=tuple(MetricDef(**m) for m in data.get("metrics", ())),
             auto_metrics=bool(data.get("auto_metrics", True)),
             sample_interval=float(data.get("sample_interval", 5.0)),
+            backend_options=dict(data.get("backend_options", {})),
+            channels=tuple(Channel(**c) for c in data.get("channels", ())),
+            output_uri=data.get("output_uri"),
+            skip_if_done=bool(data.get("skip_if_done", False)),
+            snapshot=bool(data.get("snapshot", False)),
         )
+
+
+def in_snapshot(spec: JobSpec, code_dir: str) -> JobSpec:
+    """``spec`` as run from its code snapshot: the working directory is ``code_dir`` and a
+    script inside the original working directory is taken from the copy. Pure."""
+    import os.path
+
+    entry = spec.entrypoint
+    if entry.kind is EntrypointKind.SCRIPT:
+        workdir = os.path.abspath(spec.workdir)
+        target = os.path.abspath(entry.target)
+        if os.path.commonpath([workdir, target]) == workdir:
+            entry = replace(entry, target=os.path.join(code_dir, os.path.relpath(target, workdir)))
+    return spec.with_(workdir=code_dir, entrypoint=entry)
 
 
 def merge_args(base: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[str, ...]:

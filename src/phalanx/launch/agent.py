@@ -9,6 +9,10 @@ in-place restarts) or, when no torchrun is needed, starts the processes itself. 
   to exit before SIGKILL;
 - it writes ``node_<n>/result.json``: the node's exit code and per-rank failures;
 - it exits with the node's exit code (128+N for a signal).
+
+Under a scheduler that starts the same command on every node (``srun``), ``--node-rank-from
+SLURM_NODEID`` picks this node's launch file (``{node_rank}`` in the ``--launch`` path), and the
+node addresses the scheduler chose arrive in ``PHALANX_NODE_ADDRS`` (see ``plan.bind_addresses``).
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core.paths import JobPaths, read_json, write_json
-from .plan import NodePlan
+from .plan import NodePlan, bind_addresses
 from .procs import ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 
 
@@ -126,17 +130,37 @@ def _failure(rank: int, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     return {"rank": rank, "pid": proc.pid, "exitcode": exit_code(code), "signal": signal_name(code), "timestamp": time.time()}
 
 
+def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, dict[str, Any]]:
+    """This node's plan, with the addresses known only now filled in. Exits 2 when it cannot."""
+
+    def fail(message: str) -> NoReturn:
+        print(f"phalanx agent: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+    if node_rank_from:
+        rank = os.environ.get(node_rank_from, "")
+        if not rank.isdigit():
+            fail(f"--node-rank-from {node_rank_from}: the variable holds {rank!r}, not a node rank")
+        launch = launch.replace("{node_rank}", rank)
+    data = read_json(Path(launch))
+    if data is None:
+        fail(f"cannot read {launch}")
+    addrs = [a for a in os.environ.get("PHALANX_NODE_ADDRS", "").split(",") if a]
+    try:
+        return bind_addresses(NodePlan.from_dict(data["node"]), addrs), data
+    except ValueError as exc:
+        fail(f"{exc} (PHALANX_NODE_ADDRS={os.environ.get('PHALANX_NODE_ADDRS', '')!r})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m phalanx.launch.agent")
-    parser.add_argument("--launch", required=True, type=Path, help="the node's launch.json")
+    parser.add_argument("--launch", required=True, help="the node's launch.json")
+    parser.add_argument("--node-rank-from", metavar="VAR",
+                        help="environment variable holding this node's rank, filled into {node_rank} of --launch")
     args = parser.parse_args(argv)
-    data = read_json(args.launch)
-    if data is None:
-        print(f"phalanx agent: cannot read {args.launch}", file=sys.stderr)
-        raise SystemExit(2)
+    node, data = _load(args.launch, args.node_rank_from)
     # SIGTERM, not SIGKILL: our workers then get their grace period too.
     die_with_parent(signal.SIGTERM)
-    node = NodePlan.from_dict(data["node"])
     paths = JobPaths(Path(data["job_dir"]))
     attempt = int(data["attempt"])
     os.environ.update(node.env)

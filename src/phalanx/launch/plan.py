@@ -3,14 +3,26 @@
 A node runs one node agent (``python -m phalanx.launch.agent``). The agent either hands
 the node to torchrun (``torchrun_argv``) or starts ``processes`` itself (single process,
 ``--spawn self``, TF and JAX jobs).
+
+When a scheduler decides where the nodes are (SLURM), their addresses are unknown at plan
+time: the plan holds placeholders ``@NODE_ADDR_<i>@`` (node i's address, node 0 hosts the
+rendezvous) and each agent fills them in at start from ``PHALANX_NODE_ADDRS`` (``bind_addresses``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+_LATE_ADDR = re.compile(r"@NODE_ADDR_(\d+)@")
+
+
+def late_addresses(nnodes: int) -> tuple[str, ...]:
+    """Placeholders for node addresses that only the running job knows (see ``bind_addresses``)."""
+    return tuple(f"@NODE_ADDR_{i}@" for i in range(nnodes))
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,24 @@ class NodePlan:
         )
 
 
+def bind_addresses(node: NodePlan, addrs: Sequence[str]) -> NodePlan:
+    """``node`` with its ``@NODE_ADDR_<i>@`` placeholders replaced by ``addrs[i]``. Pure.
+
+    Raises ValueError when the plan needs more addresses than ``addrs`` holds.
+    """
+    text = json.dumps(node.to_dict())
+    if not _LATE_ADDR.search(text):
+        return node
+
+    def address(match: re.Match[str]) -> str:
+        index = int(match.group(1))
+        if index >= len(addrs) or not addrs[index]:
+            raise ValueError(f"the plan needs the address of node {index}, but only {len(addrs)} address(es) were given")
+        return json.dumps(addrs[index])[1:-1]
+
+    return NodePlan.from_dict(json.loads(_LATE_ADDR.sub(address, text)))
+
+
 @dataclass(frozen=True)
 class Plan:
     job_id: str
@@ -60,15 +90,21 @@ class Plan:
     backend: str
     nodes: tuple[NodePlan, ...]
     grace: float
+    # What is handed to a scheduler that then starts the node agents itself (SLURM's batch
+    # script); empty for backends that start the agents directly.
+    submission: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "job_id": self.job_id,
             "attempt": self.attempt,
             "backend": self.backend,
             "grace": self.grace,
             "nodes": [n.to_dict() for n in self.nodes],
         }
+        if self.submission:
+            data["submission"] = self.submission
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -81,10 +117,17 @@ class Plan:
             backend=data["backend"],
             grace=data["grace"],
             nodes=tuple(NodePlan.from_dict(n) for n in data["nodes"]),
+            submission=data.get("submission", ""),
         )
 
     def render(self, show_env: bool = True) -> str:
-        """Human-readable: per node, the agent command, then what it starts, then the env."""
+        """Human-readable: per node, the agent command, then what it starts, then the env.
+        With a submission (a batch script), that first and the per-node part as comments."""
+        if self.submission:
+            nodes = Plan(self.job_id, self.attempt, self.backend, self.nodes, self.grace).render(show_env)
+            return self.submission + "\n# Each node's part (node_<n>/launch.json):\n" + "".join(
+                f"#   {line}\n" if line else "#\n" for line in nodes.splitlines()
+            )
         lines = [f"# job {self.job_id}  attempt {self.attempt}  backend {self.backend}  nodes {len(self.nodes)}"]
         for node in self.nodes:
             lines.append(f"\n[node {node.node_rank} @ {node.host}]")

@@ -120,7 +120,8 @@ class JobRun:
                                      **(identity or _self_identity())):
             self.exit_code = 1  # stopped before it started
             return
-        sync = _state_sync(self.store, self.home, self.record, self.spec, self.say)
+        # inputs first: a failed Outcome when one cannot be staged, so nothing else starts
+        sync = _stage_inputs(self.home, self.spec, self.say) or _state_sync(self.store, self.home, self.record, self.spec, self.say)
         if isinstance(sync, Outcome):
             self._finish(sync)
             return
@@ -133,12 +134,23 @@ class JobRun:
         plan = self.plan
         write_launch_files(plan, self.paths, self.spec.sample_interval)
         self._started = time.time()
-        self._handles = self.backend.start(plan, self.paths)
+        from ..errors import BackendError
+
+        try:
+            self._handles = self.backend.start(plan, self.paths)
+        except BackendError as exc:  # e.g. sbatch refused the job: nothing runs, say why
+            if self._sync is not None:
+                self._sync.stop()
+            self._finish(Outcome("failed", 1, {"exitcode": 1, "attempt": plan.attempt, "message": f"could not start: {exc}"}))
+            return
         self._margin = max(h.kill_margin for h in self._handles)
         self._stop_kind: str | None = None
         self._stop_signal = signal.SIGTERM
         self._stalled_for: float | None = None
         self._kill_at: float | None = None
+        # Nodes that had failed when the supervisor stopped the rest (fail fast): only they say
+        # whether the attempt was taken by a scheduler; the others got the supervisor's SIGTERM.
+        self._failed_first: list[int] | None = None
         self._last_activity = time.time()
         self._collector = MetricsCollector(self.paths, plan.attempt, self.spec.metrics, self.spec.auto_metrics)
         self._collected_at = 0.0
@@ -183,6 +195,7 @@ class JobRun:
             self._attempt_over(codes)
             return
         if self._kill_at is None and any(c not in (None, 0) for c in codes):
+            self._failed_first = [n for n, c in enumerate(codes) if c not in (None, 0)]
             self._stop_all()  # fail fast: the rest of the job stops now
         if self.spec.stall_timeout and self._kill_at is None:
             self._last_activity = max(self._last_activity, _last_output(self.paths, self.plan.attempt))
@@ -202,7 +215,8 @@ class JobRun:
     def _collect(self, final: bool = False) -> None:
         self._collected_at = time.monotonic()
         try:
-            self._collector.poll(final=final)
+            # Bounded reads keep the loop responsive when a job floods its output.
+            self._collector.poll(final=final, max_bytes=None if final else 32 << 20)
         except OSError as exc:  # metrics are an aid; never let them stop the job
             self.say(f"warning: reading metrics failed: {exc}")
 
@@ -236,10 +250,15 @@ class JobRun:
             })
         if all(c == 0 for c in codes):
             return Outcome("succeeded", 0)
+        taken = _taken_by_scheduler(self.paths, self.plan.attempt, codes, self._failed_first)
+        if taken is not None:
+            return Outcome("preempted", taken, {"exitcode": taken, "requeue": True, "message":
+                           "the nodes were stopped by a signal phalanx did not send (a scheduler's preemption or time limit)"})
         cause = root_cause(self.paths, self.plan.attempt, len(self.plan.nodes), codes)
         return Outcome("failed", int(cause.get("exitcode") or 1), cause)
 
     def _finish(self, outcome: Outcome) -> None:
+        outcome = _upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = _finish(self.store, self.record, outcome)
 
@@ -251,11 +270,27 @@ def _stop_kind(store: Store, job_id: str, signum: int) -> str:
     return "preempted"
 
 
+def _taken_by_scheduler(paths: JobPaths, attempt: int, codes: list[int | None], first: list[int] | None) -> int | None:
+    """The exit code when the nodes that failed first (``first``, else all that failed) were
+    stopped by a signal the supervisor did not send (a scheduler preempting the job, or its
+    time limit coming): the job was taken, not broken. A node whose handle saw another end than
+    its agent reported (a lost ssh link: 255) was not taken."""
+    failed = [(codes[n], read_json(paths.node_result(attempt, n)) or {})
+              for n in (first if first is not None else range(len(codes))) if codes[n]]
+    if failed and all(r.get("stopped_by") and not r.get("failures") and r.get("exitcode") == code for code, r in failed):
+        return int(failed[0][0] or 1)
+    return None
+
+
 def _should_retry(spec: JobSpec, outcome: Outcome, retries: int, paths: JobPaths, plan: Plan) -> tuple[bool, str]:
-    if outcome.kind not in ("failed", "stalled"):
+    # A preemption the supervisor outlived (SLURM's) is requeued like a failure is retried.
+    requeue = outcome.kind == "preempted" and bool((outcome.cause or {}).get("requeue"))
+    if outcome.kind not in ("failed", "stalled") and not requeue:
         return False, outcome.kind
     if retries >= spec.max_retries:
         return False, f"no retries left ({retries}/{spec.max_retries} used)"
+    if requeue:
+        return True, "preempted; requeued"
     if spec.retry_on_exit_codes and outcome.exit_code not in spec.retry_on_exit_codes:
         return False, f"exit code {outcome.exit_code} is not in --retry-on-exit-codes"
     text = "\n".join(_tail(paths.rank_log(plan.attempt, r), 200) for r in paths.ranks(plan.attempt))
@@ -325,6 +360,36 @@ def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec,
 
     sync.start(float(config.get("state_sync_interval")))
     return sync
+
+
+def _stage_inputs(home: HomePaths, spec: JobSpec, say: Events) -> Outcome | None:
+    """Stage the input channels before the first attempt; a failed Outcome if one cannot be."""
+    if not spec.channels:
+        return None
+    from ..errors import PhalanxError
+    from ..storage.channels import stage
+
+    try:
+        stage(home, spec, say)
+    except (PhalanxError, OSError) as exc:
+        return Outcome("failed", 1, {"exitcode": 1, "message": f"could not stage the inputs: {exc}"})
+    return None
+
+
+def _upload_outputs(spec: JobSpec, paths: JobPaths, job_id: str, outcome: Outcome, say: Events) -> Outcome:
+    """Upload outputs and logs at the end, whatever the outcome (a failed job uploads what it
+    has). A job that succeeded but whose outputs could not be uploaded has failed."""
+    if not spec.output_uri:
+        return outcome
+    from ..storage.outputs import upload_job
+
+    problem = upload_job(spec, paths, job_id, say)
+    if problem is None:
+        return outcome
+    say(f"warning: {problem}")
+    if outcome.kind != "succeeded":
+        return outcome
+    return Outcome("failed", 1, {"exitcode": 1, "message": f"{problem}; the outputs are in {paths.output_dir}"})
 
 
 def _self_identity() -> dict[str, Any]:

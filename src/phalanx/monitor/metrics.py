@@ -3,7 +3,7 @@
 Every rank's own ``output.log`` (never a launcher's tee'd console copy) is read incrementally
 and each number found becomes one JSON line in that rank's ``metrics.jsonl``::
 
-    {"name": "loss", "value": 0.1234, "step": 123, "epoch": 1, "rank": 0, "attempt": 0, "time": 1700000000.0}
+    {"name":"loss","value":0.1234,"step":123,"epoch":1,"rank":0,"attempt":0,"time":1700000000.0}
 
 Where numbers come from:
 
@@ -31,7 +31,6 @@ import re
 import sys
 import threading
 import time
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -40,7 +39,7 @@ from ..core.paths import JobPaths
 from ..core.spec import MetricDef
 
 # Bounded reads keep memory flat when a rank printed hundreds of MB between two polls.
-READ_CHUNK = 8 << 20
+READ_CHUNK = 4 << 20
 # A "line" longer than this without a newline is read as it is rather than buffered forever.
 MAX_LINE = 1 << 20
 
@@ -54,13 +53,25 @@ _NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+)(?:[eE][-+]?\d+)?"
 # One pass per line finds both metrics and step/epoch: ``name=value`` or ``name: value``
 # (groups: name, separator, number), or ``name value`` / ``Name [3/10]`` (no separator), which
 # counts only for step and epoch. The name must start a token (so --lr=1 or a/b=1 do not
-# half-match) and the number must end one (so 12:30:01, 1.5x or 10ms are not numbers).
+# half-match) and the number must end one (so 12:30:01, 1.5x or 10ms are not numbers); names
+# longer than 100 characters are data, not names.
 _SCAN = re.compile(
-    r"""(?:^|(?<=[\s,;({\[|'"]))([A-Za-z_][\w@./-]*+)['"]?(?:([=:])[ \t]*|[ \t]+)\[?[ \t]*("""
+    r"""(?:^|(?<=[\s,;({\[|'"]))([A-Za-z_][\w@./-]{0,99}+)['"]?(?:([=:])[ \t]*|[ \t]+)\[?[ \t]*("""
     + _NUMBER
     + r""")(?:/\d+)?(?=[\s,;|)\]}'"%]|$)"""
 )
 _CONTEXT = {**{k: "step" for k in STEP_KEYS}, **{k: "epoch" for k in EPOCH_KEYS}}
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_STEP, _EPOCH, _METRIC, _DEF = 0, 1, 2, 3
+# (kind, name start, name end, JSON name or None when the name has digits, number start, number end)
+_Match = tuple[int, int, int, "str | None", int, int]
+MAX_PLANS = 4096  # line shapes remembered; a training loop prints a handful
+
+
+def digit_agnostic(pattern: str) -> bool:
+    """Does the regex treat every digit alike? True when its only digits are in ``0-9``
+    ranges (``\\d`` has none): then its matches in a line depend only on the line's shape."""
+    return not any(c.isdigit() for c in pattern.replace("0-9", ""))
 
 
 def _maybe_context(line: str) -> bool:
@@ -122,8 +133,14 @@ class MetricsCollector:
         self.paths = paths
         self.attempt = attempt
         self.auto = auto
-        self._def_rx = [(re.compile(d.regex, re.MULTILINE), _json_str(d.name)) for d in defs]
-        self._defs = [(rx.findall, jname, rx.groups == 1) for rx, jname in self._def_rx]
+        compiled = [(re.compile(d.regex, re.MULTILINE), _json_str(d.name)) for d in defs]
+        self._def_rx = [(rx, jname) for rx, jname in compiled if rx.groups >= 1]  # parse_metric ensures it
+        # Definitions that treat all digits alike run once per line shape (see _plan); the
+        # others (say "Acc@1 (...)") once per line.
+        self._shape_defs = [(rx, jname) for rx, jname in self._def_rx if digit_agnostic(rx.pattern)]
+        self._line_rx = [(rx, jname) for rx, jname in self._def_rx if not digit_agnostic(rx.pattern)]
+        self._defs = [(rx.findall, jname, rx.groups == 1) for rx, jname in self._line_rx]
+        self._plans: dict[bytes, tuple[_Match, ...]] = {}
         self._def_names = frozenset(d.name for d in defs)
         self._names: dict[str, str] = {}  # name -> its JSON encoding, computed once
         self._ranks: dict[int, _RankState] = {}
@@ -136,26 +153,31 @@ class MetricsCollector:
 
     # -- polling -------------------------------------------------------------------
 
-    def poll(self, final: bool = False) -> int:
-        """Read what is new in every rank's files; append records; return how many."""
+    def poll(self, final: bool = False, max_bytes: int | None = None) -> int:
+        """Read what is new in every rank's files; append records; return how many.
+
+        ``max_bytes`` bounds what one call reads per rank log (the rest waits for the next
+        call), so a caller's loop stays responsive while a rank floods its output; a final
+        poll reads everything.
+        """
         total = 0
         for rank in self.paths.ranks(self.attempt):
             state = self._ranks.setdefault(rank, _RankState())
             out: list[str] = []
             now = time.time()
-            for text in self._read(self.paths.rank_log(self.attempt, rank), state.log, final):
-                self._extract(text, rank, state, now, out)
-            for text in self._read(self.paths.rank_user_metrics(self.attempt, rank), state.user, final):
-                self._user_lines(text, rank, now, out)
+            for data in self._read(self.paths.rank_log(self.attempt, rank), state.log, final, None if final else max_bytes):
+                self._extract(data, rank, state, now, out)
+            for data in self._read(self.paths.rank_user_metrics(self.attempt, rank), state.user, final):
+                self._user_lines(data.decode("utf-8", errors="replace"), rank, now, out)
             if out:
-                with open(self.paths.rank_metrics(self.attempt, rank), "a", encoding="utf-8") as fh:
-                    fh.write("".join(out))
+                with open(self.paths.rank_metrics(self.attempt, rank), "ab") as fh:
+                    fh.write("".join(out).encode("utf-8", errors="replace"))
                 total += len(out)
         self.records += total
         return total
 
-    def _read(self, path: Path, src: _Source, final: bool) -> Iterable[str]:
-        """Complete new lines of ``path`` as text, in bounded chunks.
+    def _read(self, path: Path, src: _Source, final: bool, limit: int | None = None) -> Iterable[bytes]:
+        """Complete new lines of ``path``, in bounded chunks.
 
         A carriage return ends a line too: progress bars (tqdm) redraw with ``\r`` and may
         never print a newline, and their postfix (``loss=0.3``) is worth reading.
@@ -166,6 +188,7 @@ class MetricsCollector:
             return
         with fh:
             fh.seek(src.offset)
+            budget = limit
             while True:
                 chunk = fh.read(READ_CHUNK)
                 if chunk:
@@ -178,57 +201,69 @@ class MetricsCollector:
                     cut = len(data)  # the file is complete (or the line absurd): take it all
                 src.partial = data[cut:]
                 if cut:
-                    text = data[:cut].decode("utf-8", errors="replace")
-                    yield text.replace("\r", "\n") if "\r" in text else text
+                    lines = data[:cut]
+                    yield lines.replace(b"\r", b"\n") if b"\r" in lines else lines
                 if at_end:
                     return
+                if budget is not None:
+                    budget -= len(chunk)
+                    if budget <= 0:
+                        return
 
-    def _extract(self, text: str, rank: int, state: _RankState, now: float, out: list[str]) -> None:
-        """Every metric value in ``text`` (complete lines), with the step and epoch of its line.
+    def _extract(self, data: bytes, rank: int, state: _RankState, now: float, out: list[str]) -> None:
+        """Every metric value in ``data`` (complete lines), with the step and epoch of its line.
 
-        This runs over every line a job prints, so it is written for speed: one findall per
-        definition and one scan per line, no match objects unless a line needs them.
+        This runs over every line a job prints, so it is written for speed (see ``_plan``): a
+        line reuses what the regexes found in an earlier line of the same shape, so most lines
+        cost a slice of one ``bytes.translate``, a dict lookup and a few slices. Only
+        definitions with digits of their own (``Acc@1 (...)``) run per line (``findall``).
         """
-        defs = self._defs
-        def_names = self._def_names
-        auto = self.auto
-        names = self._names
-        scan = _SCAN.findall
-        context = _CONTEXT
+        text = data.decode("utf-8", errors="replace")
         step, epoch = state.step, state.epoch
-        tail = f', "rank": {rank}, "attempt": {self.attempt}, "time": {now:.3f}}}\n'
+        tail = f',"rank":{rank},"attempt":{self.attempt},"time":{now:.3f}}}\n'
         append = out.append
-        for line in text.split("\n"):
+        plans = self._plans
+        auto = self.auto
+        defs = self._defs
+        by_shape = bool(self._shape_defs)
+        for line, shape in zip(text.split("\n"), data.translate(_DIGITS).split(b"\n")):
             if not line:
                 continue
             found: list[tuple[str, str]] = []  # (JSON name, number text)
             for findall, jname, single in defs:
                 for g in findall(line):
                     found.append((jname, g if single else g[0]))
-            if auto and ("=" in line or ":" in line) or _maybe_context(line):
-                picked: list[tuple[str, str]] = []
-                for name, sep, number in scan(line):
-                    low = name.lower()
-                    key = context.get(low)
-                    if key is not None:
-                        if number.isdigit():
-                            if key == "step":
-                                step = int(number)
-                            else:
-                                epoch = int(number)
-                    elif auto and sep and name not in def_names and low not in NOT_METRICS:
-                        picked.append((name, number))
-                if picked:
-                    if found:
-                        picked = self._untaken(line, picked)
-                    for name, number in picked:
-                        jname = names.get(name)
-                        if jname is None:
-                            jname = names[name] = _json_str(name)
-                        found.append((jname, number))
+            if by_shape or auto and ("=" in line or ":" in line) or _maybe_context(line):
+                plan = plans.get(shape)
+                if plan is None:
+                    plan = self._plan(shape.decode("utf-8", errors="replace"))
+                    if len(plans) >= MAX_PLANS:
+                        plans.clear()  # free-text lines rarely repeat: start over rather than grow
+                    plans[shape] = plan
+                by_defs = bool(found)
+                taken: list[tuple[int, int]] | None = None  # spans of numbers definitions matched
+                for kind, ns, ne, known, vs, ve in plan:
+                    if kind == _DEF:
+                        found.append((known, line[vs:ve]))  # type: ignore[arg-type]
+                    elif kind == _STEP:
+                        step = int(line[vs:ve])
+                    elif kind == _EPOCH:
+                        epoch = int(line[vs:ve])
+                    elif auto:
+                        if by_defs:  # rare: a picked-up number on a line a definition matched
+                            if taken is None:
+                                taken = [m.span(1) for rx, _ in self._line_rx for m in rx.finditer(line)]
+                            if any(s < ve and vs < e for s, e in taken):
+                                continue  # the definition already reported this number
+                        if known is None:  # a name with digits: known only from the line itself
+                            name = line[ns:ne]
+                            if name in self._def_names:
+                                continue
+                            known = self._names.get(name) or self._names.setdefault(name, _json_str(name))
+                        found.append((known, line[vs:ve]))
             if not found:
                 continue
-            head = f', "step": {"null" if step is None else step}, "epoch": {"null" if epoch is None else epoch}{tail}'
+            head = f',"step":{"null" if step is None else step},"epoch":{"null" if epoch is None else epoch}{tail}'
             for jname, number in found:
                 try:
                     value = float(number)
@@ -236,19 +271,44 @@ class MetricsCollector:
                     continue
                 if value - value:  # nan or inf: not a number JSON can hold
                     continue
-                append(f'{{"name": {jname}, "value": {value!r}{head}')
+                append(f'{{"name":{jname},"value":{value!r}{head}')
         state.step, state.epoch = step, epoch
 
-    def _untaken(self, line: str, picked: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The picked-up numbers of ``line`` that no definition matched (slow path: spans)."""
-        taken = [m.span(1) for rx, _ in self._def_rx for m in rx.finditer(line)]
-        keep = []
-        for m in _SCAN.finditer(line):
-            if (m.group(1), m.group(3)) in picked:
-                start, end = m.span(3)
-                if not any(s < end and start < e for s, e in taken):
-                    keep.append((m.group(1), m.group(3)))
-        return keep
+    def _plan(self, shape: str) -> tuple[_Match, ...]:
+        """What the digit-agnostic definitions and the scan find in a line of this shape
+        (digits replaced by 0): per match its kind, the name's span, its JSON name (None if the
+        name has digits), and the number's span.
+
+        Those regexes treat all digits alike, so lines of one shape have their names and
+        numbers at the same places: they run once per shape, not once per line.
+        """
+        plan: list[_Match] = []
+        taken: list[tuple[int, int]] = []
+        for rx, jname in self._shape_defs:
+            for d in rx.finditer(shape):
+                if d.group(1) is not None:
+                    plan.append((_DEF, 0, 0, jname, *d.span(1)))
+                    taken.append(d.span(1))
+        for m in _SCAN.finditer(shape):
+            name, sep, number = m.group(1), m.group(2), m.group(3)
+            low = name.lower()
+            key = _CONTEXT.get(low)
+            if key is not None:
+                if number.isdigit():
+                    plan.append((_STEP if key == "step" else _EPOCH, 0, 0, None, *m.span(3)))
+                continue
+            if not sep or low in NOT_METRICS:
+                continue
+            start, end = m.span(3)
+            if any(s < end and start < e for s, e in taken):
+                continue  # a definition reports this number
+            known: str | None = None
+            if "0" not in name:
+                if name in self._def_names:
+                    continue
+                known = self._names.get(name) or self._names.setdefault(name, _json_str(name))
+            plan.append((_METRIC, *m.span(1), known, *m.span(3)))
+        return tuple(plan)
 
     def _user_lines(self, text: str, rank: int, now: float, out: list[str]) -> None:
         for line in text.splitlines():
@@ -271,8 +331,8 @@ class MetricsCollector:
                 value = _finite(raw) if isinstance(raw, (int, float)) else None
                 if value is None:
                     continue
-                out.append(json.dumps({"name": name, "value": value, "step": step, "epoch": epoch,
-                                       "rank": rank, "attempt": self.attempt, "time": round(now, 3)}) + "\n")
+                out.append(json.dumps({"name": name, "value": value, "step": step, "epoch": epoch, "rank": rank,
+                                       "attempt": self.attempt, "time": round(now, 3)}, separators=(",", ":")) + "\n")
 
     # -- background thread -----------------------------------------------------------
 
@@ -396,102 +456,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def by_step(records: Iterable[dict[str, Any]], name: str) -> list[tuple[int | None, float]]:
-    """One metric's values as (step, value), ordered by step; a later attempt's value replaces
-    an earlier attempt's at the same step (a resumed job redoes a few steps). Records without
-    a step keep their order after the last stepped one."""
-    stepped: dict[int, tuple[int, float]] = {}
-    loose: list[tuple[int | None, float]] = []
-    for r in records:
-        if r.get("name") != name:
-            continue
-        step = r.get("step")
-        if isinstance(step, int):
-            prior = stepped.get(step)
-            if prior is None or r.get("attempt", 0) >= prior[0]:
-                stepped[step] = (r.get("attempt", 0), r["value"])
-        else:
-            loose.append((None, r["value"]))
-    return [(s, v) for s, (_, v) in sorted(stepped.items())] + loose
-
-
-SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: Sequence[float], width: int = 40) -> str:
-    """A unicode sparkline of ``values`` squeezed into ``width`` cells (bucket means)."""
-    if not values:
-        return ""
-    if len(values) > width:
-        buckets = array("d")
-        for i in range(width):
-            lo, hi = i * len(values) // width, (i + 1) * len(values) // width
-            part = values[lo:max(hi, lo + 1)]
-            buckets.append(sum(part) / len(part))
-        values = buckets
-    lo, hi = min(values), max(values)
-    if hi - lo < 1e-12:
-        return SPARKS[3] * len(values)
-    scale = (len(SPARKS) - 1) / (hi - lo)
-    return "".join(SPARKS[int((v - lo) * scale + 0.5)] for v in values)
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.6g}"
-
-
-def default_rank(paths: JobPaths, attempts: Sequence[int]) -> int | None:
-    """Rank 0 if it has metrics in any of ``attempts``, else the lowest rank that has."""
-    found = sorted({r for a in attempts for r in paths.ranks(a) if paths.rank_metrics(a, r).exists()})
-    return 0 if 0 in found or not found else found[0]
-
-
-def metrics_report(record: Any, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]:
-    """What ``phalanx metrics`` shows: per metric last/min/max/count/last step and a sparkline
-    by step, for one rank (default 0) of one attempt or of all attempts (default)."""
-    from ..errors import UsageError
-
-    paths = JobPaths(Path(record.job_dir))
-    known = paths.attempts()
-    if attempt is not None and attempt not in known:
-        raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, known)) or 'none yet'}")
-    attempts = known if attempt is None else [attempt]
-    if rank is None:
-        rank = default_rank(paths, attempts)
-    elif rank < 0 or rank >= record.nnodes * record.nproc_per_node:
-        raise UsageError(f"job {record.id} has no rank {rank}", f"ranks: 0..{record.nnodes * record.nproc_per_node - 1}")
-    records = [r for a in attempts for r in read_metrics(paths, a, rank)] if rank is not None else []
-    summary = summarize(records)
-    for name, s in summary.items():
-        s["sparkline"] = sparkline([v for _, v in by_step(records, name)])
-    span = "attempt " + str(attempt) if attempt is not None else (
-        f"attempts {known[0]}-{known[-1]}" if len(known) > 1 else f"attempt {known[0] if known else 0}")
-    return {"job": record.id, "attempt": attempt, "rank": rank, "where": f"rank {rank}, {span}", "metrics": summary}
-
-
 def status_summary_lines(record: Any) -> list[str]:
-    """Lines for ``phalanx status``: rank 0's metrics of the latest attempt, then hints."""
-    from .hints import hints
-    from .resources import recent_resources
+    """Lines for ``phalanx status`` (metrics of rank 0, then hints); see ``report``."""
+    from .report import status_summary_lines as lines
 
-    paths = JobPaths(Path(record.job_dir))
-    attempt = record.attempt
-    lines: list[str] = []
-    rank = default_rank(paths, [attempt])
-    summary = summarize(read_metrics(paths, attempt, rank)) if rank is not None else {}
-    parts = []
-    for name, s in summary.items():
-        step = "" if s["last_step"] is None else f" (step {s['last_step']})"
-        parts.append(f"{name} last={_fmt(s['last'])} min={_fmt(s['min'])} max={_fmt(s['max'])}{step}")
-    if parts:
-        label = "metrics" if rank == 0 else f"metrics (rank {rank})"
-        lines.append(f"{label:<9} " + parts[0])
-        lines.extend(" " * 10 + p for p in parts[1:])
-    for hint in hints(recent_resources(paths, attempt), recent_metrics(paths, attempt)):
-        lines.append(f"hint      {hint}")
-    return lines
-
-
-def recent_metrics(paths: JobPaths, attempt: int, max_bytes: int = 1 << 16) -> list[dict[str, Any]]:
-    """The latest records of every rank (the end of each file): enough for rates, cheap."""
-    return [r for rank in paths.ranks(attempt) for r in tail_jsonl(paths.rank_metrics(attempt, rank), max_bytes)]
+    return lines(record)

@@ -203,12 +203,16 @@ class ResourceSampler:
                 seen.add(p)
                 try:
                     with proc.oneshot():
+                        if proc.status() == psutil.STATUS_ZOMBIE:
+                            continue  # exited, not yet reaped: it holds no memory and uses no CPU
                         cpu += proc.cpu_percent(None)
                         rss += proc.memory_info().rss
                     alive += 1
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 gpu_mem += gpu_by_pid.get(p, 0)
+            if not alive:
+                continue  # the rank has ended (or not started): nothing to report
             entry: dict[str, Any] = {"pid": pid, "cpu_percent": round(cpu, 1), "rss": int(rss), "procs": alive}
             if gpu_by_pid:
                 entry["gpu_mem"] = gpu_mem
@@ -264,7 +268,7 @@ def read_resources(paths: JobPaths, attempt: int | None = None, node_rank: int |
 
     out: list[dict[str, Any]] = []
     for a in paths.attempts() if attempt is None else [attempt]:
-        for node in _nodes(paths, a) if node_rank is None else [node_rank]:
+        for node in node_ranks(paths, a) if node_rank is None else [node_rank]:
             for sample in read_jsonl(paths.node_resources(a, node))[0]:
                 sample["attempt"] = a
                 out.append(sample)
@@ -276,7 +280,7 @@ def recent_resources(paths: JobPaths, attempt: int, max_bytes: int = 1 << 18) ->
     from .metrics import tail_jsonl
 
     out = []
-    for node in _nodes(paths, attempt):
+    for node in node_ranks(paths, attempt):
         for sample in tail_jsonl(paths.node_resources(attempt, node), max_bytes):
             sample["attempt"] = attempt
             out.append(sample)
@@ -287,7 +291,7 @@ def top_frame(record: Any) -> dict[str, Any]:
     """What ``phalanx top`` shows: the newest sample of each node of the latest attempt, with
     its ranks, and the hints of the recent window."""
     from .hints import hints
-    from .metrics import recent_metrics
+    from .report import recent_metrics
 
     paths = JobPaths(Path(record.job_dir))
     attempt = record.attempt
@@ -304,7 +308,7 @@ def top_frame(record: Any) -> dict[str, Any]:
 def latest_samples(paths: JobPaths, attempt: int) -> dict[int, dict[str, Any]]:
     """The newest sample of every node of an attempt (reads only the end of each file)."""
     out: dict[int, dict[str, Any]] = {}
-    for node in _nodes(paths, attempt):
+    for node in node_ranks(paths, attempt):
         last = _last_line(paths.node_resources(attempt, node))
         if last is not None:
             out[node] = last
@@ -330,7 +334,8 @@ def _last_line(path: Path, window: int = 65536) -> dict[str, Any] | None:
     return None
 
 
-def _nodes(paths: JobPaths, attempt: int) -> list[int]:
+def node_ranks(paths: JobPaths, attempt: int) -> list[int]:
+    """The node numbers that have a directory in an attempt (like ``JobPaths.ranks``)."""
     base = paths.attempt(attempt)
     if not base.exists():
         return []

@@ -22,26 +22,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PhalanxError
+from .transfer import check_store, filesystem
+from .transfer import is_local as _is_local
 
 MANIFEST = "_phalanx_manifest.json"
 
 
 class StateSyncError(PhalanxError):
     pass
-
-
-def _filesystem(uri: str) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:
-        from ..errors import MissingDependency
-
-        raise MissingDependency("fsspec", "storage") from None
-    try:
-        fs, root = fsspec.core.url_to_fs(uri)
-    except (ImportError, ValueError) as exc:
-        raise StateSyncError(f"cannot open state URI '{uri}': {exc}", "install the store's fsspec package, e.g. pip install s3fs") from None
-    return fs, root.rstrip("/")
 
 
 class StateSync:
@@ -51,7 +39,7 @@ class StateSync:
                  on_error: Callable[[str], None] | None = None) -> None:
         self.local = local
         self.uri = uri
-        self.fs, self.root = _filesystem(uri)
+        self.fs, self.root = filesystem(uri)
         self.on_pushed = on_pushed
         self.on_error = on_error
         self._pushed: dict[str, dict[str, Any]] = {}
@@ -64,13 +52,7 @@ class StateSync:
         if _is_local(self.fs):
             self.fs.makedirs(self.root, exist_ok=True)
             return
-        bucket = self.root.split("/", 1)[0]
-        try:
-            found = self.fs.exists(bucket)
-        except (OSError, ValueError) as exc:
-            raise StateSyncError(f"cannot reach the state store for '{self.uri}': {exc}", "check the endpoint and credentials") from None
-        if not found:
-            raise StateSyncError(f"bucket '{bucket}' of '{self.uri}' does not exist", "create it, or fix --state")
+        check_store(self.fs, self.root, self.uri, "--state", what=f"the state URI '{self.uri}'", error=StateSyncError)
 
     # -- listing ----------------------------------------------------------------
 
@@ -187,8 +169,3 @@ class StateSync:
         except PhalanxError as exc:
             if self.on_error:
                 self.on_error(str(exc))
-
-
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")

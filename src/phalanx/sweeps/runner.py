@@ -72,13 +72,20 @@ def check(spec: JobSpec, space: Space, settings: SweepSettings) -> Strategy:
     return Strategy(space, settings.strategy, settings.trials, settings.seed, settings.direction, settings.early_stop)
 
 
+SCHEDULED_PARALLEL = 16  # trials at once on a scheduler, unless --parallel says otherwise
+
+
 def slot_plan(spec: JobSpec, parallel: int | None) -> list[str | None]:
     """One entry per concurrent trial: its CUDA_VISIBLE_DEVICES, or None on CPU-only machines.
 
-    A trial needs one device per process (GPU), or one core per process (CPU).
+    A trial needs one device per process (GPU), or one core per process (CPU). On a backend
+    whose scheduler places the trials (SLURM), only ``parallel`` (default SCHEDULED_PARALLEL) limits.
     """
     from ..backends.local import local_gpu_count
+    from ..backends.registry import get_backend
 
+    if not get_backend(spec.backend).local_slots:
+        return [None] * (parallel or SCHEDULED_PARALLEL)
     per_trial = spec.resources.world_size if spec.spawn.value == "auto" else spec.resources.nnodes
     gpus = local_gpu_count()
     if gpus:

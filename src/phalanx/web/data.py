@@ -1,0 +1,284 @@
+"""What the dashboard shows, read from the store and the job directories. No web imports here.
+
+Every file read goes through :func:`job_file`, which refuses paths that resolve outside the
+job's directory (a symlinked log, a crafted rank number), so the API can never serve
+anything else from the disk.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from array import array
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..core.paths import JobPaths, read_json
+from ..core.state import is_terminal
+from ..errors import PhalanxError, UsageError
+from ..monitor.hints import hints
+from ..monitor.metrics import read_jsonl
+from ..monitor.report import recent_metrics
+from ..monitor.resources import node_ranks, read_resources, recent_resources
+from ..store import JobRecord
+
+MAX_POINTS = 1500  # per chart trace: more than a chart's width in pixels, and quick to send
+LOG_CHUNK = 256 * 1024  # bytes of log per request: the tail first, older parts on demand
+MAX_LOG_CHUNK = 4 * 1024 * 1024
+MAX_MATCHES = 1000
+
+
+class Forbidden(PhalanxError):
+    """A request for a file outside the job directory."""
+
+
+def job_file(record: JobRecord, path: Path) -> Path:
+    """``path`` if it resolves inside the job's directory; raises Forbidden otherwise."""
+    root = Path(record.job_dir).resolve()
+    resolved = path.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise Forbidden(f"{path} is outside the job directory")
+    return resolved
+
+
+def job_summary(record: JobRecord) -> dict[str, Any]:
+    data = record.to_dict()
+    data["world_size"] = record.nnodes * record.nproc_per_node
+    data["duration"] = record.duration
+    return data
+
+
+def job_detail(record: JobRecord) -> dict[str, Any]:
+    """The job with its ranks, attempts (timeline), root cause and hints."""
+    from .. import jobs
+
+    paths = JobPaths(Path(record.job_dir))
+    data = job_summary(record)
+    data["ranks"] = [asdict(r) for r in jobs.rank_statuses(record)]
+    data["attempts"] = attempts_timeline(record)
+    data["hints"] = hints(recent_resources(paths, record.attempt), recent_metrics(paths, record.attempt))
+    data["terminal"] = is_terminal(record.state)
+    return data
+
+
+def attempts_timeline(record: JobRecord) -> list[dict[str, Any]]:
+    """Per attempt: start, end (None while running), exit code and per-node results."""
+    paths = JobPaths(Path(record.job_dir))
+    out = []
+    for attempt in paths.attempts():
+        nodes = []
+        for node in node_ranks(paths, attempt):
+            result = read_json(paths.node_result(attempt, node)) or {}
+            nodes.append({"node_rank": node, "host": result.get("host"), "exitcode": result.get("exitcode"),
+                          "started": result.get("started"), "finished": result.get("finished")})
+        starts = [n["started"] for n in nodes if n["started"]]
+        for rank in paths.ranks(attempt):
+            proc = read_json(paths.rank_proc(attempt, rank)) or {}
+            if proc.get("started"):
+                starts.append(proc["started"])
+        ends: list[float] = [n["finished"] for n in nodes if n["finished"]]
+        done = bool(nodes) and len(ends) == len(nodes)
+        codes = [n["exitcode"] for n in nodes if n["exitcode"] not in (None, 0)]
+        latest = attempt == record.attempt
+        out.append({
+            "attempt": attempt,
+            "start": min(starts) if starts else (record.started_at if latest else None),
+            "end": max(ends) if done else (record.ended_at if latest and is_terminal(record.state) else None),
+            "exitcode": codes[0] if codes else (0 if done else None),
+            "nodes": nodes,
+        })
+    return out
+
+
+# -- metrics: incremental, compact, shared by all requests ------------------------------------
+
+
+class _Series:
+    """One metrics.jsonl as arrays per metric name (steps as float, NaN when there is none)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.offset = 0
+        self.steps: dict[str, array] = {}
+        self.values: dict[str, array] = {}
+
+    def update(self, path: Path) -> None:
+        try:
+            if path.stat().st_size < self.offset:  # rewritten (collected afresh): start over
+                self.reset()
+        except OSError:
+            return
+        records, self.offset = read_jsonl(path, self.offset)
+        for r in records:
+            name, value = r.get("name"), r.get("value")
+            if not isinstance(name, str) or not isinstance(value, (int, float)):
+                continue
+            if name not in self.values:
+                self.steps[name], self.values[name] = array("d"), array("d")
+            step = r.get("step")
+            self.steps[name].append(float(step) if isinstance(step, int) else math.nan)
+            self.values[name].append(float(value))
+
+
+_cache: dict[Path, _Series] = {}
+_cache_lock = threading.Lock()
+
+
+CACHED_FILES = 256  # metrics files kept parsed in memory; the least recently used go first
+
+
+def _series(path: Path) -> _Series:
+    with _cache_lock:  # one reader per file at a time; requests for other files wait briefly
+        series = _cache.pop(path, None) or _Series()
+        _cache[path] = series  # (re)inserted last: the dict's order is the use order
+        while len(_cache) > CACHED_FILES:
+            del _cache[next(iter(_cache))]
+        series.update(path)
+        return series
+
+
+def _thin(xs: array, ys: array, points: int) -> tuple[list[float | None], list[float]]:
+    """At most ``points`` evenly spaced points, always keeping the last one."""
+    n = len(ys)
+    stride = max(1, math.ceil(n / points))
+    x, y = list(xs[::stride]), list(ys[::stride])
+    if n and (n - 1) % stride:
+        x.append(xs[-1])
+        y.append(ys[-1])
+    return [None if math.isnan(v) else v for v in x], y
+
+
+def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int] | None = None,
+                  points: int = MAX_POINTS) -> dict[str, Any]:
+    """Chart traces: per metric name, one trace per (attempt, rank); x is the step when every
+    value has one, else the value's index."""
+    paths = JobPaths(Path(record.job_dir))
+    attempts = paths.attempts() if attempt is None else [attempt]
+    traces: dict[str, list[dict[str, Any]]] = {}
+    available: set[int] = set()
+    for a in attempts:
+        for rank in paths.ranks(a):
+            available.add(rank)
+            if ranks is not None and rank not in ranks:
+                continue
+            path = job_file(record, paths.rank_metrics(a, rank))
+            series = _series(path)
+            for name, values in series.values.items():
+                steps = series.steps[name]
+                if any(math.isnan(s) for s in steps):
+                    steps = array("d", range(len(values)))
+                    kind = "index"
+                else:
+                    kind = "step"
+                x, y = _thin(steps, values, points)
+                traces.setdefault(name, []).append(
+                    {"attempt": a, "rank": rank, "x": x, "y": y, "x_kind": kind, "count": len(values)})
+    return {"job": record.id, "attempts": attempts, "ranks": sorted(available), "metrics": traces}
+
+
+def compare_series(records: list[JobRecord], points: int = MAX_POINTS) -> dict[str, Any]:
+    """Rank 0's curves of several jobs, every attempt in order, one trace per job and metric."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        data = metric_series(record, None, [0], points)
+        for name, traces in data["metrics"].items():
+            x: list[float | None] = []
+            y: list[float] = []
+            for t in traces:
+                x.extend(t["x"])
+                y.extend(t["y"])
+            out.setdefault(name, []).append({"job": record.id, "label": f"{record.id} {record.name}", "x": x, "y": y})
+    return {"jobs": [job_summary(r) for r in records], "metrics": out}
+
+
+# -- resources ----------------------------------------------------------------------------------
+
+
+def resource_series(record: JobRecord, attempt: int | None = None, points: int = MAX_POINTS) -> dict[str, Any]:
+    """Per node: time series of node CPU and memory, each rank's CPU and RSS, each GPU's util
+    and memory (thinned to ``points``; None where a sample lacks the rank or GPU)."""
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt if attempt is None else attempt
+    nodes: dict[str, Any] = {}
+    for node in node_ranks(paths, attempt):
+        job_file(record, paths.node_resources(attempt, node))
+        samples = read_resources(paths, attempt, node)
+        if not samples:
+            continue
+        picked = samples[:: max(1, math.ceil(len(samples) / points))]
+        if picked[-1] is not samples[-1]:
+            picked.append(samples[-1])
+        ranks = [s.get("ranks") or {} for s in picked]
+        gpus = [{str(g.get("index")): g for g in s.get("gpus") or []} for s in picked]
+        rank_ids = sorted({r for rs in ranks for r in rs}, key=int)
+        gpu_ids = sorted({g for gs in gpus for g in gs}, key=lambda g: int(g) if g.isdigit() else 0)
+        nodes[str(node)] = {
+            "host": picked[-1].get("host"),
+            "time": [s.get("time") for s in picked],
+            "cpu_percent": [s.get("cpu_percent") for s in picked],
+            "mem_used": [s.get("mem_used") for s in picked],
+            "mem_total": picked[-1].get("mem_total"),
+            "ranks": {r: {key: [rs.get(r, {}).get(key) for rs in ranks] for key in ("cpu_percent", "rss")}
+                      for r in rank_ids},
+            "gpus": {g: {**{key: [gs.get(g, {}).get(key) for gs in gpus] for key in ("util", "mem_used")},
+                         "mem_total": next((gs[g].get("mem_total") for gs in reversed(gpus) if g in gs), None)}
+                     for g in gpu_ids},
+        }
+    return {"job": record.id, "attempt": attempt, "nodes": nodes}
+
+
+# -- logs ---------------------------------------------------------------------------------------
+
+
+def _log_path(record: JobRecord, attempt: int | None, rank: int) -> tuple[int, Path]:
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt if attempt is None else attempt
+    if attempt < 0 or rank < 0:
+        raise UsageError("attempt and rank must be 0 or more", "e.g. ?rank=0&attempt=0")
+    return attempt, job_file(record, paths.rank_log(attempt, rank))
+
+
+def read_log(record: JobRecord, rank: int, attempt: int | None = None, offset: int | None = None,
+             limit: int = LOG_CHUNK) -> dict[str, Any]:
+    """A piece of a rank's log: from ``offset`` (default: the last ``limit`` bytes, from a line
+    start) up to the last complete line, or to the end once the job has ended."""
+    attempt, path = _log_path(record, attempt, rank)
+    limit = max(1, min(int(limit), MAX_LOG_CHUNK))
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            start = max(0, size - limit) if offset is None else max(0, min(int(offset), size))
+            fh.seek(start)
+            data = fh.read(limit)
+    except FileNotFoundError:
+        return {"rank": rank, "attempt": attempt, "offset": 0, "next": 0, "size": 0, "text": "", "exists": False}
+    if offset is None and start > 0:
+        cut = data.find(b"\n") + 1  # begin at a line start
+        start, data = start + cut, data[cut:]
+    if not is_terminal(record.state) or start + len(data) < size:
+        data = data[: data.rfind(b"\n") + 1]  # a line still being written comes next time
+    return {"rank": rank, "attempt": attempt, "offset": start, "next": start + len(data), "size": size,
+            "text": data.decode("utf-8", errors="replace"), "exists": True}
+
+
+def search_log(record: JobRecord, rank: int, query: str, attempt: int | None = None,
+               max_matches: int = MAX_MATCHES) -> dict[str, Any]:
+    """Lines of a rank's log containing ``query`` (case-insensitive), with line numbers."""
+    attempt, path = _log_path(record, attempt, rank)
+    needle = query.lower().encode()
+    matches: list[dict[str, Any]] = []
+    truncated = False
+    try:
+        with open(path, "rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if needle in line.lower():
+                    if len(matches) >= max_matches:
+                        truncated = True
+                        break
+                    matches.append({"line": number, "text": line.rstrip(b"\r\n").decode("utf-8", errors="replace")})
+    except FileNotFoundError:
+        pass
+    return {"rank": rank, "attempt": attempt, "query": query, "matches": matches, "truncated": truncated}

@@ -1,0 +1,180 @@
+"""The SLURM backend against a real cluster started by the tests: munged, slurmctld and two
+slurmd (nodes n1 on 127.0.0.2 and n2 on 127.0.0.3; see tests/cluster/slurm.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from phalanx.core.spec import TEMPLATE_KEYS
+from phalanx.sweeps.space import parse_space
+from tests.conftest import EXAMPLES, phalanx
+from tests.local.test_run import _only_job, _status, _wait_for
+
+pytestmark = pytest.mark.cluster
+
+TRAIN = str(EXAMPLES / "train_ddp.py")
+
+
+def _slurm_job(job: dict, attempt: int = 0) -> str:
+    return json.loads(Path(job["job_dir"], f"attempt_{attempt}", "scheduler.json").read_text())["job_id"]
+
+
+def _processes_of(job: dict) -> list[psutil.Process]:
+    """Live processes that belong to the job: its files in their command line, or its id in their env."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(job["job_dir"] in word for word in proc.info["cmdline"] or ()) or \
+                    proc.environ().get("PHALANX_JOB_ID") == job["id"]:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_two_node_ddp_through_slurm_synchronises_gradients(slurm_env):
+    proc = phalanx("run", "--backend", "slurm", "--time", "10", "-n", "2x1", TRAIN, "--epochs", "1",
+                   "--steps-per-epoch", "3", "--print-grad-checksum", check=True, timeout=300)
+    grads = dict(re.findall(r"grad_checksum rank=(\d) value=(\S+)", proc.stdout))
+    batches = dict(re.findall(r"local_batch_checksum rank=(\d) value=(\S+)", proc.stdout))
+    assert set(grads) == {"0", "1"}, proc.stdout + proc.stderr
+    assert grads["0"] == grads["1"], "DDP must all-reduce gradients across the two nodes"
+    assert batches["0"] != batches["1"], "each rank must see different data"
+    job = _only_job()
+    assert job["state"] == "SUCCEEDED" and job["backend"] == "slurm" and job["topology"] == "2x1"
+    attempt = Path(job["job_dir"], "attempt_0")
+    results = [json.loads((attempt / f"node_{n}" / "result.json").read_text()) for n in (0, 1)]
+    # each node learnt its own address from the allocation: n1 hosts the rendezvous
+    assert [(r["exitcode"], r["host"]) for r in results] == [(0, "127.0.0.2"), (0, "127.0.0.3")]
+    slurm_id = _slurm_job(job)
+    assert f"SLURM job {slurm_id} on n[1-2] (127.0.0.2,127.0.0.3)" in (attempt / "batch.log").read_text()
+    assert slurm_env.job_state(slurm_id) == "COMPLETED"
+    assert [r["state"] for r in _status(job["id"])["ranks"]] == ["succeeded", "succeeded"]
+    logs = phalanx("logs", job["id"], "--rank", "1", check=True).stdout
+    assert "grad_checksum rank=1" in logs
+
+
+def test_stop_cancels_the_slurm_job_and_leaves_no_process(slurm_env):
+    job_id = phalanx("run", "-d", "--backend", "slurm", "--grace", "10", "-n", "2x1", TRAIN, "--epochs", "1",
+                     "--steps-per-epoch", "100000", "--sleep", "0.2", check=True).stdout.strip()
+    job = json.loads(phalanx("status", job_id, "--json", check=True).stdout)
+    rank0 = Path(job["job_dir"], "attempt_0", "rank_0", "output.log")
+    _wait_for(lambda: rank0.exists() and "step=2 " in rank0.read_text(), timeout=180, what="training to start")
+    assert len(_processes_of(job)) >= 4  # two agents, two workers
+    out = phalanx("stop", job_id, check=True).stdout
+    assert out.strip() == f"{job_id} CANCELLED"
+    slurm_id = _slurm_job(job)
+    _wait_for(lambda: slurm_env.job_state(slurm_id) not in ("RUNNING", "COMPLETING"), timeout=30, what="the SLURM job to end")
+    assert _processes_of(job) == []
+    assert "SIGTERM" in rank0.read_text() or "checkpoint" in rank0.read_text()
+
+
+def test_a_slurm_preemption_checkpoints_and_requeues(slurm_env):
+    """What SLURM does ahead of a time limit (--signal) or on preemption: SIGTERM to every
+    node's agent. The ranks checkpoint; phalanx runs the job again, which resumes."""
+    job_id = phalanx("run", "-d", "--backend", "slurm", "--max-retries", "1", "-n", "2x1", TRAIN, "--epochs", "1",
+                     "--steps-per-epoch", "40", "--sleep", "0.2", "--checkpoint-every", "2", check=True).stdout.strip()
+    job = json.loads(phalanx("status", job_id, "--json", check=True).stdout)
+    rank0 = Path(job["job_dir"], "attempt_0", "rank_0", "output.log")
+    _wait_for(lambda: rank0.exists() and "step=4 " in rank0.read_text(), timeout=180, what="training to start")
+    assert slurm_env.run("scancel", "--signal=TERM", _slurm_job(job)).returncode == 0
+    phalanx("wait", job_id, "--timeout", "240", check=True)
+    status = _status(job_id)
+    assert status["state"] == "SUCCEEDED" and status["attempt"] == 1
+    assert [(a["outcome"], a["retry"]) for a in status["attempts"]] == [("preempted", True), ("succeeded", False)]
+    resumed = Path(job["job_dir"], "attempt_1", "rank_0", "output.log").read_text()
+    assert re.search(r"resumed from step=([1-9]\d*)", resumed), resumed
+    assert _slurm_job(job, 1) != _slurm_job(job, 0)
+
+
+SLEEPER = """import signal, sys, time
+def stop(*_):
+    print("SIGTERM: checkpointing", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("started", flush=True)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_time_limit_sends_sigterm_ahead_and_records_a_preemption(slurm_env, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    started = time.monotonic()
+    proc = phalanx("run", "--backend", "slurm", "--time", "1", "--signal-lead", "50", str(script), timeout=150)
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 58, "SIGTERM must come ahead of the time limit"
+    assert "SIGTERM: checkpointing" in proc.stdout
+    assert "preempted" in proc.stderr and "phalanx resume" in proc.stderr
+    assert _only_job()["state"] == "PREEMPTED"
+
+
+def test_sbatch_refusal_is_reported(slurm_env):
+    proc = phalanx("run", "--backend", "slurm", "--partition", "nosuch", str(EXAMPLES / "hello.py"), timeout=60)
+    assert proc.returncode == 1
+    assert "sbatch did not take the job" in proc.stderr and "nosuch" in proc.stderr
+    assert _only_job()["state"] == "FAILED"
+
+
+def test_a_job_slurm_can_never_start_fails_saying_why(slurm_env):
+    proc = phalanx("run", "--backend", "slurm", "-n", "3x1", str(EXAMPLES / "hello.py"), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    job = _only_job()
+    assert job["state"] == "FAILED"
+    assert "can never start as asked (PartitionNodeLimit)" in _status(job["id"])["root_cause"]["log_tail"]
+    assert slurm_env.job_state(_slurm_job(job)) == "CANCELLED"
+
+
+ECHO = "import json, sys\nprint('ARGS=' + json.dumps(sys.argv[1:]), flush=True)\n"
+ODD = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12) | st.sampled_from(
+    ["a b", "'", '"', "$HOME", "$(touch pwned)", "`id`", "; rm -rf x", "a\nb", "\\", "--flag=x y", "*", "&&", "#"])
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.lists(ODD, min_size=1, max_size=4))
+def test_odd_arguments_survive_the_trip_through_sbatch(slurm_env, tmp_path, args):
+    # a search space would make a sweep, and {node_rank}-style placeholders are filled in: both on purpose
+    assume(not any(f"{{{key}}}" in a for a in args for key in TEMPLATE_KEYS))
+    assume(parse_space(tuple(args)).args == tuple(args) and not parse_space(tuple(args)).params)
+    script = tmp_path / "echo_args.py"
+    script.write_text(ECHO)
+    proc = phalanx("run", "--backend", "slurm", str(script), *args, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    printed = re.search(r"^ARGS=(.*)$", proc.stdout, re.M)
+    assert printed and json.loads(printed.group(1)) == args
+    assert not list(tmp_path.glob("pwned")) and not list(Path.cwd().glob("pwned"))
+
+
+
+TRIAL = """import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float)
+lr = p.parse_args().lr
+for step in range(3):
+    print(f"step={step} loss={lr * (3 - step):.3f}", flush=True)
+"""
+
+
+def test_a_sweep_runs_its_trials_as_slurm_jobs(slurm_env, tmp_path):
+    script = tmp_path / "trial.py"
+    script.write_text(TRIAL)
+    proc = phalanx("run", "--backend", "slurm", "--objective", "loss:min", str(script), "--lr", "[0.5, 0.1]",
+                   check=True, timeout=240)
+    sweep = next(r for r in json.loads(phalanx("ps", "--all", "--json", check=True).stdout) if r.get("kind") == "sweep")
+    assert sweep["state"] == "SUCCEEDED" and sweep["progress"] == "2/2", proc.stderr
+    assert sweep["best_params"] == {"lr": 0.1} and sweep["best_value"] == pytest.approx(0.1)
+    trials = json.loads(phalanx("sweep", "show", sweep["id"], "--json", check=True).stdout)["trials"]
+    jobs = [_status(t["id"]) for t in trials]
+    assert [(j["backend"], j["state"]) for j in jobs] == [("slurm", "SUCCEEDED")] * 2
+    assert all(Path(j["job_dir"], "attempt_0", "scheduler.json").exists() for j in jobs)
