@@ -5,8 +5,6 @@ The public API is imported lazily so that ``phalanx --help`` and worker start-up
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = [
     "JobSpec",
     "Resources",
@@ -50,7 +48,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _WHERE:
         import importlib
 

@@ -82,6 +82,10 @@ class HomePaths:
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id
 
+    def sweep_code(self, sweep_id: str) -> tuple[Path, Path]:
+        """The code snapshot a sweep's trials share, and its manifest."""
+        return self.sweep_dir(sweep_id) / "code", self.sweep_dir(sweep_id) / "code.json"
+
     def job(self, job_id: str) -> "JobPaths":
         return JobPaths(self.jobs / job_id)
 

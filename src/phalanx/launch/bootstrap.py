@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 from phalanx.launch.procs import die_with_parent
 
@@ -79,14 +78,17 @@ def _dump_stacks_on_sigusr2() -> None:
     faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
 
 
-def _user_frames(tb: traceback.StackSummary) -> traceback.StackSummary:
+def _user_frames(tb: "traceback.StackSummary") -> "traceback.StackSummary":
     """Drop the bootstrap's and runpy's own frames from the top of a traceback."""
+    import traceback
+
     skip = (__file__, "<frozen runpy>", "runpy.py")
     frames = [f for f in tb if not any(f.filename.endswith(s) for s in skip)]
     return traceback.StackSummary.from_list(frames)
 
 
 def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
+    import traceback  # only on failure: workers start faster without it
     summary = _user_frames(traceback.extract_tb(exc.__traceback__))
     text = "Traceback (most recent call last):\n" + "".join(summary.format())
     text += "".join(traceback.format_exception_only(type(exc), exc))

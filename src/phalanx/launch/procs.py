@@ -12,7 +12,7 @@ import select
 import signal
 import sys
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable  # not typing: workers import this module
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 

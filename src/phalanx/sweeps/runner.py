@@ -147,18 +147,22 @@ class SweepRunner:
                     number = todo.pop(0)
                     slot = free.pop(0)
                     running[number] = self._launch(number, slot, identity)
+                freed = False
                 for number, trial in list(running.items()):
                     trial.run.tick()
                     self._follow_metrics(trial)
                     if trial.run.done:
                         del running[number]
                         free.append(trial.slot)
+                        freed = True
                         if self._ended(trial) == "failed" and self.settings.fail_fast and stop_kind is None:
                             stop_kind = "failed"
                             for other in running.values():
                                 other.run.stop("cancelled")
                 if not running and (stop_kind is not None or not todo):
                     break
+                if freed and todo and stop_kind is None:
+                    continue  # a slot just freed up: fill it now, not after the next wake-up
                 hints = [t.run.wait_hint() for t in running.values()] or [0.0]
                 watcher.wait(min(hints))
         return self._finish(stop_kind, stop_signal)
@@ -298,9 +302,20 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
     sweep_id = new_job_id()
     sweep_dir = home.sweep_dir(sweep_id)
     sweep_dir.mkdir(parents=True)
+    command = spec.entrypoint.display()
+    if spec.snapshot:
+        # One snapshot for the whole sweep: every trial runs the same code, and copying the
+        # working directory per trial would cost more than a short trial itself.
+        from ..core.spec import in_snapshot
+        from ..storage.snapshot import list_workdir, take
+
+        code, manifest = home.sweep_code(sweep_id)
+        script = spec.entrypoint.target if spec.entrypoint.kind.value == "script" else None
+        take(list_workdir(Path(spec.workdir), home.root, script, limit=False), code, manifest)
+        spec = in_snapshot(spec, str(code)).with_(snapshot=False)
     store.sweeps.insert(
         id=sweep_id, name=spec.name, strategy=settings.strategy, objective=settings.objective,
-        direction=settings.direction, total=strategy.total, command=spec.entrypoint.display(),
+        direction=settings.direction, total=strategy.total, command=command,
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
     )
