@@ -296,3 +296,31 @@ def test_bad_uris_and_missing_buckets_fail_before_the_job_starts(phx_home, s3_en
     assert message.replace("{bucket}", s3_env).replace("{cwd}", str(proj)) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert json.loads(phalanx("ps", "--all", "--json").stdout) == []
+
+
+def test_http_inputs_and_a_local_output_directory(phx_home, proj, tmp_path):
+    import functools
+    import http.server
+
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "labels.csv").write_text("a,b\n")
+    with tarfile.open(www / "val.tar.gz", "w:gz") as tf:
+        info = tarfile.TarInfo("v.txt")
+        info.size = 2
+        tf.addfile(info, io.BytesIO(b"vv"))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        out = phalanx("run", "--name", "web", "--input", f"labels={base}/labels.csv", "--input", f"val={base}/val.tar.gz#extract",
+                      "--output", str(tmp_path / "results"), "show.py", cwd=proj, check=True)
+    finally:
+        server.shutdown()
+    seen = _inputs(out)
+    assert seen["labels"]["files"] == {"labels.csv": "a,b\n"} and seen["val"]["files"] == {"v.txt": "vv"}
+    job = json.loads(phalanx("status", "web", "--json", check=True).stdout)
+    uploaded = tmp_path / "results" / f"web-{job['id']}"
+    assert (uploaded / "_phalanx_artifacts.json").exists() and (uploaded / "logs" / "spec.json").exists()
+    assert not list(uploaded.rglob("*.part"))

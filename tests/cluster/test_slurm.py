@@ -43,8 +43,8 @@ def _processes_of(job: dict) -> list[psutil.Process]:
 
 
 def test_two_node_ddp_through_slurm_synchronises_gradients(slurm_env):
-    proc = phalanx("run", "--backend", "slurm", "--time", "10", "-n", "2x1", TRAIN, "--epochs", "1",
-                   "--steps-per-epoch", "3", "--print-grad-checksum", check=True, timeout=300)
+    proc = phalanx("run", "--backend", "slurm", "--time", "10", "--sample-interval", "0.5", "-n", "2x1", TRAIN,
+                   "--epochs", "1", "--steps-per-epoch", "3", "--print-grad-checksum", check=True, timeout=300)
     grads = dict(re.findall(r"grad_checksum rank=(\d) value=(\S+)", proc.stdout))
     batches = dict(re.findall(r"local_batch_checksum rank=(\d) value=(\S+)", proc.stdout))
     assert set(grads) == {"0", "1"}, proc.stdout + proc.stderr
@@ -62,6 +62,9 @@ def test_two_node_ddp_through_slurm_synchronises_gradients(slurm_env):
     assert [r["state"] for r in _status(job["id"])["ranks"]] == ["succeeded", "succeeded"]
     logs = phalanx("logs", job["id"], "--rank", "1", check=True).stdout
     assert "grad_checksum rank=1" in logs
+    # metrics and resource samples as for local jobs: read by the supervisor, sampled on the nodes
+    assert "loss" in phalanx("metrics", job["id"], check=True).stdout
+    assert all((attempt / f"node_{n}" / "resources.jsonl").stat().st_size > 0 for n in (0, 1))
 
 
 def test_stop_cancels_the_slurm_job_and_leaves_no_process(slurm_env):

@@ -281,7 +281,7 @@ class SlurmJob:
 class SlurmNode(NodeHandle):
     """One node of a SLURM job, as the supervisor sees it."""
 
-    kill_margin = 15.0  # scancel round trips and slurmstepd's own clean-up
+    kill_margin = 10.0  # scancel round trips and slurmstepd's own clean-up
 
     def __init__(self, job: SlurmJob, node_rank: int) -> None:
         self.job = job

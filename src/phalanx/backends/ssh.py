@@ -186,9 +186,17 @@ class SshBackend(Backend):
         def ship(host: str) -> str | None:
             cmd = f"mkdir -p {target} && tar -xf - -C {target}"
             tar = subprocess.Popen(["tar", "-cf", "-", "-C", str(paths.code_dir), "."], stdout=subprocess.PIPE)
-            proc = subprocess.run([*self.ssh_argv(opts, host), cmd], stdin=tar.stdout, capture_output=True, text=True)
+            ssh = subprocess.Popen([*self.ssh_argv(opts, host), cmd], stdin=tar.stdout,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            assert tar.stdout is not None
+            tar.stdout.close()  # only ssh reads the stream now: tar gets SIGPIPE if ssh dies
+            try:
+                _, err = ssh.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                ssh.kill()
+                _, err = ssh.communicate()
             tar.wait()
-            return None if proc.returncode == 0 else f"{host}: {(proc.stderr.strip().splitlines() or ['copy failed'])[-1]}"
+            return None if ssh.returncode == 0 else f"{host}: {(err.strip().splitlines() or ['copy failed'])[-1]}"
 
         with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
             problems = [p for p in pool.map(ship, sorted(set(hosts))) if p]

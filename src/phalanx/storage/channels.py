@@ -64,11 +64,12 @@ def check(spec: JobSpec) -> None:
         fs, root = filesystem(channel.source)
         check_store(fs, root, channel.source, f"--input {channel.name}", what=what)
         try:
-            found = fs.exists(root)
-        except (OSError, ValueError) as exc:
-            raise ChannelError(f"cannot read {what} at '{channel.source}': {exc}", "check the URI, endpoint and credentials") from None
-        if not found:
-            raise ChannelError(f"{what}: nothing at '{channel.source}'", "check the URI, or upload the data first")
+            fs.info(root)
+        except FileNotFoundError:
+            raise ChannelError(f"{what}: nothing at '{channel.source}'", "check the URI, or upload the data first") from None
+        except Exception as exc:  # noqa: BLE001 - client errors (credentials, network) are not all OSErrors
+            raise ChannelError(f"cannot read {what} at '{channel.source}': {exc or type(exc).__name__}",
+                               "check the URI, the endpoint and the credentials") from None
 
 
 def stage(home: HomePaths, spec: JobSpec, say: Say) -> None:
@@ -80,10 +81,16 @@ def stage(home: HomePaths, spec: JobSpec, say: Say) -> None:
             continue  # used in place
         cache = home.channel_cache(channel.source, channel.extract)
         with _locked(cache, channel, say):
-            if channel.extract:
-                _stage_archive(channel, cache, say)
-            else:
-                _stage_tree(channel, cache, say)
+            try:
+                if channel.extract:
+                    _stage_archive(channel, cache, say)
+                else:
+                    _stage_tree(channel, cache, say)
+            except PhalanxError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a client error must fail the job, not the supervisor
+                raise ChannelError(f"staging input '{channel.name}' from {channel.source} failed: {exc or type(exc).__name__}",
+                                   "check the URI, the endpoint and the credentials") from exc
 
 
 @contextmanager
@@ -107,8 +114,6 @@ def _listing(channel: Channel) -> tuple[Any, str, list[RemoteFile]]:
         return fs, root, list_files(fs, root)
     except FileNotFoundError:
         raise ChannelError(f"input '{channel.name}': nothing at '{channel.source}'", "check the URI, or upload the data first") from None
-    except (OSError, ValueError) as exc:
-        raise ChannelError(f"cannot list input '{channel.name}' at '{channel.source}': {exc}", "check the URI, endpoint and credentials") from None
 
 
 def _stage_tree(channel: Channel, cache: ChannelCachePaths, say: Say) -> None:

@@ -60,8 +60,8 @@ def _code(spec: JobSpec, home: HomePaths) -> str:
 def _content(channel: Channel) -> str:
     h = hashlib.sha256()
     if channel.is_remote:
-        fs, root = filesystem(channel.source)
-        for f in list_files(fs, root):
+        fs, remote = filesystem(channel.source)
+        for f in list_files(fs, remote):
             h.update(f"{f.rel}\0{f.size}\0{f.version}\n".encode())
         return h.hexdigest()
     root = Path(channel.source)

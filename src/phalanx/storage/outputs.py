@@ -90,9 +90,10 @@ def upload_job(spec: JobSpec, paths: JobPaths, job_id: str, say: Say) -> str | N
         manifest["logs"] = {rel: {"size": size} for rel, size in log_sizes.items()}
         manifest["uploaded_at"] = time.time()
         _put_manifest(fs, remote.manifest, manifest)
-    except (PhalanxError, OSError) as exc:
-        write_json(paths.artifacts, {**manifest, "complete": False, "error": str(exc)})
-        return f"uploading the outputs to {remote.root} failed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the job's end must be recorded
+        why = str(exc) or type(exc).__name__
+        write_json(paths.artifacts, {**manifest, "complete": False, "error": why})
+        return f"uploading the outputs to {remote.root} failed: {why}"
     write_json(paths.artifacts, {**manifest, "complete": True})
     total = sum(sizes.values())
     say(f"outputs: {len(outputs)} file(s), {human_size(total)} and {len(logs)} log file(s) uploaded to "

@@ -37,6 +37,7 @@ ATTEMPTS = 4
 BACKOFF = 0.5  # seconds before the first retry; doubles each time
 CONCURRENCY = 32  # files in flight at once (async stores); local copies use fewer threads
 REPORT_EVERY = 10.0
+MULTIPART_CHUNK = 16 * 2**20  # bytes per part of a multipart upload to S3
 
 
 class TransferError(PhalanxError):
@@ -63,11 +64,16 @@ def check_store(fs: Any, root: str, uri: str, fix: str, what: str = "", error: t
         return
     bucket = root.split("/", 1)[0]
     try:
-        found = fs.exists(bucket)
-    except (OSError, ValueError) as exc:
-        raise error(f"cannot reach the store of {what or repr(uri)}: {exc}", "check the endpoint (AWS_ENDPOINT_URL) and credentials") from None
-    if not found:
-        raise error(f"bucket '{bucket}' of '{uri}' does not exist", f"create it, or fix {fix}")
+        fs.info(bucket)  # unlike exists(), tells a missing bucket from an unreachable store
+    except FileNotFoundError:
+        raise error(f"bucket '{bucket}' of '{uri}' does not exist", f"create it, or fix {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - the client's errors (no credentials, no route) are not OSErrors
+        raise error(f"cannot reach the store of {what or repr(uri)}: {_why(exc)}",
+                    "check the endpoint (AWS_ENDPOINT_URL) and the credentials") from None
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def is_local(fs: Any) -> bool:
@@ -240,10 +246,19 @@ def upload(fs: Any, items: Sequence[Item], progress: Progress | None = None) -> 
 
 def _put_one(fs: Any, item: Item, dst: str, cb: Any) -> Any:
     if fs.async_impl:
-        return fs._put_file(item.src, dst, callback=cb)
+        return fs._put_file(item.src, dst, callback=cb, **_put_options(fs, item))
     fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
     fs.put_file(item.src, dst, callback=cb)
     return None
+
+
+def _put_options(fs: Any, item: Item) -> dict[str, Any]:
+    """S3: parts of 16 MiB (s3fs's 50 MiB default sends large files in few, slow parts), more
+    for files so large that they would need over 9,000 parts (S3 allows 10,000)."""
+    if "s3" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return {}
+    size = item.size if item.size is not None else os.path.getsize(item.src)
+    return {"chunksize": max(MULTIPART_CHUNK, -(-size // 9000))}
 
 
 def _run(fs: Any, items: Sequence[Item], start: Callable[[Item], Any], finish: Callable[[Item, Any], None],
@@ -274,7 +289,7 @@ def _run(fs: Any, items: Sequence[Item], start: Callable[[Item], Any], finish: C
 def _retry_wait(item: Item, attempt: int, exc: BaseException) -> float:
     """Seconds to wait before the next try; raises when there is none (or no point in one)."""
     if attempt + 1 >= ATTEMPTS or isinstance(exc, (FileNotFoundError, PermissionError)):
-        raise TransferError(f"copying '{item.src}' to '{item.dst}' failed after {attempt + 1} attempt(s): {exc}",
+        raise TransferError(f"copying '{item.src}' to '{item.dst}' failed after {attempt + 1} attempt(s): {_why(exc)}",
                             "check the connection and credentials, then run again") from exc
     return BACKOFF * 2**attempt
 
