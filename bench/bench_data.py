@@ -11,7 +11,7 @@ files of equal size) and an output of the same size, then times, round-robin:
 - upload: phalanx uploading a job's outputs and logs (with the sha256 manifest) |
   s3fs ``fs.put(recursive=True)`` | boto3 ``upload_file`` | ``aws s3 cp --recursive``.
 
-Every contender runs in its own process (the same interpreter), so none profits from another's
+Each round runs the contenders in a rotated order. Every contender runs in its own process (the same interpreter), so none profits from another's
 connection pool or warmed imports; the time includes that process's start-up, measured
 separately and reported. Ratios are medians against s3fs. See bench/README.md.
 """
@@ -38,15 +38,13 @@ BUCKET = "bench"
 # Each contender is a small program run as ``python -c``; argv: src dst. Prints nothing.
 PROGRAMS = {
     "phalanx stage (cold cache)": """
-import shutil, sys
+import sys
 from pathlib import Path
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, JobSpec
 from phalanx.storage.channels import stage
-home = HomePaths(Path(sys.argv[2]))
-shutil.rmtree(home.root / "cache", ignore_errors=True)
 spec = JobSpec(Entrypoint(EntrypointKind.COMMAND, "true"), channels=(Channel("data", sys.argv[1], sys.argv[1]),))
-stage(home, spec, lambda s: None)
+stage(HomePaths(Path(sys.argv[2]) / "phalanx"), spec, lambda s: None)
 """,
     "phalanx stage (warm cache)": """
 import sys
@@ -55,7 +53,7 @@ from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, JobSpec
 from phalanx.storage.channels import stage
 spec = JobSpec(Entrypoint(EntrypointKind.COMMAND, "true"), channels=(Channel("data", sys.argv[1], sys.argv[1]),))
-stage(HomePaths(Path(sys.argv[2])), spec, lambda s: None)
+stage(HomePaths(Path(sys.argv[2]) / "phalanx"), spec, lambda s: None)
 """,
     "s3fs get": """
 import sys, s3fs
@@ -66,7 +64,7 @@ import os, sys, boto3
 bucket, _, prefix = sys.argv[1][5:].partition("/")
 s3 = boto3.client("s3")
 for obj in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]:
-    dst = os.path.join(sys.argv[2], "boto", obj["Key"])
+    dst = os.path.join(sys.argv[2], "boto3", obj["Key"])
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     s3.download_file(bucket, obj["Key"], dst)
 """,
@@ -173,9 +171,18 @@ def main() -> None:
         samples: dict[str, list[float]] = {}
         for rnd in range(args.repeats + 1):  # round 0 warms caches (page cache, moto)
             for group in (down, up):
-                for label, argv in group.items():
-                    if argv[-1].startswith(str(work / "dl")):
-                        shutil.rmtree(work / "dl" / label.split()[0], ignore_errors=True)
+                labels = list(group)
+                if rnd:  # rotate the order each round: no contender always follows the same one
+                    shift = rnd % len(labels)
+                    labels = labels[shift:] + labels[:shift]
+                    if "phalanx stage (warm cache)" in labels:  # warm right after cold
+                        labels.remove("phalanx stage (warm cache)")
+                        labels.insert(labels.index("phalanx stage (cold cache)") + 1, "phalanx stage (warm cache)")
+                for label in labels:
+                    argv = group[label]
+                    if group is down and label != "phalanx stage (warm cache)":  # untimed: a cold start
+                        gone = work / "dl" / label.split()[0]
+                        shutil.rmtree(gone / "cache" if label.startswith("phalanx") else gone, ignore_errors=True)
                     elapsed = timed(argv, env)
                     if rnd:
                         samples.setdefault(f"{id(group)}:{label}", []).append(elapsed)

@@ -299,3 +299,10 @@ def test_job_paths_name_every_new_file(tmp_path):
     paths = JobPaths(tmp_path)
     assert {paths.code_dir.name, paths.code_manifest.name, paths.inputs.name, paths.artifacts.name} == {
         "code", "code.json", "inputs.json", "artifacts.json"}
+
+
+def test_names_from_a_store_cannot_leave_the_target(tmp_path):
+    assert transfer.local_path(tmp_path, "a/b.txt") == tmp_path / "a" / "b.txt"
+    for bad in ("../x", "a/../../x", "/etc/passwd"):
+        with pytest.raises(TransferError, match="leaves"):
+            transfer.local_path(tmp_path, bad)

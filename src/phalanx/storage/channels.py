@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 from ..core.paths import ChannelCachePaths, HomePaths, read_json, write_json
 from ..core.spec import Channel, JobSpec
 from ..errors import PhalanxError, UsageError
-from .transfer import Item, Progress, RemoteFile, check_store, download, filesystem, human_size, list_files
+from .transfer import Item, Progress, RemoteFile, check_store, download, filesystem, human_size, list_files, local_path
 from .uri import validate_uri
 
 INPUT_SCHEMES = ("http", "https")  # readable, on top of the stores --state and --output accept
@@ -122,7 +122,7 @@ def _stage_tree(channel: Channel, cache: ChannelCachePaths, say: Say) -> None:
     had: dict[str, Any] = old.get("files", {}) if old.get("source") == channel.source else {}
     items = []
     for f in files:
-        dst = cache.data / f.rel
+        dst = local_path(cache.data, f.rel)
         if had.get(f.rel) == {"size": f.size, "version": f.version} and _has_size(dst, f.size):
             continue
         items.append(Item(f.path, str(dst), f.size))

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..core.paths import HomePaths, JobPaths, RemoteJobPaths, read_json, write_json
 from ..core.spec import JobSpec
 from ..errors import PhalanxError
-from .transfer import Item, Progress, check_store, download, filesystem, human_size, is_local, sha256_file, upload
+from .transfer import Item, Progress, check_store, download, filesystem, human_size, is_local, local_path, sha256_file, upload
 
 Say = Callable[[str], None]
 
@@ -170,7 +170,8 @@ def download_job(spec: JobSpec, paths: JobPaths, home: HomePaths, dest: Path, lo
 
 def _fetch(source: str, files: dict[str, dict[str, Any]], dest: Path, label: str, say: Say) -> int:
     fs, root = filesystem(source)
-    items = [Item(f"{root}/{rel}", str(dest / rel), meta.get("size"), meta.get("sha256")) for rel, meta in sorted(files.items())]
+    items = [Item(f"{root}/{rel}", str(local_path(dest, rel)), meta.get("size"), meta.get("sha256"))
+             for rel, meta in sorted(files.items())]
     dest.mkdir(parents=True, exist_ok=True)
     with Progress(f"downloading {label}", sum(int(m.get("size") or 0) for m in files.values()), say) as progress:
         download(fs, items, dest.parent / f".{dest.name}.partial", progress)

@@ -359,6 +359,13 @@ def list_files(fs: Any, root: str) -> list[RemoteFile]:
     )
 
 
+def local_path(root: Path, rel: str) -> Path:
+    """``root / rel`` for a name that came from a store; refuses names that would leave ``root``."""
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise TransferError(f"refusing '{rel}': the name leaves {root}", "rename the object at the source")
+    return root / rel
+
+
 def _remote(meta: dict[str, Any], path: str, rel: str) -> RemoteFile:
     version = meta.get("ETag") or meta.get("etag") or meta.get("md5Hash") or meta.get("mtime") or meta.get("LastModified") or ""
     return RemoteFile(rel=rel, path=path, size=int(meta.get("size") or 0), version=str(version).strip('"'))
