@@ -75,7 +75,8 @@ def test_sampler_records_process_trees_of_real_processes(tmp_path):
     assert late["ranks"]["1"]["procs"] == 1
     busy = max(s["ranks"]["0"]["cpu_percent"] for s in samples[2:])
     idle = max(s["ranks"]["1"]["cpu_percent"] for s in samples[2:])
-    assert busy > 80 and idle < 20, (busy, idle)
+    # Two spinning processes against one sleeping one; loose bounds, other work may share the cores.
+    assert busy > 40 and busy > 3 * idle and idle < 20, (busy, idle)
     assert late["ranks"]["0"]["rss"] > 1_000_000
     assert late["gpus"] == [] or all("util" in g for g in late["gpus"])
     assert sampler.cpu_seconds < 0.2 * wall, "sampling every 0.25 s costs well under a fifth of a core"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,12 +21,13 @@ from typing import Any, Callable
 from ..core.paths import HomePaths, JobPaths, RemoteJobPaths, read_json, write_json
 from ..core.spec import JobSpec
 from ..errors import PhalanxError
-from .transfer import Item, Progress, check_store, download, filesystem, human_size, is_local, local_path, sha256_file, upload
+from .transfer import (Item, Progress, check_store, download, filesystem, human_size, is_local, local_path, sha256_file, upload,
+                       write_bytes)
 
 Say = Callable[[str], None]
 
 # What of the job directory is not a log: the outputs (uploaded on their own), the code snapshot.
-_NOT_LOGS = {"output", "code", "code.json", "artifacts.json"}
+_NOT_LOGS = frozenset({"output", "code", "code.json", "artifacts.json"})
 
 
 class OutputError(PhalanxError):
@@ -48,7 +48,7 @@ def check(spec: JobSpec) -> None:
     check_store(fs, root, spec.output_uri, "--output", error=OutputError)
 
 
-def _local_files(root: Path, skip_top: set[str] = set()) -> dict[str, Path]:
+def _local_files(root: Path, skip_top: frozenset[str] = frozenset()) -> dict[str, Path]:
     files = {}
     if root.is_dir():
         for dirpath, dirnames, filenames in os.walk(root):
@@ -89,7 +89,7 @@ def upload_job(spec: JobSpec, paths: JobPaths, job_id: str, say: Say) -> str | N
             manifest["output"] = {rel: {"size": sizes[rel], "sha256": digest} for rel, digest in digests.result().items()}
         manifest["logs"] = {rel: {"size": size} for rel, size in log_sizes.items()}
         manifest["uploaded_at"] = time.time()
-        _put_manifest(fs, remote.manifest, manifest)
+        write_bytes(fs, remote.manifest, json.dumps(manifest, indent=2, sort_keys=True).encode())
     except Exception as exc:  # noqa: BLE001 - whatever failed, the job's end must be recorded
         why = str(exc) or type(exc).__name__
         write_json(paths.artifacts, {**manifest, "complete": False, "error": why})
@@ -99,16 +99,6 @@ def upload_job(spec: JobSpec, paths: JobPaths, job_id: str, say: Say) -> str | N
     say(f"outputs: {len(outputs)} file(s), {human_size(total)} and {len(logs)} log file(s) uploaded to "
         f"{remote.root} in {time.monotonic() - started:.1f}s")
     return None
-
-
-def _put_manifest(fs: Any, path: str, manifest: dict[str, Any]) -> None:
-    data = json.dumps(manifest, indent=2, sort_keys=True).encode()
-    if is_local(fs):
-        part = f"{path}.{secrets.token_hex(4)}.part"
-        fs.pipe_file(part, data)
-        fs.mv(part, path)
-    else:
-        fs.pipe_file(path, data)
 
 
 # -- reading results back ---------------------------------------------------------
@@ -139,7 +129,7 @@ def artifacts(paths: JobPaths) -> Artifacts:
                      (record or {}).get("error"))
 
 
-def _sizes(root: Path, skip_top: set[str] = set()) -> dict[str, dict[str, Any]]:
+def _sizes(root: Path, skip_top: frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
     return {rel: {"size": p.stat().st_size} for rel, p in _local_files(root, skip_top).items()}
 
 

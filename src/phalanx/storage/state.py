@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PhalanxError
-from .transfer import check_store, filesystem
+from .transfer import check_store, filesystem, write_bytes
 from .transfer import is_local as _is_local
 
 MANIFEST = "_phalanx_manifest.json"
@@ -138,13 +138,7 @@ class StateSync:
             self.fs.put_file(str(src), dst)
 
     def _write(self, dst: str, data: bytes) -> None:
-        self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
-        if _is_local(self.fs):
-            part = f"{dst}.part"
-            self.fs.pipe_file(part, data)
-            self.fs.mv(part, dst)
-        else:
-            self.fs.pipe_file(dst, data)
+        write_bytes(self.fs, dst, data)
 
     # -- background ----------------------------------------------------------------
 

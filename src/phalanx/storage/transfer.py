@@ -81,6 +81,17 @@ def is_local(fs: Any) -> bool:
     return protocol in ("file", "local")
 
 
+def write_bytes(fs: Any, path: str, data: bytes) -> None:
+    """Write a small object whole: one PUT on object storage, a temporary name and a rename locally."""
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if is_local(fs):
+        part = f"{path}.{secrets.token_hex(4)}.part"
+        fs.pipe_file(part, data)
+        fs.mv(part, path)
+    else:
+        fs.pipe_file(path, data)
+
+
 def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
