@@ -78,7 +78,7 @@ def _dump_stacks_on_sigusr2() -> None:
     faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
 
 
-def _user_frames(tb: "traceback.StackSummary") -> "traceback.StackSummary":
+def _user_frames(tb: list) -> list:  # traceback.StackSummary; traceback is imported lazily
     """Drop the bootstrap's and runpy's own frames from the top of a traceback."""
     import traceback
 

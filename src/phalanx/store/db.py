@@ -14,11 +14,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
 from .migrations import MIGRATIONS
+
+if TYPE_CHECKING:
+    from .sweeps import SweepTable
 
 _COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "

@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
