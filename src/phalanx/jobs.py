@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, TextIO
 
 from . import config
 from .core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
@@ -319,14 +319,15 @@ def stop(ref: str, timeout: float | None = None) -> JobRecord:
         os.kill(record.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:
         return reconcile(store, record)
-    deadline = time.monotonic() + (timeout if timeout is not None else spec.grace + 15)
+    limit = timeout if timeout is not None else spec.grace + 15
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         record = reconcile(store, store.get(record.id))
         if is_terminal(record.state):
             return record
         time.sleep(0.1)
     raise PhalanxError(
-        f"job {record.id} did not stop within {deadline:.0f}s",
+        f"job {record.id} did not stop within {limit:.0f}s",
         f"its supervisor is pid {record.supervisor_pid}; try again or kill it",
     )
 
@@ -450,10 +451,6 @@ def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
 
 def read_spec(record: JobRecord) -> JobSpec:
     return JobSpec.from_dict(json.loads(record.spec_json))
-
-
-def iter_records(store: Store) -> Iterator[JobRecord]:
-    yield from store.list()
 
 
 # -- sweeps -------------------------------------------------------------------------

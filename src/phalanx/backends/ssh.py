@@ -136,7 +136,7 @@ class SshBackend(Backend):
         hosts = [n.host for n in plan.nodes]
         with ThreadPoolExecutor(max_workers=2) as pool:  # independent: check and ship at once
             shipped = pool.submit(self._ship, opts, hosts, paths, plan) if not opts["shared_fs"] else None
-            checked = pool.submit(self.preflight, opts, hosts, "", plan)
+            checked = pool.submit(self.preflight, opts, hosts, plan)
             checked.result()
             if shipped is not None:
                 shipped.result()
@@ -147,7 +147,7 @@ class SshBackend(Backend):
 
         return validate(self.name, self.options, spec.backend_options)
 
-    def preflight(self, opts: dict[str, Any], hosts: list[str], _addrs: str, plan: Plan) -> None:
+    def preflight(self, opts: dict[str, Any], hosts: list[str], plan: Plan) -> None:
         """Reach every host in parallel; raise BackendError naming each host that failed and why."""
         port = int(plan.nodes[0].torchrun_argv and _endpoint_port(plan.nodes[0].torchrun_argv) or 0)
         python = plan.nodes[0].processes[0].argv[0] if plan.nodes[0].processes else _python_of(plan.nodes[0])
@@ -215,7 +215,7 @@ class SshNode(NodeHandle):
         self.paths = paths
         self.attempt_dir = paths.attempt(plan.attempt)
         self.exit: int | None = None
-        launch = {"node": node.to_dict(), "job_dir": json.loads(json.dumps(node.env))["PHALANX_JOB_DIR"],
+        launch = {"node": node.to_dict(), "job_dir": node.env["PHALANX_JOB_DIR"],
                   "attempt": plan.attempt, "grace": plan.grace}
         python = _python_of(node)
         remote_cmd = f"exec {shlex.quote(python)} -m phalanx.launch.remote"

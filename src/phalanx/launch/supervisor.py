@@ -151,7 +151,6 @@ class JobRun:
         # Nodes that had failed when the supervisor stopped the rest (fail fast): only they say
         # whether the attempt was taken by a scheduler; the others got the supervisor's SIGTERM.
         self._failed_first: list[int] | None = None
-        self._last_activity = time.time()
         self._collector = MetricsCollector(self.paths, plan.attempt, self.spec.metrics, self.spec.auto_metrics)
         self._collected_at = 0.0
         self._samplers = [self._sampler(h.node_rank) for h in self._handles if not h.samples_itself]
@@ -198,9 +197,10 @@ class JobRun:
             self._failed_first = [n for n, c in enumerate(codes) if c not in (None, 0)]
             self._stop_all()  # fail fast: the rest of the job stops now
         if self.spec.stall_timeout and self._kill_at is None:
-            self._last_activity = max(self._last_activity, _last_output(self.paths, self.plan.attempt))
-            if time.time() - self._last_activity > self.spec.stall_timeout:
-                self._stalled_for = time.time() - self._last_activity
+            # The metrics collector reads every rank's output anyway: its last new byte is the activity.
+            silent = time.time() - self._collector.last_activity
+            if silent > self.spec.stall_timeout:
+                self._stalled_for = silent
                 _dump_stacks(self.paths, self.plan.attempt)
                 self._stop_all()
         if self._kill_at is not None and time.monotonic() >= self._kill_at:
@@ -313,17 +313,6 @@ def _short(outcome: Outcome) -> str:
     cause = outcome.cause or {}
     where = f"rank {cause['rank']}: " if "rank" in cause else ""
     return f"{where}{cause.get('message', outcome.kind)}"
-
-
-def _last_output(paths: JobPaths, attempt: int) -> float:
-    latest = 0.0
-    for rank in paths.ranks(attempt):
-        for path in (paths.rank_log(attempt, rank), paths.rank_user_metrics(attempt, rank)):
-            try:
-                latest = max(latest, path.stat().st_mtime)
-            except FileNotFoundError:
-                pass
-    return latest
 
 
 def _dump_stacks(paths: JobPaths, attempt: int) -> None:

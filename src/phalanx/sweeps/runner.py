@@ -169,20 +169,24 @@ class SweepRunner:
     def _todo(self) -> list[int]:
         """Trial numbers still to run: all of them, less those that ended in an earlier run."""
         finished = set()
+        self._cut_off: dict[int, JobRecord] = {}  # trials an earlier run started but did not finish
         for record in self.store.trials(self.sweep.id):
-            if record.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.PRUNED) and record.trial is not None:
-                finished.add(record.trial)
-                params = json.loads(record.params_json or "{}")
-                state = {"SUCCEEDED": "complete", "PRUNED": "pruned"}.get(record.state.value, "fail")
-                self.strategy.remember(params, record.objective, state)
+            if record.trial is None:
+                continue
+            if record.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.PRUNED):
+                self._cut_off[record.trial] = record
+                continue
+            finished.add(record.trial)
+            params = json.loads(record.params_json or "{}")
+            state = {"SUCCEEDED": "complete", "PRUNED": "pruned"}.get(record.state.value, "fail")
+            self.strategy.remember(params, record.objective, state)
         return [n for n in range(self.total) if n not in finished]
 
     def _launch(self, number: int, slot: int, identity: dict[str, Any]) -> _Trial:
         from .. import jobs
 
-        existing = [r for r in self.store.trials(self.sweep.id) if r.trial == number]
-        if existing:  # cut off by a crash or a stop: it continues where it was
-            return self._resume_trial(existing[-1], number, slot, identity)
+        if number in self._cut_off:  # cut off by a crash or a stop: it continues where it was
+            return self._resume_trial(self._cut_off.pop(number), number, slot, identity)
         params = self.strategy.params_for(number)
         self.strategy.start(number, params)
         env = {
