@@ -48,18 +48,27 @@ def run_phalanx(tmp: Path, env: dict[str, str]) -> float | None:
 
 def run_torchrun(tmp: Path, env: dict[str, str]) -> float | None:
     marker = tmp / "died"
+    proc = subprocess.Popen(
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--monitor-interval", "0.1", SCRIPT, "--marker", str(marker)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
     try:
-        proc = subprocess.run(
-            [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-             "--monitor-interval", "0.1", SCRIPT, "--marker", str(marker)],
-            env=env, capture_output=True, text=True, timeout=TIMEOUT, start_new_session=True,
-        )
+        stdout, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        return None  # hung after the restart (the failure mode measured here)
+        # Hung after the restart (the failure mode measured here). SIGTERM lets torchrun stop its
+        # workers, which run in sessions of their own and would outlive a SIGKILL of torchrun.
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        return None
     if proc.returncode != 0 or not marker.exists():
         return None
-    first = _restart_first_step(proc.stdout)
-    if first is None or proc.stdout.count("step=1 ") < 2:
+    first = _restart_first_step(stdout)
+    if first is None or stdout.count("step=1 ") < 2:
         return None
     return first - float(marker.read_text())
 
