@@ -206,6 +206,10 @@ def main():
         print("done", flush=True)
 
     if distributed:
+        # Tear down together: a rank that destroys its gloo group while a peer is still
+        # busy (rank 0 above) can abort at exit ("terminate called without an active
+        # exception"), turning a finished run into a failed one.
+        dist.barrier()
         dist.destroy_process_group()
 
 
