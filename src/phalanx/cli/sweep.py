@@ -18,6 +18,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
     from .. import jobs
     from ..sweeps.runner import check, slot_plan
     from ..sweeps.space import parse_space
+    from .control import event
 
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
@@ -39,7 +40,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
         return
     if clean:
         raise typer.BadParameter("--clean-state does not apply to sweeps: each trial has its own state directory")
-    record, code = jobs.run_sweep(spec, settings, detach=detach, events=_event)
+    record, code = jobs.run_sweep(spec, settings, detach=detach, events=event)
     if detach:
         if as_json:
             dump_json({"id": record.id, "sweep": True, "name": record.name}, sys.stdout)
@@ -52,11 +53,6 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
     if as_json:
         dump_json(record.to_dict(), sys.stdout)
     raise typer.Exit(code or 0)
-
-
-def _event(text: str) -> None:
-    sys.stderr.write(f"phalanx: {text}\n")
-    sys.stderr.flush()
 
 
 @sweep_app.command("show")
