@@ -10,6 +10,7 @@ the ratio is median(command) / median(baseline). See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -109,6 +110,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results (with every sample) here")
     args = parser.parse_args()
 
+    # A normal install writes bytecode on first import; with PYTHONDONTWRITEBYTECODE set (as on
+    # this project's machines) every run would compile phalanx from source instead, which is
+    # not what users pay. Torch, in site-packages, was byte-compiled by pip either way.
+    compileall.compile_dir(str(ROOT / "src" / "phalanx"), quiet=1)
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         run_home, ps_home = Path(tmp, "run"), Path(tmp, "ps")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PHALANX_HOME": str(run_home)}

@@ -346,7 +346,6 @@ def _default_grace() -> float:
 def build_sweep(opts: RunOptions, spec: JobSpec) -> tuple[JobSpec, Any]:
     """Find a search space in the script args. Returns the spec (literal escapes applied) and
     the sweep settings, or None when the job is not a sweep. Validates before anything starts."""
-    from .sweeps.runner import SweepSettings, check, parse_objective
     from .sweeps.space import parse_space
 
     file = load_job_file(opts.job_file) if opts.job_file else {}
@@ -362,6 +361,8 @@ def build_sweep(opts: RunOptions, spec: JobSpec) -> tuple[JobSpec, Any]:
             raise UsageError(f"--{next(iter(asked)).replace('_', '-')} needs a search space in the script arguments",
                              'e.g. --lr "[0.001, 0.01]" or --lr "loguniform(1e-5, 1e-1)"')
         return spec, None
+    from .sweeps.runner import SweepSettings, check, parse_objective
+
     objective, direction = parse_objective(merged.get("objective"))
     strategy = merged.get("strategy") or ("grid" if space.all_discrete else "random")
     settings = SweepSettings(

@@ -32,6 +32,7 @@ import psutil
 from ..core.paths import JobPaths
 
 DEFAULT_INTERVAL = 5.0
+NVIDIA_DEVICES = ("/dev/nvidiactl", "/dev/dxg")  # the driver's control node; WSL's GPU device
 
 
 class _Gpus:
@@ -41,6 +42,8 @@ class _Gpus:
         self.nvml: Any = None
         self.handles: list[Any] = []
         self.names: list[str] = []
+        if sys.platform == "linux" and not any(os.path.exists(d) for d in NVIDIA_DEVICES):
+            return  # no driver here: skip NVML's import and library probe (they cost every run time)
         try:
             import pynvml  # nvidia-ml-py
 
