@@ -30,7 +30,20 @@ def fake_nvml(monkeypatch):
     nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=[60 * GiB, 3 * GiB][h], total=80 * GiB, free=0)
     nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=3 * GiB)] if h == 1 else []
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr("phalanx.monitor.resources.NVIDIA_DEVICES", (os.devnull,))  # "a driver is here"
     return nvml
+
+
+def test_no_nvidia_device_means_no_nvml_import(monkeypatch):
+    from phalanx.monitor.resources import _Gpus
+
+    monkeypatch.setattr("phalanx.monitor.resources.NVIDIA_DEVICES", ("/nonexistent/nvidiactl",))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # an import would raise ImportError: caught, but counted below
+    imported = []
+    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    monkeypatch.setattr("builtins.__import__", lambda name, *a, **k: imported.append(name) or real_import(name, *a, **k))
+    gpus = _Gpus()
+    assert gpus.handles == [] and "pynvml" not in imported
 
 
 def test_sample_with_gpus_and_rank_trees(tmp_path, fake_nvml):
