@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from enum import Enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def load_job_file(path: str) -> dict[str, Any]:
     return data
 
 
-def _enum(kind: type, value: Any, what: str) -> Any:
+def _enum(kind: type[Enum], value: Any, what: str) -> Any:
     try:
         return kind(str(value))
     except ValueError:
@@ -180,8 +181,8 @@ def build_spec(opts: RunOptions) -> JobSpec:
     for item in opts.env:
         if "=" not in item:
             raise UsageError(f"invalid --env '{item}'", "use --env KEY=VALUE")
-        key, value = item.split("=", 1)
-        env[key] = value
+        env_key, env_value = item.split("=", 1)
+        env[env_key] = env_value
     spec = JobSpec(
         entrypoint=entry,
         resources=resources,

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from typing import Any
 from pathlib import Path
 
 from ..core.env import Topology, node_env, process_env, template_values
@@ -62,7 +63,7 @@ def build_nodes(
                 env[key] = value
         args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
         worker = worker_command(spec, args)
-        common = dict(
+        common: dict[str, Any] = dict(
             node_rank=node_rank,
             host=hosts[node_rank],
             agent_argv=agent_argv(spec.python, paths, topo.attempt, node_rank),

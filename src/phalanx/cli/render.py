@@ -41,7 +41,7 @@ def table(rows: Iterable[tuple[str, ...]], headers: tuple[str, ...], out: TextIO
 
 
 def job_rows(records: Iterable[JobRecord], width: int = 48) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in records:
         cmd = r.command if len(r.command) <= width else r.command[: width - 1] + "…"
         state = r.state.value if r.exit_code in (None, 0) else f"{r.state.value}({r.exit_code})"

@@ -63,7 +63,7 @@ def run_torchrun(node: NodePlan) -> dict[str, Any]:
         if own:
             for f in failures:
                 f["terminated"] = f not in own
-        first = min(own or failures, key=lambda f: f["timestamp"])
+        first = min(own or failures, key=lambda f: float(f["timestamp"] or 0))
         return {"exitcode": first["exitcode"] or 1, "failures": [f for f in failures if not f.get("terminated")],
                 "terminated": [f["rank"] for f in failures if f.get("terminated")]}
     except SignalException as sig:

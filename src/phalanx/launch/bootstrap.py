@@ -21,6 +21,10 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # mypy reads this as True; nothing imports typing at worker start-up
+if TYPE_CHECKING:
+    from traceback import StackSummary
+
 from phalanx.launch.procs import die_with_parent
 
 # File names inside the rank directory; JobPaths (core/paths.py) documents the layout and
@@ -78,7 +82,7 @@ def _dump_stacks_on_sigusr2() -> None:
     faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
 
 
-def _user_frames(tb: list) -> list:  # traceback.StackSummary; traceback is imported lazily
+def _user_frames(tb: StackSummary) -> StackSummary:
     """Drop the bootstrap's and runpy's own frames from the top of a traceback."""
     import traceback
 

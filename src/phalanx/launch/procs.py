@@ -14,6 +14,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable  # not typing: workers import this module
 
+TYPE_CHECKING = False  # mypy reads this as True; workers start without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
@@ -24,7 +28,7 @@ class ChildWatcher:
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
         self._old_fd = signal.set_wakeup_fd(self._write)
-        self._old_handlers = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, _ignore)}
+        self._old_handlers: dict[int, Any] = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, _ignore)}
         for signum in stop_signals:
             self._old_handlers[signum] = signal.signal(signum, self._on_stop)
 

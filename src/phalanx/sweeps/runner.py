@@ -129,7 +129,7 @@ class SweepRunner:
         free = list(range(len(self.slots)))
         running: dict[int, _Trial] = {}
         stop_kind: str | None = None
-        stop_signal = signal.SIGTERM
+        stop_signal: int = signal.SIGTERM
         seen = 0
         with ChildWatcher() as watcher:
             if not self.store.sweeps.transition(self.sweep.id, JobState.RUNNING, **identity):

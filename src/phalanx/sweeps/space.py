@@ -143,10 +143,10 @@ def _parse_value(text: str) -> tuple[str, tuple[Any, ...], float, float] | None:
         start, stop, step = (0, numbers[0], 1) if len(numbers) == 1 else (numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else 1)
         if step == 0:
             raise UsageError(f"bad search expression '{text}': step is 0", "use a non-zero step")
-        values = _arange(start, stop, step)
-        if not values:
+        steps = _arange(start, stop, step)
+        if not steps:
             raise UsageError(f"bad search expression '{text}': it is empty", "check start, stop and step")
-        return kind, tuple(values), 0.0, 0.0
+        return kind, tuple(steps), 0.0, 0.0
     if len(numbers) not in (2, 3):
         raise UsageError(f"bad search expression '{text}'", f"use {kind}(low, high) or {kind}(low, high, count)")
     low, high = float(numbers[0]), float(numbers[1])
