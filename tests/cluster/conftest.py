@@ -106,3 +106,22 @@ def slurm_env(slurm_cluster, phx_home, monkeypatch):
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
     return slurm_cluster
+
+
+@pytest.fixture(scope="session")
+def netns_hosts(tmp_path_factory):
+    """Two sshd hosts (nodeA, nodeB) on "different machines": each in its own network namespace,
+    with its own address (10.200.K.11, .12) and hostname; yields netns.NetnsHosts."""
+    from tests.cluster import netns
+
+    try:
+        hosts = netns.start(tmp_path_factory.mktemp("netns"))
+    except (netns.Unavailable, OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot run hosts in network namespaces here (needs root, iproute2, util-linux, openssh-server): {exc}")
+    try:
+        probe = hosts.ssh(hosts.names[0], "true")
+        if probe.returncode != 0:
+            pytest.skip(f"sshd started in a namespace but ssh fails: {probe.stderr.strip()}")
+        yield hosts
+    finally:
+        netns.stop(hosts)

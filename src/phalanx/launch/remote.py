@@ -27,20 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .netif import interface_for
 from .procs import signal_group
 
 SCAN_INTERVAL = 0.2
 WHOLE_FILES = (".json",)  # rewritten in place (atomically): sent whole when they change
-
-
-def route_interface(addr: str) -> str | None:
-    """The interface this host uses to reach ``addr`` (``ip -o route get``), or None."""
-    try:
-        out = subprocess.run(["ip", "-o", "route", "get", addr], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    words = out.split()
-    return words[words.index("dev") + 1] if "dev" in words else None
 
 
 class Mirror:
@@ -110,7 +101,7 @@ def main() -> None:
     env = node["env"]
     if env.pop("PHALANX_AUTO_IFNAME", None):
         master = env.get("PHALANX_NODE_ADDRS", "").split(",")[0]
-        ifname = route_interface(master) if master else None
+        ifname = interface_for(master) if master else None
         if ifname:
             for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 env.setdefault(key, ifname)
