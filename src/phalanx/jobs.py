@@ -236,9 +236,10 @@ def submit_detached(spec: JobSpec, events: Callable[[str], None] | None = None) 
 def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
            events: Callable[[str], None] | None = None) -> tuple[JobRecord, int | None]:
     """Continue a failed, cancelled, preempted or lost job as a new attempt of the same job:
-    same id, same state directory (so the script resumes from its last checkpoint)."""
-    from .backends.registry import get_backend
+    same id, same state directory (so the script resumes from its last checkpoint). A lost job
+    whose scheduler kept its attempt running is watched again instead (``resume_plan``)."""
     from .core.state import can_resume
+    from .launch.supervisor import resume_plan
 
     store = open_store()
     record = get_job(ref, store)
@@ -247,8 +248,8 @@ def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set
         raise UsageError(f"job {record.id} is {record.state.value}: nothing to resume", f"{hint}; see: phalanx status {record.id}")
     spec = read_spec(record)
     paths = JobPaths(Path(record.job_dir))
-    attempt = max([*paths.attempts(), record.attempt]) + 1
-    plan = get_backend(spec.backend).plan(spec, record.id, attempt, home())
+    plan = resume_plan(record, home())
+    attempt = plan.attempt
     write_atomic(paths.plan, plan.to_json())
     if detach:
         if not store.reopen(record.id, attempt):
@@ -299,16 +300,18 @@ def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | N
     return records if all_jobs else [r for r in records if not is_terminal(r.state)]
 
 
-def stop(ref: str, timeout: float | None = None) -> JobRecord:
+def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] | None = None) -> JobRecord:
     """Stop a job gracefully: SIGTERM to every rank, the job's grace period, then SIGKILL.
 
-    Idempotent: stopping a finished job returns its record unchanged. Blocks until the job
-    has ended (or ``timeout``, default grace + 15 s, passes).
+    Idempotent: stopping a finished job returns its record unchanged. A LOST job (its
+    supervisor vanished) may have left its scheduler's job running: that is stopped the same
+    way, and the job stays LOST. Blocks until the job has ended (or ``timeout``, default
+    grace + 15 s, passes).
     """
     store = open_store()
     record = get_job(ref, store)
     if is_terminal(record.state):
-        return record
+        return _stop_leftover(store, record, events)
     spec = JobSpec.from_dict(json.loads(record.spec_json))
     # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
     store.transition(record.id, JobState.STOPPING)
@@ -318,18 +321,28 @@ def stop(ref: str, timeout: float | None = None) -> JobRecord:
     try:
         os.kill(record.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:
-        return reconcile(store, record)
+        return _stop_leftover(store, reconcile(store, record), events)
     limit = timeout if timeout is not None else spec.grace + 15
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         record = reconcile(store, store.get(record.id))
         if is_terminal(record.state):
-            return record
+            return _stop_leftover(store, record, events)
         time.sleep(0.1)
     raise PhalanxError(
         f"job {record.id} did not stop within {limit:.0f}s",
         f"its supervisor is pid {record.supervisor_pid}; try again or kill it",
     )
+
+
+def _stop_leftover(store: Store, record: JobRecord, events: Callable[[str], None] | None) -> JobRecord:
+    """What a LOST job's scheduler still runs is stopped too (idempotent)."""
+    if record.state is not JobState.LOST:
+        return record
+    from .launch.supervisor import stop_leftover
+
+    stop_leftover(store, record, events)
+    return store.get(record.id)
 
 
 def wait(ref: str, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
@@ -515,7 +528,7 @@ def stop_sweep(sweep: Any, timeout: float | None = None) -> Any:
     """Cancel every running trial of a sweep and the sweep itself. Idempotent; blocks."""
     store = open_store()
     if is_terminal(sweep.state):
-        return sweep
+        return _stop_lost_trials(store, sweep)
     store.sweeps.transition(sweep.id, JobState.STOPPING)
     if sweep.supervisor_pid is not None:
         try:
@@ -527,9 +540,17 @@ def stop_sweep(sweep: Any, timeout: float | None = None) -> Any:
     while time.monotonic() < deadline:
         current = find_sweep(sweep.id, store)
         if is_terminal(current.state):
-            return current
+            return _stop_lost_trials(store, current)
         time.sleep(0.1)
     raise PhalanxError(f"sweep {sweep.id} did not stop in time", f"its runner is pid {sweep.supervisor_pid}; try again")
+
+
+def _stop_lost_trials(store: Store, sweep: Any) -> Any:
+    """A LOST sweep's trials lost their runner too: stop what their scheduler still runs."""
+    if sweep.state is JobState.LOST:
+        for trial in store.trials(sweep.id):
+            _stop_leftover(store, reconcile(store, trial), None)
+    return sweep
 
 
 def resume_sweep(sweep: Any, detach: bool = False, events: Callable[[str], None] | None = None) -> tuple[Any, int | None]:

@@ -30,6 +30,7 @@ class FakeSlurm:
         self.refuse: str | None = None  # sbatch's error text, when it should refuse
         self.on_submit: Callable[[FakeJob], None] | None = None
         self.on_signal: Callable[[FakeJob, str], None] | None = None
+        self.on_squeue: Callable[[FakeJob], None] | None = None  # before squeue reports the job: time passes
 
     def __call__(self, argv, env=None, timeout=60.0) -> subprocess.CompletedProcess:
         argv = list(argv)
@@ -58,6 +59,9 @@ class FakeSlurm:
         ids = next(a for a in args if a.startswith("--jobs=")).split("=", 1)[1].split(",")
         assert "--states=all" in args and "--format=%i|%T|%r" in args
         known = [i for i in ids if i in self.jobs]
+        for i in known:
+            if self.on_squeue:
+                self.on_squeue(self.jobs[i])
         if not known and len(ids) == 1:
             return 1, "", "slurm_load_jobs error: Invalid job id specified\n"
         return 0, "".join(f"{i}|{self.jobs[i].state}|{self.jobs[i].reason}\n" for i in known), ""

@@ -1,8 +1,10 @@
 """The SLURM backend against a stateful fake of sbatch/squeue/scancel/scontrol (fake_slurm.py):
-submission, status, stop, jobs that end without their agents, preemption and requeue."""
+submission, status, stop, jobs that end without their agents, preemption and requeue, queue
+time and the stall clock, jobs whose supervisor vanished."""
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from phalanx.core.paths import HomePaths, JobPaths, read_json, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 from phalanx.core.state import JobState
 from phalanx.errors import BackendError
-from phalanx.launch.supervisor import write_launch_files
+from phalanx.launch.supervisor import JobRun, resume_plan, write_launch_files
 
 from .fake_slurm import FakeSlurm
 
@@ -243,3 +245,123 @@ def test_every_slurm_option_is_a_flag_and_documented():
     for option in OPTIONS:
         assert option.flag in helptext and option.help.split(" (")[0][:30] in " ".join(helptext.split())
         assert f"`{option.flag}" in readme, f"document {option.flag} in README.md"
+
+
+# -- queue time and lost supervisors --------------------------------------------------------
+
+
+@pytest.mark.parametrize("state, running", [
+    ("PENDING", False), ("CONFIGURING", False), ("REQUEUED", False), ("SUSPENDED", False),
+    ("RUNNING", True), ("COMPLETING", True),
+])
+def test_a_node_runs_only_while_slurm_runs_the_job(started, state, running):
+    fake, job, handles, paths = started
+    job.state = state
+    assert [h.running() for h in handles] == [running, running]
+
+
+def test_the_stall_clock_starts_when_slurm_runs_the_job(fake, home):
+    """Queue time is not silence: pending longer than --stall-timeout, the job is not stalled;
+    once it runs and its ranks print nothing for that long, it is."""
+    submitted: dict[str, float] = {}
+
+    def submit(job):
+        submitted[job.id] = time.monotonic()
+
+    def queue(job):
+        if job.state == "PENDING" and time.monotonic() - submitted[job.id] > 2.5:
+            job.state = "RUNNING"
+
+    def stopped(job, sig):
+        paths = next(JobPaths(p) for p in home.jobs.iterdir())
+        for node in (0, 1):
+            _report(paths, node, 143, stopped_by="SIGTERM")
+        job.state = "FAILED"
+
+    fake.on_submit, fake.on_squeue, fake.on_signal = submit, queue, stopped
+    began = time.monotonic()
+    record, code = jobs.run(SPEC.with_(stall_timeout=1.5))
+    assert record.state is JobState.FAILED and code == 124
+    assert "--stall-timeout" in record.root_cause_dict()["message"]
+    assert fake.jobs["41"].signals == ["TERM"], "stopped while it ran, not cancelled in the queue"
+    assert time.monotonic() - began >= 2.5 + 1.5
+
+
+def _lost(fake: FakeSlurm, home: HomePaths, state: str = "RUNNING"):
+    """A job whose supervisor submitted attempt 0 (SLURM job 41), then vanished: LOST."""
+    store = jobs.open_store()
+    plan = jobs.plan_job(SPEC)
+    record = jobs.create_job(store, SPEC, plan)
+    JobRun(store, home, record, plan).start()
+    fake.jobs["41"].state = state
+    assert store.transition(record.id, JobState.LOST)
+    return store, store.get(record.id), fake.jobs["41"]
+
+
+def test_resume_watches_the_attempt_a_lost_supervisor_left_running(fake, home):
+    store, record, job = _lost(fake, home)
+    paths = JobPaths(Path(record.job_dir))
+    paths.rank_log(0, 0).parent.mkdir(parents=True)
+    paths.rank_log(0, 0).write_text("step=1 loss=0.5\nstep=2 loss=0.25\n")
+    paths.rank_metrics(0, 0).write_text('{"name":"loss","value":0.5,"step":1,"rank":0,"attempt":0,"time":1.0}\n')
+    resumed = time.monotonic()
+
+    def ends_later(job):
+        if time.monotonic() - resumed > 1.0 and job.state == "RUNNING":
+            for node in (0, 1):
+                _report(paths, node, 0)
+            job.state = "COMPLETED"
+
+    fake.on_squeue = ends_later
+    said: list[str] = []
+    record, code = jobs.resume(record.id, events=said.append)
+    assert code == 0 and record.state is JobState.SUCCEEDED and record.attempt == 0
+    assert len(fake.calls_to("sbatch")) == 1, "no second copy of a job that still runs"
+    assert any("attempt 0 still runs as SLURM job 41" in line for line in said), said
+    assert [(a["attempt"], a["outcome"]) for a in jobs.attempt_history(record)] == [(0, "succeeded")]
+    assert not paths.attempt(1).exists()
+    metrics = [json.loads(line) for line in paths.rank_metrics(0, 0).read_text().splitlines()]
+    assert [(m["name"], m["step"]) for m in metrics] == [("loss", 1), ("loss", 2)], "read again, not repeated"
+
+
+@pytest.mark.parametrize("state, signals", [("RUNNING", ["TERM"]), ("PENDING", [])])
+def test_stop_of_a_lost_job_stops_what_slurm_still_runs(fake, home, state, signals):
+    store, record, job = _lost(fake, home, state)
+    paths = JobPaths(Path(record.job_dir))
+
+    def stopped(job, sig):
+        for node in (0, 1):
+            _report(paths, node, 143, stopped_by="SIGTERM")
+        job.state = "FAILED"
+
+    fake.on_signal = stopped
+    said: list[str] = []
+    after = jobs.stop(record.id, events=said.append)
+    assert after.state is JobState.LOST and job.signals == signals and job.state in ("FAILED", "CANCELLED")
+    assert "phalanx stop stopped SLURM job 41 (attempt 0)" in after.root_cause_dict()["message"]
+    assert any("still runs; stopping it" in line for line in said), said
+    assert [(a["attempt"], a["outcome"]) for a in jobs.attempt_history(after)] == [(0, "cancelled")]
+    scancels = len(fake.calls_to("scancel"))
+    assert jobs.stop(record.id).state is JobState.LOST  # idempotent
+    assert len(fake.calls_to("scancel")) == scancels
+
+    def succeeds(job):
+        for node in (0, 1):
+            write_json(paths.node_result(1, node), {"node_rank": node, "exitcode": 0, "failures": []})
+        job.state = "COMPLETED"
+
+    fake.on_submit = succeeds  # nothing of attempt 0 runs any more: resume starts attempt 1
+    record, code = jobs.resume(record.id)
+    assert code == 0 and record.attempt == 1 and len(fake.calls_to("sbatch")) == 2
+
+
+def test_an_attempt_that_ended_meanwhile_is_not_started_again(fake, home):
+    store, record, job = _lost(fake, home)
+    plan = resume_plan(record, HomePaths(home.root))
+    assert plan.attempt == 0  # still running when resume looked...
+    job.state = "COMPLETED"  # ...and over when the new supervisor does
+    assert store.reopen(record.id, plan.attempt)
+    run = JobRun(store, home, store.get(record.id), plan)
+    run.start()
+    assert run.plan.attempt == 1 and store.get(record.id).attempt == 1
+    assert len(fake.calls_to("sbatch")) == 2 and read_json(JobPaths(Path(record.job_dir)).scheduler_job(0))["job_id"] == "41"

@@ -4,7 +4,9 @@ slurmd (nodes n1 on 127.0.0.2 and n2 on 127.0.0.3; see tests/cluster/slurm.py)."
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -121,6 +123,81 @@ def test_time_limit_sends_sigterm_ahead_and_records_a_preemption(slurm_env, tmp_
     assert "SIGTERM: checkpointing" in proc.stdout
     assert "preempted" in proc.stderr and "phalanx resume" in proc.stderr
     assert _only_job()["state"] == "PREEMPTED"
+
+
+STEPS = """import signal, sys, time
+def stop(*_):
+    print("SIGTERM: checkpointing", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+for step in range(int(sys.argv[1])):
+    print(f"step={step} loss={1 / (step + 1):.4f}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def _steps(tmp_path: Path) -> str:
+    script = tmp_path / "steps.py"
+    script.write_text(STEPS)
+    return str(script)
+
+
+def _lose_supervisor(job_id: str) -> dict:
+    """SIGKILL the job's supervisor (nothing records an end); returns the job as ``status`` shows it: LOST."""
+    os.kill(_status(job_id)["supervisor_pid"], signal.SIGKILL)
+    _wait_for(lambda: _status(job_id)["state"] == "LOST", timeout=20, what="the job to show LOST")
+    return _status(job_id)
+
+
+def test_queue_time_does_not_count_as_a_stall(slurm_env, tmp_path):
+    job_id = phalanx("run", "-d", "--backend", "slurm", "--stall-timeout", "8", "--sbatch=--hold", _steps(tmp_path), "10",
+                     check=True).stdout.strip()
+    job = _status(job_id)
+    _wait_for(lambda: Path(job["job_dir"], "attempt_0", "scheduler.json").exists(), timeout=30, what="the submission")
+    slurm_id = _slurm_job(job)
+    time.sleep(10)  # held in the queue for longer than the stall timeout
+    assert slurm_env.job_state(slurm_id) == "PENDING" and _status(job_id)["state"] == "RUNNING"
+    assert slurm_env.run("scontrol", "release", slurm_id).returncode == 0
+    phalanx("wait", job_id, "--timeout", "90")
+    status = _status(job_id)
+    assert status["state"] == "SUCCEEDED", status
+
+
+def test_resume_of_a_lost_job_watches_its_running_slurm_job(slurm_env, tmp_path):
+    job_id = phalanx("run", "-d", "--backend", "slurm", _steps(tmp_path), "150", check=True).stdout.strip()
+    job = _status(job_id)
+    rank0 = Path(job["job_dir"], "attempt_0", "rank_0", "output.log")
+    _wait_for(lambda: rank0.exists() and "step=3 " in rank0.read_text(), timeout=60, what="the job to start")
+    _lose_supervisor(job_id)
+    slurm_id = _slurm_job(job)
+    assert slurm_env.job_state(slurm_id) == "RUNNING", "SLURM runs the job on without its supervisor"
+    phalanx("resume", "-d", job_id, check=True)
+    phalanx("wait", job_id, "--timeout", "90", check=True)
+    status = _status(job_id)
+    assert status["state"] == "SUCCEEDED" and status["attempt"] == 0
+    assert [(a["attempt"], a["outcome"]) for a in status["attempts"]] == [(0, "succeeded")]
+    assert not Path(job["job_dir"], "attempt_1").exists(), "no second copy was submitted"
+    assert slurm_env.job_state(slurm_id) == "COMPLETED"
+    assert "still runs as SLURM job " + slurm_id in Path(job["job_dir"], "supervisor.log").read_text()
+    metrics = Path(job["job_dir"], "attempt_0", "rank_0", "metrics.jsonl").read_text().splitlines()
+    assert sorted(json.loads(m)["step"] for m in metrics if '"loss"' in m) == list(range(150))
+
+
+def test_stop_of_a_lost_job_cancels_its_slurm_job(slurm_env, tmp_path):
+    job_id = phalanx("run", "-d", "--backend", "slurm", "--grace", "5", _steps(tmp_path), "100000",
+                     check=True).stdout.strip()
+    job = _status(job_id)
+    rank0 = Path(job["job_dir"], "attempt_0", "rank_0", "output.log")
+    _wait_for(lambda: rank0.exists() and "step=3 " in rank0.read_text(), timeout=60, what="the job to start")
+    _lose_supervisor(job_id)
+    slurm_id = _slurm_job(job)
+    assert _processes_of(job), "the job runs on without its supervisor"
+    assert phalanx("stop", job_id, check=True).stdout.strip() == f"{job_id} LOST"
+    assert slurm_env.job_state(slurm_id) not in ("PENDING", "RUNNING", "COMPLETING")
+    assert _processes_of(job) == []
+    assert "SIGTERM: checkpointing" in rank0.read_text()
+    assert f"phalanx stop stopped SLURM job {slurm_id}" in _status(job_id)["root_cause"]["message"]
+    assert phalanx("stop", job_id, check=True).stdout.strip() == f"{job_id} LOST"  # idempotent
 
 
 def test_sbatch_refusal_is_reported(slurm_env):

@@ -54,6 +54,12 @@ class NodeHandle(abc.ABC):
     def kill(self) -> None:
         """SIGKILL the agent and everything it started. Idempotent."""
 
+    def running(self) -> bool:
+        """Whether the node's processes can run now: False while a scheduler holds the node back
+        (queued, requeued, suspended), so the supervisor's stall clock does not count that time.
+        Non-blocking; an answer a few seconds old is fine."""
+        return True
+
 
 class Backend(abc.ABC):
     name: str = ""
@@ -86,6 +92,16 @@ class Backend(abc.ABC):
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
         raise NotImplementedError
+
+    def attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
+        """Handles for ``plan``'s attempt, started earlier by a supervisor that has since vanished
+        (the job is LOST), when something of it still runs or waits in a queue; None when nothing
+        of it is left, or when this backend's agents die with their supervisor (they cannot be
+        left running). Non-blocking; starts nothing. The handles stop and kill as ``start``'s do."""
+        return self._attach(plan, paths)
+
+    def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
+        return None
 
     @abc.abstractmethod
     def _plan(

@@ -13,7 +13,13 @@ machine (``$PHALANX_HOME``), so logs, results and metrics need no copying.
   ``scancel --full --signal=KILL``; a job still pending is simply cancelled;
 - **preemption**: SLURM's own SIGTERM (a time limit's ``--signal`` lead, a preemption, an
   admin's ``scancel``) reaches the agents as a stop the supervisor did not ask for; the
-  supervisor records the attempt as preempted and runs it again while retries remain.
+  supervisor records the attempt as preempted and runs it again while retries remain;
+- **queue time** is not run time: a node handle is not ``running()`` while the job is pending,
+  requeued or suspended, so ``--stall-timeout`` counts from when the job runs;
+- **a lost supervisor** leaves the batch job running (the agents are slurmstepd's children,
+  not the supervisor's). Its id stays in the attempt's ``scheduler.json``; ``attach`` gives
+  a new supervisor (``phalanx resume``) handles for it instead of a second submission, and
+  ``phalanx stop`` of the LOST job cancels it through the same handles.
 
 Nothing runs here but the supervisor; nothing is killed by name.
 """
@@ -41,6 +47,9 @@ ENDED = {
 GONE = "GONE"  # squeue no longer knows the job (purged after MinJobAge)
 # Ends that take the job from outside, as a preemption does: the ranks got SIGTERM first.
 TAKEN = {"PREEMPTED", "TIMEOUT", "CANCELLED", "DEADLINE"}
+# States in which the job's processes do not run (yet, or for now): queued, nodes booting,
+# requeued, suspended or stopped. The stall clock does not count them.
+WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "STOPPED"}
 # Pending reasons that never clear by waiting: the job can never start as asked.
 NEVER_STARTS = {"PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS"}
 
@@ -101,6 +110,20 @@ class SlurmBackend(Backend):
                 f"check the SLURM options (--partition, --account, --time, --sbatch); the script is {script}",
             )
         write_json(paths.scheduler_job(plan.attempt), {"scheduler": "slurm", "job_id": job_id, "submitted": time.time()})
+        job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes))
+        return [SlurmNode(job, node.node_rank) for node in plan.nodes]
+
+    def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
+        """The batch job recorded in the attempt's ``scheduler.json``, unless squeue says it has
+        ended (the agents run under slurmstepd, so they outlive a supervisor that dies). While
+        squeue cannot answer, the job counts as running: watching it is safer than submitting
+        a second copy."""
+        submitted = read_json(paths.scheduler_job(plan.attempt)) or {}
+        if submitted.get("scheduler") != self.name or not str(submitted.get("job_id", "")).isdigit():
+            return None
+        job_id = str(submitted["job_id"])
+        if ended(QUEUE.state(job_id)[0]):
+            return None
         job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes))
         return [SlurmNode(job, node.node_rank) for node in plan.nodes]
 
@@ -204,6 +227,11 @@ class SlurmJob:
     def _ended(self) -> bool:
         return ended(self.queue.state(self.job_id)[0])
 
+    def running(self) -> bool:
+        """False while SLURM keeps the job from running (``WAITING``: queued, held, requeued,
+        suspended); True once it runs, and when squeue cannot tell."""
+        return self.queue.state(self.job_id)[0] not in WAITING
+
     def _result(self, node_rank: int) -> dict[str, Any] | None:
         if node_rank not in self.results:
             result = read_json(self.paths.node_result(self.attempt, node_rank))
@@ -295,6 +323,9 @@ class SlurmNode(NodeHandle):
 
     def kill(self) -> None:
         self.job.kill()
+
+    def running(self) -> bool:
+        return self.job.running()
 
 
 def _tail_lines(path: Any, count: int) -> list[str]:

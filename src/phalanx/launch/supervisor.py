@@ -6,7 +6,11 @@ busy loop) and owns the job-level decisions:
 - **fail fast**: a node that fails stops the whole job at once (SIGTERM to the other nodes,
   their grace period, then SIGKILL) instead of leaving peers hung in a collective;
 - **stall**: with ``stall_timeout``, a job whose ranks print nothing for that long gets every
-  rank's Python stacks dumped to its log (SIGUSR2 -> faulthandler), then counts as failed;
+  rank's Python stacks dumped to its log (SIGUSR2 -> faulthandler), then counts as failed. The
+  clock runs only while every node runs: time in a scheduler's queue (or suspended) is not a stall;
+- **lost supervisors**: when a scheduler kept an attempt going after its supervisor vanished
+  (the job is LOST), a new supervisor (``phalanx resume``) watches that attempt instead of
+  starting a second copy, and ``phalanx stop`` stops it (``stop_leftover``);
 - **retry**: a failed attempt is rerun as a whole (all nodes, fresh rendezvous, same job id,
   ``PHALANX_ATTEMPT`` + 1, same state directory) while retries remain and the failure is
   retryable (``no_retry_on`` patterns, ``retry_on_exit_codes``);
@@ -38,7 +42,7 @@ from ..core.paths import HomePaths, JobPaths, read_json, write_atomic, write_jso
 from ..core.spec import JobSpec
 from ..core.state import JobState
 from ..store import JobRecord, Store
-from .plan import Plan
+from .plan import NodePlan, Plan
 from .procs import ChildWatcher, signal_name
 
 LOG_TAIL_LINES = 20
@@ -120,32 +124,65 @@ class JobRun:
                                      **(identity or _self_identity())):
             self.exit_code = 1  # stopped before it started
             return
-        # inputs first: a failed Outcome when one cannot be staged, so nothing else starts
-        sync = _stage_inputs(self.home, self.spec, self.say) or _state_sync(self.store, self.home, self.record, self.spec, self.say)
+        # One attempt of a job runs at a time: one that a vanished supervisor left running is
+        # watched, not started again next to itself.
+        left = find_leftover(self.record, self.plan.attempt)
+        if left is not None:
+            self.say(f"attempt {left.plan.attempt} still runs as {left.where}, started by a supervisor that vanished; "
+                     "watching it instead of starting another copy")
+            # Its inputs are staged and its state directory is in use: no staging, no pull.
+            sync = _state_sync(self.store, self.home, self.record, self.spec, self.say, pull=False)
+        else:
+            # inputs first: a failed Outcome when one cannot be staged, so nothing else starts
+            sync = _stage_inputs(self.home, self.spec, self.say) or _state_sync(self.store, self.home, self.record, self.spec, self.say)
         if isinstance(sync, Outcome):
             self._finish(sync)
             return
         self._sync = sync
+        if left is not None:
+            self._attach(left)
+            return
+        if self.paths.attempt(self.plan.attempt).exists():
+            # Started before and nothing of it runs now: a new attempt, never one reusing its files.
+            self.plan = self.backend.plan(self.spec, self.record.id, max(self.paths.attempts()) + 1, self.home)
+            self.store.update(self.record.id, attempt=self.plan.attempt)
         self._start_attempt()
 
     def _start_attempt(self) -> None:
-        from ..monitor.metrics import MetricsCollector
-
         plan = self.plan
         write_launch_files(plan, self.paths, self.spec.sample_interval)
-        self._started = time.time()
+        started = time.time()
         from ..errors import BackendError
 
         try:
-            self._handles = self.backend.start(plan, self.paths)
+            handles = self.backend.start(plan, self.paths)
         except BackendError as exc:  # e.g. sbatch refused the job: nothing runs, say why
             if self._sync is not None:
                 self._sync.stop()
             self._finish(Outcome("failed", 1, {"exitcode": 1, "attempt": plan.attempt, "message": f"could not start: {exc}"}))
             return
+        self._watch(handles, started)
+
+    def _attach(self, left: Leftover) -> None:
+        """Watch an attempt that a vanished supervisor started, from where it is now."""
+        self.plan = left.plan
+        write_atomic(self.paths.plan, left.plan.to_json())
+        self.store.update(self.record.id, attempt=left.plan.attempt)
+        # The ranks' metrics are derived from their output: read it all again rather than
+        # append to what the vanished supervisor had collected (which would repeat records).
+        for rank in self.paths.ranks(left.plan.attempt):
+            self.paths.rank_metrics(left.plan.attempt, rank).unlink(missing_ok=True)
+        self._watch(left.handles, left.started)
+
+    def _watch(self, handles: list[Any], started: float) -> None:
+        from ..monitor.metrics import MetricsCollector
+
+        plan = self.plan
+        self._handles = handles
+        self._started = started
         self._margin = max(h.kill_margin for h in self._handles)
         self._stop_kind: str | None = None
-        self._stop_signal = signal.SIGTERM
+        self._stop_signal: int = signal.SIGTERM
         self._stalled_for: float | None = None
         self._kill_at: float | None = None
         # Nodes that had failed when the supervisor stopped the rest (fail fast): only they say
@@ -153,6 +190,8 @@ class JobRun:
         self._failed_first: list[int] | None = None
         self._collector = MetricsCollector(self.paths, plan.attempt, self.spec.metrics, self.spec.auto_metrics)
         self._collected_at = 0.0
+        # The stall clock runs from here, or from when the last node the scheduler held back runs.
+        self._stall_from = time.time()
         self._samplers = [self._sampler(h.node_rank) for h in self._handles if not h.samples_itself]
 
     def _sampler(self, node_rank: int) -> Any:
@@ -197,8 +236,11 @@ class JobRun:
             self._failed_first = [n for n, c in enumerate(codes) if c not in (None, 0)]
             self._stop_all()  # fail fast: the rest of the job stops now
         if self.spec.stall_timeout and self._kill_at is None:
+            now = time.time()
+            if not all(h.running() for h in self._handles):
+                self._stall_from = now  # queued, requeued or suspended: nothing could print
             # The metrics collector reads every rank's output anyway: its last new byte is the activity.
-            silent = time.time() - self._collector.last_activity
+            silent = now - max(self._collector.last_activity, self._stall_from)
             if silent > self.spec.stall_timeout:
                 self._stalled_for = silent
                 _dump_stacks(self.paths, self.plan.attempt)
@@ -261,6 +303,106 @@ class JobRun:
         outcome = _upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = _finish(self.store, self.record, outcome)
+
+
+# -- attempts that outlived their supervisor ------------------------------------------------
+
+
+@dataclass
+class Leftover:
+    """An attempt that a supervisor started, then vanished (the job is LOST), while the
+    scheduler kept the attempt running or queued."""
+
+    plan: Plan
+    handles: list[Any]  # NodeHandle, one per node
+    started: float  # when it was submitted
+    where: str  # what a person can look up: "SLURM job 4711"
+
+
+def attempt_plan(record: JobRecord, attempt: int) -> Plan | None:
+    """The plan ``attempt`` was started with, read back from its launch files (and batch
+    script); None when the attempt never got that far."""
+    paths = JobPaths(Path(record.job_dir))
+    nodes, grace = [], 0.0
+    for node_rank in range(record.nnodes):
+        launch = read_json(paths.node_launch(attempt, node_rank))
+        if launch is None:
+            return None
+        nodes.append(NodePlan.from_dict(launch["node"]))
+        grace = float(launch["grace"])
+    try:
+        submission = paths.batch_script(attempt).read_text()
+    except OSError:
+        submission = ""
+    return Plan(record.id, attempt, record.backend, tuple(nodes), grace, submission)
+
+
+def find_leftover(record: JobRecord, upto: int | None = None) -> Leftover | None:
+    """The job's latest attempt (at most ``upto``) when something of it still runs although
+    no supervisor watches it; None otherwise, and always on backends whose agents die with
+    their supervisor (local, ssh). Asks the scheduler at most once; starts and stops nothing.
+
+    Only the latest attempt can be left: a supervisor starts the next one after the last ended.
+    """
+    from ..backends.registry import get_backend
+
+    paths = JobPaths(Path(record.job_dir))
+    attempts = [a for a in paths.attempts() if upto is None or a <= upto]
+    plan = attempt_plan(record, max(attempts)) if attempts else None
+    handles = get_backend(record.backend).attach(plan, paths) if plan is not None else None
+    if not handles or plan is None:
+        return None
+    submitted = read_json(paths.scheduler_job(plan.attempt)) or {}
+    where = (f"{str(submitted.get('scheduler', record.backend)).upper()} job {submitted['job_id']}"
+             if submitted.get("job_id") else f"attempt {plan.attempt}")
+    return Leftover(plan, handles, float(submitted.get("submitted") or time.time()), where)
+
+
+def resume_plan(record: JobRecord, home: HomePaths) -> Plan:
+    """The plan ``phalanx resume`` continues a job with: its latest attempt while that still
+    runs (a LOST job the scheduler kept going; the new supervisor watches it), else a new one."""
+    from ..backends.registry import get_backend
+
+    left = find_leftover(record)
+    if left is not None:
+        return left.plan
+    paths = JobPaths(Path(record.job_dir))
+    spec = JobSpec.from_dict(json.loads(record.spec_json))
+    return get_backend(spec.backend).plan(spec, record.id, max([*paths.attempts(), record.attempt]) + 1, home)
+
+
+def stop_leftover(store: Store, record: JobRecord, events: Events | None = None, poll: float = 0.5) -> Leftover | None:
+    """Stop what a LOST job left running, as a supervisor stops an attempt: SIGTERM to every
+    node (the ranks get the grace period to checkpoint), then SIGKILL. Blocking, until every
+    node has ended; idempotent: None when nothing was left. The job stays LOST; its root cause
+    and attempts log say what was stopped."""
+    left = find_leftover(record)
+    if left is None:
+        return None
+    say = events or (lambda text: None)
+    attempt = left.plan.attempt
+    say(f"job {record.id} is LOST (its supervisor vanished) but {left.where} (attempt {attempt}) still runs; stopping it")
+    for h in left.handles:
+        h.signal(signal.SIGTERM)
+    margin = max(h.kill_margin for h in left.handles)
+    deadline, killed = time.monotonic() + left.plan.grace + margin, False
+    while any(h.poll() is None for h in left.handles):
+        if time.monotonic() >= deadline:
+            if killed:
+                say(f"warning: {left.where} had not ended {margin:g}s after SIGKILL; check it with your scheduler")
+                break
+            for h in left.handles:
+                h.kill()
+            killed, deadline = True, time.monotonic() + margin
+        time.sleep(poll)
+    paths = JobPaths(Path(record.job_dir))
+    done = f"phalanx stop stopped {left.where} (attempt {attempt}), which ran on without it"
+    _log_attempt(paths, attempt, left.started, Outcome("cancelled", 128 + signal.SIGTERM), False, done)
+    cause = record.root_cause_dict() or {}
+    cause["message"] = "; ".join(filter(None, [cause.get("message"), done]))
+    store.update(record.id, root_cause=json.dumps(cause, sort_keys=True))
+    say(f"stopped {left.where}")
+    return left
 
 
 def _stop_kind(store: Store, job_id: str, signum: int) -> str:
@@ -327,8 +469,9 @@ def _dump_stacks(paths: JobPaths, attempt: int) -> None:
     time.sleep(1.0)  # let faulthandler write before the ranks are stopped
 
 
-def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec, say: Events) -> Any:
-    """Pull the remote state before the first attempt; returns the running sync, None, or a failed Outcome."""
+def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec, say: Events, pull: bool = True) -> Any:
+    """Pull the remote state before the first attempt (unless ``pull`` is False: the job already
+    runs and writes it); returns the running sync, None, or a failed Outcome."""
     if not spec.state_uri:
         return None
     from ..errors import PhalanxError
@@ -340,7 +483,7 @@ def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec,
         on_error=lambda msg: say(f"warning: {msg}"),
     )
     try:
-        pulled = sync.pull()
+        pulled = sync.pull() if pull else 0
     except PhalanxError as exc:
         return Outcome("failed", 1, {"exitcode": 1, "message": f"could not restore the state directory: {exc}"})
     if pulled:
