@@ -198,7 +198,7 @@ def stop_cmd(
         sweep = jobs.stop_sweep(sweep)
         typer.echo(f"{sweep.id} {sweep.state.value}")
         return
-    record = jobs.stop(job)
+    record = jobs.stop(job, events=event)
     typer.echo(f"{record.id} {record.state.value}")
 
 
