@@ -2,6 +2,10 @@
 
 Each host is its own sshd with its own host key on 127.0.0.N and a free port; key auth only;
 nothing under /etc/ssh is touched. Stopped by PID.
+
+Each host has a HOME of its own (``SetEnv HOME=...``: sshd applies SetEnv after its default
+environment, so it overrides the account's home), so what a job writes under ``~`` on one
+host is not there on another, as on separate machines. The rest of the filesystem is shared.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class SshHosts:
     names: list[str]
     addrs: list[str]
     pids: list[int]
+    homes: list[Path]  # each host's HOME
 
     def ssh(self, host: str, command: str, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["ssh", "-F", str(self.config), host, command], capture_output=True, text=True, timeout=30, **kw)
@@ -44,10 +49,13 @@ def start(root: Path, count: int = 2) -> SshHosts:
     authorized = root / "authorized_keys"
     authorized.write_text((root / "id_ed25519.pub").read_text())
     authorized.chmod(0o600)
-    names, addrs, pids, entries = [], [], [], []
+    names, addrs, pids, entries, homes = [], [], [], [], []
     for i in range(count):
         addr = f"127.0.0.{i + 2}"
         port = _free_port(addr)
+        home = root / f"home{i + 1}"
+        home.mkdir(exist_ok=True)
+        homes.append(home)
         hostkey = root / f"hostkey{i}"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey)], check=True)
         conf = root / f"sshd{i}.conf"
@@ -56,6 +64,7 @@ def start(root: Path, count: int = 2) -> SshHosts:
             f"ListenAddress {addr}:{port}\nHostKey {hostkey}\nPidFile {pidfile}\nAuthorizedKeysFile {authorized}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nStrictModes no\nAcceptEnv LANG LC_*\n"
+            f"SetEnv HOME={home}\n"
         )
         subprocess.run([SSHD, "-f", str(conf), "-E", str(root / f"sshd{i}.log")], check=True)
         for _ in range(100):
@@ -73,7 +82,7 @@ def start(root: Path, count: int = 2) -> SshHosts:
         + f"Host *\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
         f"  UserKnownHostsFile {root / 'known_hosts'}\n  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n"
     )
-    return SshHosts(config, names, addrs, pids)
+    return SshHosts(config, names, addrs, pids, homes)
 
 
 def stop(hosts: SshHosts) -> None:

@@ -1,10 +1,15 @@
-"""The ssh backend against real sshd daemons on loopback addresses (started by the tests)."""
+"""The ssh backend against real sshd daemons on loopback addresses (started by the tests).
+
+Each test host has a HOME of its own (tests/cluster/sshd.py), so without --shared-fs the
+default remote home ``~/.phalanx/remote`` differs per host, as on separate machines.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import shutil
 import time
 from pathlib import Path
 
@@ -22,11 +27,12 @@ TRAIN = str(EXAMPLES / "train_ddp.py")
 
 
 def _ssh(hosts, *args: str) -> list[str]:
-    import os
+    return ["--backend", "ssh", "--ssh-config", str(hosts.config), "--hosts", ",".join(hosts.names), *args]
 
-    remote = Path(os.environ["PHALANX_HOME"]).parent / "remote"  # per test, like a fresh host
-    return ["--backend", "ssh", "--ssh-config", str(hosts.config), "--hosts", ",".join(hosts.names),
-            "--remote-home", str(remote), *args]
+
+def _remote_home(hosts, index: int) -> Path:
+    """Where host ``index`` keeps its jobs (the default --remote-home under its own HOME)."""
+    return hosts.homes[index] / ".phalanx" / "remote"
 
 
 def test_two_node_ddp_over_ssh_synchronises_gradients(phx_home, ssh_hosts):
@@ -68,8 +74,9 @@ def test_stop_kills_exactly_the_job_on_every_host(phx_home, ssh_hosts):
 
 
 def test_lost_host_fails_fast_and_retry_resumes_from_state(phx_home, ssh_hosts):
+    # No shared filesystem: the retry resumes from the checkpoint node 1 mirrored back, pushed out again.
     job_id = phalanx("run", "-d", "--grace", "5", "--max-retries", "1", "--name", "sshretry",
-                     *_ssh(ssh_hosts, "-n", "2x1", "--shared-fs"), TRAIN, "--epochs", "2", "--steps-per-epoch", "10",
+                     *_ssh(ssh_hosts, "-n", "2x1"), TRAIN, "--epochs", "2", "--steps-per-epoch", "10",
                      "--checkpoint-every", "2", "--sleep", "0.2", check=True).stdout.strip()
     job_dir = Path(_status(job_id)["job_dir"])
     log0 = job_dir / "attempt_0" / "rank_0" / "output.log"
@@ -84,6 +91,82 @@ def test_lost_host_fails_fast_and_retry_resumes_from_state(phx_home, ssh_hosts):
     assert status["attempts"][0]["outcome"] == "failed" and status["attempt"] == 1
     assert status["attempts"][0]["ended"] - status["attempts"][0]["started"] < (time.time() - start) + 60
     assert "resumed from step=" in (job_dir / "attempt_1" / "rank_0" / "output.log").read_text()
+    assert (phx_home / "state" / "sshretry" / "checkpoint.pt").is_file()
+
+
+def test_state_and_outputs_come_back_from_the_hosts_and_go_out_again(phx_home, ssh_hosts, tmp_path):
+    name = "sshstate"
+
+    def train(epochs: int) -> list[str]:
+        return [TRAIN, "--epochs", str(epochs), "--steps-per-epoch", "4", "--checkpoint-every", "2"]
+
+    store, uploads = tmp_path / "state-store", tmp_path / "uploads"
+    phalanx("run", "--name", name, "--state", str(store), "--output", str(uploads), *_ssh(ssh_hosts, "-n", "2x1"),
+            *train(1), check=True, timeout=240)
+    local_state = phx_home / "state" / name
+    assert (local_state / "checkpoint.pt").is_file()
+    job = json.loads(phalanx("ps", "--all", "--json", check=True).stdout)[0]
+    assert (Path(job["job_dir"]) / "output" / "model.pt").is_file()
+    # the final files arrived before the supervisor's last state push and its outputs upload
+    assert "checkpoint.pt" in json.loads((store / "_phalanx_manifest.json").read_text())["files"]
+    assert (uploads / f"{name}-{job['id']}" / "output" / "model.pt").is_file()
+    # the hosts share nothing: rank 0 wrote the checkpoint on its host only
+    remote_states = [_remote_home(ssh_hosts, i) / "state" / name for i in range(2)]
+    assert sorted((state / "checkpoint.pt").exists() for state in remote_states) == [False, True]
+
+    # fresh hosts: the run resumes from the local state, pushed to them
+    for state in remote_states:
+        shutil.rmtree(state, ignore_errors=True)
+    proc = phalanx("run", "--name", name, *_ssh(ssh_hosts, "-n", "2x1"), *train(2), check=True, timeout=240)
+    assert "resumed from step=4" in proc.stdout, proc.stdout + proc.stderr
+
+    # --clean-state empties the hosts' state too (rank 0's host has the checkpoint of step 8)
+    proc = phalanx("run", "--name", name, "--clean-state", *_ssh(ssh_hosts, "-n", "2x1"), *train(1), check=True, timeout=240)
+    assert "resumed from step=" not in proc.stdout, proc.stdout
+
+
+def test_an_input_channel_reaches_every_host_once(phx_home, ssh_hosts, tmp_path):
+    from phalanx.backends.ssh import Shipment, SshBackend, channel_copy
+    from phalanx.core.paths import HomePaths
+    from phalanx.core.spec import Channel
+
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "hello.txt").write_text("hello from the data")
+    (tmp_path / "elsewhere.txt").write_text("linked")
+    (data / "linked.txt").symlink_to(tmp_path / "elsewhere.txt")
+    script = tmp_path / "read_channel.py"
+    script.write_text(
+        "import os, pathlib\n"
+        "root = pathlib.Path(os.environ['PHALANX_CHANNEL_DATA'])\n"
+        "text = (root / 'sub' / 'hello.txt').read_text()\n"
+        "print(f\"node={os.environ['PHALANX_NODE_RANK']} channel={root} read={text}\", flush=True)\n"
+        "out = pathlib.Path(os.environ['PHALANX_OUTPUT_DIR'])\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / f\"from_rank{os.environ['RANK']}.txt\").write_text(text)\n"
+    )
+    proc = phalanx("run", "--input", f"data={data}", *_ssh(ssh_hosts, "-n", "2x1"), str(script), check=True, timeout=180)
+    seen = dict(re.findall(r"node=(\d) channel=(\S+) read=hello from the data", proc.stdout))
+    assert set(seen) == {"0", "1"}, proc.stdout + proc.stderr
+    assert seen["1"].startswith(str(_remote_home(ssh_hosts, 1)))  # node 1 read its own copy
+    job = json.loads(phalanx("ps", "--all", "--json", check=True).stdout)[0]
+    # every node's outputs came back, not only node 0's
+    assert sorted(p.name for p in Path(job["job_dir"], "output").iterdir()) == ["from_rank0.txt", "from_rank1.txt"]
+
+    # sent again only when the local files changed
+    backend, opts = SshBackend(), {"ssh_config": str(ssh_hosts.config)}
+    cache, _ = channel_copy(HomePaths(Path("~/.phalanx/remote")), Channel("data", str(data), str(data)))
+    item = Shipment("input 'data'", data, str(cache.data), marker=str(cache.manifest), follow_links=True)
+    copies = [Path(str(cache.data).replace("~", str(home), 1)) for home in ssh_hosts.homes]
+    for copy in copies:
+        assert not (copy / "linked.txt").is_symlink() and (copy / "linked.txt").read_text() == "linked"
+        (copy / "sentinel").write_text("still the first copy")
+    backend.ship(opts, ssh_hosts.names, [item])
+    assert all((copy / "sentinel").exists() for copy in copies)
+    (data / "sub" / "more.txt").write_text("more")
+    backend.ship(opts, ssh_hosts.names, [item])
+    for copy in copies:
+        assert not (copy / "sentinel").exists() and (copy / "sub" / "more.txt").read_text() == "more"
 
 
 def test_preflight_names_the_failing_host(phx_home, ssh_hosts, tmp_path):

@@ -9,27 +9,41 @@ node: nothing is left running on a host, and nothing is ever killed by name.
 
 Before anything starts, a preflight reaches every host, checks that Python and torch match
 this machine's, and that the rendezvous port is free on the first host; it names the host
-that failed and why. Code is shipped from the job's directory unless ``--shared-fs``.
+that failed and why.
+
+Without ``--shared-fs`` each host keeps its own copy of the job under ``--remote-home``
+(``~/.phalanx/remote``, laid out like ``$PHALANX_HOME``), and the local files stay the truth:
+
+- before every attempt, in parallel with the preflight, the code snapshot, the local state
+  directory (which replaces the host's: an emptied or ``--clean-state`` one empties it) and
+  every staged input channel (sent again only when its files changed) go to every host;
+- while the attempt runs and at its end, every node (node 0 is not special) mirrors its
+  attempt files and what its ranks write into the state and output directories back into
+  the local ones (see :mod:`phalanx.launch.remote`), so ``--state`` uploads, ``phalanx resume``
+  and ``--output`` uploads work from the local copies as for local jobs.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
+import posixpath
+import secrets
 import shlex
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Mapping
 
 from ..core.env import Topology
-from ..core.paths import HomePaths, JobPaths
-from ..core.spec import JobSpec, in_snapshot
+from ..core.paths import ChannelCachePaths, HomePaths, JobPaths
+from ..core.spec import Channel, JobSpec, in_snapshot
 from ..errors import BackendError, UsageError
 from ..launch.plan import NodePlan, Plan
+from ..launch.remote import Receiver
 from .base import Backend, NodeHandle, PortSource
 from .local import RESTART_SAFE_ENV, build_nodes
 from .options import BackendOption
@@ -87,8 +101,10 @@ class SshBackend(Backend):
         if not shared and not spec.snapshot:
             raise UsageError("without --shared-fs the ssh backend ships the code snapshot", "drop --no-snapshot, or add --shared-fs")
         # Remote paths keep a leading ~: the remote end expands it to that host's home.
-        remote = paths if shared else JobPaths(Path(str(opts["remote_home"])) / "jobs" / job_id)
-        remote_home = home if shared else HomePaths(Path(str(opts["remote_home"])))
+        remote_home = home if shared else _remote_home(opts)
+        remote = paths if shared else remote_home.job(job_id)
+        channels = tuple((c.name, str(home.channel_path(c)) if shared else channel_copy(remote_home, c)[1])
+                         for c in spec.channels)
         digest = int(hashlib.sha256(f"{job_id}:{attempt}".encode()).hexdigest(), 16)
         topo = Topology(
             job_id=job_id, attempt=attempt, node_addrs=addrs,
@@ -96,7 +112,7 @@ class SshBackend(Backend):
             worker_ports=tuple(PORT_RANGE[0] + (digest + 1 + i) % (PORT_RANGE[1] - PORT_RANGE[0])
                                for i in range(nnodes * spec.procs_per_node_started)),
             state_dir=str(remote_home.state_dir(spec.name)), output_dir=str(remote.output_dir), job_dir=str(remote.root),
-            num_gpus=0,
+            num_gpus=0, channels=channels,
         )
         spec = spec.with_(python=opts["remote_python"] or spec.python)
         if spec.snapshot:
@@ -131,16 +147,27 @@ class SshBackend(Backend):
     # -- start -------------------------------------------------------------------------
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+        from .. import config
+
         spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
         opts = self._opts(spec)
         hosts = [n.host for n in plan.nodes]
+        shared = bool(opts["shared_fs"])
+        home, remote_home = HomePaths(config.home()), _remote_home(opts)
+        remote = remote_home.job(plan.job_id)
+        # Mirrored back from every node: (the directory on the hosts, the local one).
+        trees = {} if shared else {
+            "state": (str(remote_home.state_dir(spec.name)), home.state_dir(spec.name)),
+            "output": (str(remote.output_dir), paths.output_dir),
+        }
         with ThreadPoolExecutor(max_workers=2) as pool:  # independent: check and ship at once
-            shipped = pool.submit(self._ship, opts, hosts, paths, plan) if not opts["shared_fs"] else None
+            shipped = None if shared else pool.submit(
+                self.ship, opts, sorted(set(hosts)), shipments(spec, home, paths, remote_home, remote))
             checked = pool.submit(self.preflight, opts, hosts, plan)
             checked.result()
             if shipped is not None:
                 shipped.result()
-        return [SshNode(self, opts, node, paths, plan, stream=not opts["shared_fs"]) for node in plan.nodes]
+        return [SshNode(self, opts, node, paths, plan, stream=not shared, trees=trees) for node in plan.nodes]
 
     def _opts(self, spec: JobSpec) -> dict[str, Any]:
         from .options import validate
@@ -179,29 +206,141 @@ class SshBackend(Backend):
         if problems:
             raise BackendError("preflight failed: " + "; ".join(problems), "fix the hosts above, then run again")
 
-    def _ship(self, opts: dict[str, Any], hosts: list[str], paths: JobPaths, plan: Plan) -> None:
-        """Copy the job's code snapshot to every host, in parallel (one tar stream per host)."""
-        target = remote_path(str(JobPaths(Path(plan.nodes[0].env["PHALANX_JOB_DIR"])).code_dir))
+    def ship(self, opts: dict[str, Any], hosts: list[str], items: list["Shipment"]) -> None:
+        """Copy every item to every host, in parallel (one tar stream each); an item whose
+        marker on a host says it is there already is skipped. Blocking; raises BackendError
+        naming each host and item that failed."""
 
-        def ship(host: str) -> str | None:
-            cmd = f"mkdir -p {target} && tar -xf - -C {target}"
-            tar = subprocess.Popen(["tar", "-cf", "-", "-C", str(paths.code_dir), "."], stdout=subprocess.PIPE)
-            ssh = subprocess.Popen([*self.ssh_argv(opts, host), cmd], stdin=tar.stdout,
+        digests = {item: item.digest() for item in items}  # once, not per host: an input may be large
+
+        def one(host_item: tuple[str, Shipment]) -> str | None:
+            host, item = host_item
+            digest = digests[item]
+            if digest and self._marker(opts, host, item) == digest:
+                return None
+            local = item.local if item.local is not None and item.local.exists() else None
+            tar = None
+            if local is not None:
+                cwd, member = (local.parent, local.name) if local.is_file() else (local, ".")
+                tar = subprocess.Popen(["tar", "-cf", "-", *(["-h"] if item.follow_links else []), "-C", str(cwd), member],
+                                       stdout=subprocess.PIPE)
+            ssh = subprocess.Popen([*self.ssh_argv(opts, host), item.command(digest, local is not None)],
+                                   stdin=tar.stdout if tar else subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            assert tar.stdout is not None
-            tar.stdout.close()  # only ssh reads the stream now: tar gets SIGPIPE if ssh dies
+            if tar is not None:
+                assert tar.stdout is not None
+                tar.stdout.close()  # only ssh reads the stream now: tar gets SIGPIPE if ssh dies
             try:
                 _, err = ssh.communicate(timeout=600)
             except subprocess.TimeoutExpired:
                 ssh.kill()
                 _, err = ssh.communicate()
-            tar.wait()
-            return None if ssh.returncode == 0 else f"{host}: {(err.strip().splitlines() or ['copy failed'])[-1]}"
+            if tar is not None:
+                tar.wait()
+            if ssh.returncode == 0:
+                return None
+            return f"{host}: {item.what}: {(err.strip().splitlines() or ['copy failed'])[-1]}"
 
-        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-            problems = [p for p in pool.map(ship, sorted(set(hosts))) if p]
+        work = [(host, item) for item in items for host in hosts]
+        if not work:
+            return
+        with ThreadPoolExecutor(max_workers=min(16, len(work))) as pool:
+            problems = [p for p in pool.map(one, work) if p]
         if problems:
-            raise BackendError("shipping the code failed: " + "; ".join(problems), "check disk space and permissions there")
+            raise BackendError("copying to the hosts failed: " + "; ".join(problems), "check disk space and permissions there")
+
+    def _marker(self, opts: dict[str, Any], host: str, item: "Shipment") -> str | None:
+        """The digest recorded on ``host`` for ``item`` (None when its directory is gone)."""
+        assert item.marker is not None
+        check = f"test -d {remote_path(item.remote)} && cat {remote_path(item.marker)} 2>/dev/null || true"
+        try:
+            proc = subprocess.run([*self.ssh_argv(opts, host), check],
+                                  capture_output=True, text=True, timeout=60)
+            return str(json.loads(proc.stdout)["digest"]) if proc.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """A local directory (or file) copied to a directory on every host."""
+
+    what: str  # for messages
+    local: Path | None  # None (or missing): the remote directory is made empty
+    remote: str  # a directory on the hosts; a leading ~ is the home there
+    replace: bool = True  # the remote directory becomes exactly this; else it is extracted over
+    marker: str | None = None  # a file on the hosts recording what was sent, so it is not sent twice
+    follow_links: bool = False  # send what links point at (data), not the links (the code's links to .venv)
+
+    def digest(self) -> str | None:
+        """What the marker records: a digest of the local listing (paths, sizes, mtimes)."""
+        if self.marker is None:
+            return None
+        h = hashlib.sha256()
+        if self.local is not None and self.local.is_file():
+            st = self.local.stat()
+            h.update(f"{self.local.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        elif self.local is not None and self.local.is_dir():
+            for path in sorted(self.local.rglob("*")):
+                if path.is_file():
+                    st = path.stat()
+                    h.update(f"{path.relative_to(self.local).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()
+
+    def command(self, digest: str | None, has_data: bool) -> str:
+        """The remote shell command that receives the tar stream (on stdin when ``has_data``)."""
+        target = remote_path(self.remote)
+        if not self.replace:
+            return f"mkdir -p {target} && tar -xf - -C {target}"
+        # Unpacked beside it, then swapped in: a copy cut off leaves no half-filled directory.
+        # Hosts may share their home (NFS) without --shared-fs: each copy has names of its own,
+        # and one that finds the directory swapped in by another host's copy (the same files) is
+        # done; a third copy may be swapping that one out meanwhile: wait for its own to land.
+        parent, name = posixpath.split(self.remote.rstrip("/"))
+        token = secrets.token_hex(4)
+        incoming = remote_path(posixpath.join(parent, f".{name}.incoming-{token}"))
+        old = remote_path(posixpath.join(parent, f".{name}.old-{token}"))
+        steps = [f"rm -f {remote_path(self.marker)}"] if self.marker else []
+        steps.append(f"mkdir -p {incoming}")
+        if has_data:
+            steps.append(f"tar -xf - -C {incoming}")
+        steps += [f"{{ mv {target} {old} 2>/dev/null || true; }}",
+                  f"{{ mv -T {incoming} {target} 2>/dev/null || {{ n=0; until test -d {target}; do n=$((n + 1)); "
+                  f"test $n -le 5 || break; sleep 1; done; test $n -le 5; }}; }}",
+                  f"rm -rf {incoming} {old}"]
+        if self.marker:
+            steps.append(f"printf %s {shlex.quote(json.dumps({'digest': digest}))} > {remote_path(self.marker)}")
+        return " && ".join(steps)
+
+
+def shipments(spec: JobSpec, home: HomePaths, paths: JobPaths, remote_home: HomePaths, remote: JobPaths) -> list[Shipment]:
+    """What goes to every host before an attempt (without a shared filesystem)."""
+    state = home.state_dir(spec.name)
+    has_state = state.is_dir() and any(p.is_file() for p in state.rglob("*"))
+    items = [
+        Shipment("the code", paths.code_dir, str(remote.code_dir), replace=False),
+        # The local state is the truth: a stale directory on a host (an older run of this
+        # name) must not win, and an empty one (--clean-state) empties the host's.
+        Shipment("the state directory", state if has_state else None, str(remote_home.state_dir(spec.name))),
+    ]
+    for channel in spec.channels:
+        cache, _ = channel_copy(remote_home, channel)
+        items.append(Shipment(f"input '{channel.name}'", home.channel_path(channel), str(cache.data),
+                              marker=str(cache.manifest), follow_links=True))
+    return items
+
+
+def channel_copy(remote_home: HomePaths, channel: Channel) -> tuple[ChannelCachePaths, str]:
+    """Where hosts keep their copy of a staged input: the cache entry in the remote home (the
+    same key as the local one), and the path the job reads (a single local file lies inside)."""
+    cache = remote_home.channel_cache(channel.source, channel.extract)
+    if not channel.is_remote and not channel.extract and Path(channel.source).is_file():
+        return cache, str(cache.data / Path(channel.source).name)
+    return cache, str(cache.data)
+
+
+def _remote_home(opts: Mapping[str, Any]) -> HomePaths:
+    return HomePaths(Path(str(opts["remote_home"])))
 
 
 class SshNode(NodeHandle):
@@ -209,12 +348,15 @@ class SshNode(NodeHandle):
 
     kill_margin = 15.0
 
-    def __init__(self, backend: SshBackend, opts: dict[str, Any], node: NodePlan, paths: JobPaths, plan: Plan, stream: bool) -> None:
+    def __init__(self, backend: SshBackend, opts: dict[str, Any], node: NodePlan, paths: JobPaths, plan: Plan, stream: bool,
+                 trees: dict[str, tuple[str, Path]] | None = None) -> None:
         self.node_rank = node.node_rank
         self.host = node.host
         self.paths = paths
-        self.attempt_dir = paths.attempt(plan.attempt)
         self.exit: int | None = None
+        trees = trees or {}
+        self.receiver = Receiver(paths.attempt(plan.attempt), {name: local for name, (_, local) in trees.items()},
+                                 tag=str(node.node_rank))
         launch = {"node": node.to_dict(), "job_dir": node.env["PHALANX_JOB_DIR"],
                   "attempt": plan.attempt, "grace": plan.grace}
         python = _python_of(node)
@@ -226,7 +368,7 @@ class SshNode(NodeHandle):
         )
         log.close()
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._send(json.dumps({"launch": launch, "stream": stream}))
+        self._send(json.dumps({"launch": launch, "stream": stream, "trees": {name: remote for name, (remote, _) in trees.items()}}))
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self._reader.start()
 
@@ -239,33 +381,25 @@ class SshNode(NodeHandle):
             pass
 
     def _read(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            try:
-                frame = json.loads(raw)
-            except ValueError:
-                continue
-            if "exit" in frame:
-                self.exit = int(frame["exit"])
-                continue
-            target = (self.attempt_dir / frame["f"]).resolve()
-            if not target.is_relative_to(self.attempt_dir.resolve()):
-                continue  # never write outside the job directory
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if "w" in frame:
-                tmp = target.with_name(f".{target.name}.part")
-                tmp.write_bytes(base64.b64decode(frame["w"]))
-                tmp.replace(target)
-            else:
-                with open(target, "ab") as fh:
-                    fh.truncate(int(frame["o"]))
-                    fh.seek(int(frame["o"]))
-                    fh.write(base64.b64decode(frame["d"]))
+        try:
+            for raw in stream:
+                try:
+                    frame = json.loads(raw)
+                    if "exit" in frame:
+                        self.exit = int(frame["exit"])
+                    else:
+                        self.receiver.apply(frame)
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue  # one bad frame (or a full disk) must not stop the mirror
+        finally:
+            self.receiver.close()
 
     def poll(self) -> int | None:
+        """The node's exit code once its connection ended *and* every frame before it was
+        written: the supervisor's state and output uploads then see complete files."""
         code = self.proc.poll()
-        if code is None:
+        if code is None or self._reader.is_alive():
             return None
-        self._reader.join(timeout=5)
         if self.exit is not None:
             return self.exit
         return 255  # the connection ended without the node's exit: the host is lost

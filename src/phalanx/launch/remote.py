@@ -2,13 +2,24 @@
 
 It starts the node agent on this host and is the node's only line to the supervisor:
 
-- stdin, first line: JSON ``{"launch": <the node's launch.json>, "stream": bool}``; then control
-  lines ``signal N`` (forwarded to the agent) and ``kill``. End of input means the supervisor or
-  the connection is gone: the agent is stopped (SIGTERM, its grace, SIGKILL), so nothing is
-  left running on this host when the link breaks;
-- stdout: JSON frames that mirror this node's files of the attempt into the supervisor's job
-  directory: ``{"f": path, "o": offset, "d": base64}`` (appended bytes of logs),
-  ``{"f": path, "w": base64}`` (a small file, whole), and last ``{"exit": code}``.
+- stdin, first line: JSON ``{"launch": <the node's launch.json>, "stream": bool, "trees":
+  {name: dir}}``; then control lines ``signal N`` (forwarded to the agent) and ``kill``. End of
+  input means the supervisor or the connection is gone: the agent is stopped (SIGTERM, its
+  grace, SIGKILL), so nothing is left running on this host when the link breaks;
+- stdout: JSON frames (:class:`Mirror`), read by :class:`Receiver` on the supervisor's side,
+  and last ``{"exit": code}``. Frames without ``"r"`` mirror this node's files of the attempt
+  into the supervisor's job directory: ``{"f": path, "o": offset, "d": base64}`` (appended
+  bytes of logs), ``{"f": path, "w": base64}`` (a small file, whole). Frames with ``"r": name``
+  mirror one of the ``trees`` (the state and output directories, without a shared filesystem)
+  into the supervisor's copy of it: a changed file is sent whole, in chunks
+  ``{"r", "f", "o", "d"}`` of at most :data:`CHUNK` bytes, then ``{"r", "f", "n": size, "m":
+  mtime_ns}`` (complete: it replaces the old file) or ``{"r", "f", "abort": 1}`` (it changed while
+  being read: dropped, sent again later); ``{"r", "f", "x": 1}``: the file was removed.
+
+A tree's files present at start (pushed there by the supervisor) are the baseline, not sent.
+A file is sent once it is stable (the same size, mtime and inode at two scans in a row) or at
+the final scan, which comes before the exit frame. Temporary names (dot-files, ``*.tmp*``) are
+never sent.
 
 With ``PHALANX_AUTO_IFNAME`` in the node env, GLOO/NCCL_SOCKET_IFNAME are set to the interface
 that routes to the rendezvous host, unless the user set them.
@@ -20,31 +31,41 @@ import base64
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 from .netif import interface_for
 from .procs import signal_group
 
 SCAN_INTERVAL = 0.2
+TREE_INTERVAL = 1.0  # seconds between scans of the trees: they may hold many files
 WHOLE_FILES = (".json",)  # rewritten in place (atomically): sent whole when they change
+CHUNK = 1 << 20  # bytes of a tree file per frame: memory stays bounded at both ends, whatever the file size
+
+Signature = tuple[int, int, int]  # size, mtime_ns, inode
+Frame = dict[str, Any]
 
 
 class Mirror:
-    """Sends what changed in this node's files of the attempt since the last scan: its
-    ``node_<n>/`` directory and the ``rank_<r>/`` directories of its ranks."""
+    """Sends what changed since the last scan: this node's files of the attempt (its ``node_<n>/``
+    directory and the ``rank_<r>/`` directories of its ranks), and the ``trees``."""
 
-    def __init__(self, root: Path, node_rank: int, out: Any) -> None:
+    def __init__(self, root: Path, node_rank: int, out: Any, trees: dict[str, Path] | None = None) -> None:
         self.root = root
         self.node_rank = node_rank
         self.out = out
         self.sent: dict[str, tuple[int, float]] = {}
         self.rank_nodes: dict[str, int] = {}
         self.lock = threading.Lock()
+        self.closed = False  # the link is gone: nobody reads frames any more
+        # The baseline of each tree is taken now, before the agent starts anything.
+        self.trees = [TreeMirror(name, path, self.frame) for name, path in (trees or {}).items()]
+        self._trees_at = 0.0
 
     def _mine(self, top: str) -> bool:
         if top == f"node_{self.node_rank}":
@@ -58,11 +79,19 @@ class Mirror:
                 return False  # not started yet (or another host's, on a shared home)
         return self.rank_nodes[top] == self.node_rank
 
-    def scan(self) -> None:
+    def scan(self, final: bool = False) -> None:
+        """Send what changed; ``final``: also tree files that are not stable yet (the node is done)."""
+        self._scan_attempt()
+        if final or time.monotonic() - self._trees_at >= TREE_INTERVAL:
+            for tree in self.trees:
+                tree.scan(final)
+            self._trees_at = time.monotonic()
+
+    def _scan_attempt(self) -> None:
         if not self.root.exists():
             return
         for path in sorted(self.root.rglob("*")):
-            if not path.is_file() or path.name.startswith(".") or ".tmp" in path.name:
+            if not path.is_file() or _temporary(path.name):
                 continue
             if not self._mine(path.relative_to(self.root).parts[0]):
                 continue
@@ -74,19 +103,199 @@ class Mirror:
             size, mtime = self.sent.get(rel, (0, 0.0))
             if path.suffix in WHOLE_FILES:
                 if (st.st_size, st.st_mtime) != (size, mtime):
-                    self._frame({"f": rel, "w": base64.b64encode(path.read_bytes()).decode()})
+                    self.frame({"f": rel, "w": base64.b64encode(path.read_bytes()).decode()})
                     self.sent[rel] = (st.st_size, st.st_mtime)
             elif st.st_size > size:
                 with open(path, "rb") as fh:
                     fh.seek(size)
-                    data = fh.read(st.st_size - size)
-                self._frame({"f": rel, "o": size, "d": base64.b64encode(data).decode()})
-                self.sent[rel] = (size + len(data), st.st_mtime)
+                    while size < st.st_size:  # a flood of output goes in bounded frames too
+                        data = fh.read(min(CHUNK, st.st_size - size))
+                        if not data or not self.frame({"f": rel, "o": size, "d": base64.b64encode(data).decode()}):
+                            break
+                        size += len(data)
+                self.sent[rel] = (size, st.st_mtime)
 
-    def _frame(self, frame: dict[str, Any]) -> None:
+    def frame(self, frame: Frame) -> bool:
+        """Write one frame; False once the link is gone (then nothing more is written)."""
         with self.lock:
-            self.out.write(json.dumps(frame) + "\n")
-            self.out.flush()
+            if self.closed:
+                return False
+            try:
+                self.out.write(json.dumps(frame) + "\n")
+                self.out.flush()
+            except (OSError, ValueError):
+                self.closed = True  # keep going: the agent must still be stopped cleanly
+            return not self.closed
+
+
+class TreeMirror:
+    """One directory mirrored to the supervisor: files written or replaced there (whole, in
+    chunks, once stable) and files removed. What is there at start is the baseline: the
+    supervisor has it already."""
+
+    def __init__(self, name: str, root: Path, send: Callable[[Frame], bool]) -> None:
+        self.name = name
+        self.root = root
+        self.send = send
+        self.known = listing(root)  # what the supervisor has, as far as this node knows
+        self.seen = dict(self.known)  # what the last scan saw
+
+    def scan(self, final: bool = False) -> None:
+        now = listing(self.root)
+        for rel, sig in now.items():
+            if self.known.get(rel) != sig and (final or self.seen.get(rel) == sig):
+                if self._send_file(rel, sig):
+                    self.known[rel] = sig
+        for rel in [r for r in self.known if r not in now]:
+            if not self.send({"r": self.name, "f": rel, "x": 1}):
+                return
+            del self.known[rel]
+        self.seen = now
+
+    def _send_file(self, rel: str, sig: Signature) -> bool:
+        path = self.root / rel
+        offset = 0
+        try:
+            with open(path, "rb") as fh:
+                while offset < sig[0]:
+                    data = fh.read(min(CHUNK, sig[0] - offset))
+                    if not data:
+                        break  # truncated under us
+                    if not self.send({"r": self.name, "f": rel, "o": offset, "d": base64.b64encode(data).decode()}):
+                        return False
+                    offset += len(data)
+            intact = offset == sig[0] and _signature(os.stat(path)) == sig
+        except OSError:
+            intact = False
+        if intact:
+            return self.send({"r": self.name, "f": rel, "n": sig[0], "m": sig[1]})
+        self.send({"r": self.name, "f": rel, "abort": 1})  # changed while read: again once stable
+        return False
+
+
+def listing(root: Path) -> dict[str, Signature]:
+    """The regular files under ``root`` by relative path, leaving out temporary names."""
+    files: dict[str, Signature] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _temporary(d))
+        for name in sorted(filenames):
+            if _temporary(name):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # removed meanwhile
+            if stat.S_ISREG(st.st_mode):
+                files[Path(path).relative_to(root).as_posix()] = _signature(st)
+    return files
+
+
+def _signature(st: os.stat_result) -> Signature:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _temporary(name: str) -> bool:
+    """A name that is being written (``x.tmp.123``) or hidden (``.x.part``): never mirrored."""
+    return name.startswith(".") or ".tmp" in name
+
+
+class Receiver:
+    """The supervisor's end of one node's frames: writes them into the attempt directory and
+    into the local copies of the trees.
+
+    Nothing is written outside those directories. A tree file arrives in a temp file
+    (``.<name>.<tag>.part``, one per sender, as nodes may send the same path at once) and
+    replaces the old file only when complete, so a broken link never leaves half a file in
+    place of a good one. Not thread-safe: one reader per node.
+    """
+
+    def __init__(self, attempt_dir: Path, trees: dict[str, Path] | None = None, tag: str = "0") -> None:
+        self.attempt_dir = attempt_dir
+        self.trees = dict(trees or {})
+        self.tag = tag
+        self.partial: dict[tuple[str, str], tuple[Path, IO[bytes]]] = {}
+
+    def apply(self, frame: Frame) -> None:
+        """Write one frame. Frames for unknown trees and paths leaving their directory are ignored."""
+        name = frame.get("r")
+        base = self.attempt_dir if name is None else self.trees.get(str(name))
+        if base is None or not isinstance(frame.get("f"), str):
+            return
+        target = _inside(base, frame["f"])
+        if target is None:
+            return
+        if name is None:
+            self._attempt_file(target, frame)
+        else:
+            self._tree_file((str(name), frame["f"]), target, frame)
+
+    def close(self) -> None:
+        """The stream ended: drop every file still arriving."""
+        for key in list(self.partial):
+            self._drop(key)
+
+    def _attempt_file(self, target: Path, frame: Frame) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if "w" in frame:
+            tmp = target.with_name(f".{target.name}.part")
+            tmp.write_bytes(base64.b64decode(frame["w"]))
+            tmp.replace(target)
+        elif "d" in frame:
+            with open(target, "ab") as fh:
+                fh.truncate(int(frame["o"]))
+                fh.seek(int(frame["o"]))
+                fh.write(base64.b64decode(frame["d"]))
+
+    def _tree_file(self, key: tuple[str, str], target: Path, frame: Frame) -> None:
+        if "d" in frame:
+            offset = int(frame["o"])
+            if offset == 0:
+                self._drop(key)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                part = target.with_name(f".{target.name}.{self.tag}.part")
+                self.partial[key] = (part, open(part, "wb"))
+            entry = self.partial.get(key)
+            if entry is None or entry[1].tell() != offset:
+                self._drop(key)  # a chunk without the ones before it: the file comes again whole
+                return
+            entry[1].write(base64.b64decode(frame["d"]))
+        elif "n" in frame:
+            entry = self.partial.pop(key, None)
+            if entry is None:
+                if int(frame["n"]) != 0:
+                    return
+                target.parent.mkdir(parents=True, exist_ok=True)
+                part = target.with_name(f".{target.name}.{self.tag}.part")
+                entry = (part, open(part, "wb"))
+            part, fh = entry
+            size = fh.tell()
+            fh.close()
+            if size != int(frame["n"]):
+                part.unlink(missing_ok=True)
+                return
+            mtime = int(frame.get("m") or time.time_ns())
+            os.utime(part, ns=(mtime, mtime))
+            os.replace(part, target)
+        elif "abort" in frame:
+            self._drop(key)
+        elif "x" in frame:
+            self._drop(key)
+            if target.is_file() or target.is_symlink():
+                target.unlink(missing_ok=True)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        entry = self.partial.pop(key, None)
+        if entry is not None:
+            entry[1].close()
+            entry[0].unlink(missing_ok=True)
+
+
+def _inside(base: Path, rel: str) -> Path | None:
+    """``base/rel`` if it stays inside ``base`` (links followed), else None."""
+    root = base.resolve()
+    target = (root / rel).resolve()
+    return target if target != root and target.is_relative_to(root) else None
 
 
 def main() -> None:
@@ -111,6 +320,9 @@ def main() -> None:
     launch_path = node_dir / "launch.json"
     launch_path.write_text(json.dumps(launch))
     os.makedirs(node["cwd"], exist_ok=True)
+    trees = {str(name): Path(path) for name, path in (request.get("trees") or {}).items()}
+    # Before the agent starts: what the trees hold now is the baseline the supervisor has.
+    mirror = Mirror(attempt_dir, int(node["node_rank"]), sys.stdout, trees) if request.get("stream", True) else None
     with open(node_dir / "agent.log", "ab") as log:
         agent = subprocess.Popen(
             [sys.executable, "-m", "phalanx.launch.agent", "--launch", str(launch_path)],
@@ -129,7 +341,6 @@ def main() -> None:
         lost.set()  # end of input: nobody controls this node any more
 
     threading.Thread(target=control, daemon=True).start()
-    mirror = Mirror(attempt_dir, int(node["node_rank"]), sys.stdout) if request.get("stream", True) else None
     stop_deadline: float | None = None
     while agent.poll() is None:
         if lost.is_set() and stop_deadline is None:
@@ -140,11 +351,14 @@ def main() -> None:
         if mirror:
             mirror.scan()
         time.sleep(SCAN_INTERVAL)
-    if mirror:
-        mirror.scan()
     code = agent.returncode
-    sys.stdout.write(json.dumps({"exit": 128 - code if code < 0 else code}) + "\n")
-    sys.stdout.flush()
+    exit_frame = {"exit": 128 - code if code < 0 else code}
+    if mirror:
+        mirror.scan(final=True)  # everything the node wrote arrives before its exit code
+        mirror.frame(exit_frame)
+    else:
+        sys.stdout.write(json.dumps(exit_frame) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
