@@ -22,7 +22,8 @@ the final scan, which comes before the exit frame. Temporary names (dot-files, `
 never sent.
 
 With ``PHALANX_AUTO_IFNAME`` in the node env, GLOO/NCCL_SOCKET_IFNAME are set to the interface
-that routes to the rendezvous host, unless the user set them.
+that routes to the rendezvous host (on that host itself: the one holding its address, since the
+route there is ``lo``), unless the user set them (``netif.interface_for``).
 """
 
 from __future__ import annotations
