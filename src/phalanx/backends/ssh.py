@@ -7,9 +7,9 @@ and mirrors the node's files back into the local job directory (logs, metrics, r
 ``logs``, ``status`` and ``metrics`` work as for local jobs. Closing the connection stops the
 node: nothing is left running on a host, and nothing is ever killed by name.
 
-Before anything starts, a preflight reaches every host, checks that Python and torch match
-this machine's, and that the rendezvous port is free on the first host; it names the host
-that failed and why.
+Before anything starts, a preflight reaches every host, checks that Python, torch and phalanx
+match this machine's (the two ends of a node's link must speak the same frames), and that the
+rendezvous port is free on the first host; it names the host that failed and why.
 
 Without ``--shared-fs`` each host keeps its own copy of the job under ``--remote-home``
 (``~/.phalanx/remote``, laid out like ``$PHALANX_HOME``), and the local files stay the truth:
@@ -55,6 +55,7 @@ PREFLIGHT = (
     "info = {'python': '%d.%d' % sys.version_info[:2]}\n"
     "try:\n    info['torch'] = md.version('torch')\nexcept md.PackageNotFoundError:\n    info['torch'] = None\n"
     "info['phalanx'] = iu.find_spec('phalanx') is not None\n"
+    "try:\n    info['phalanx_version'] = md.version('phalanx')\nexcept md.PackageNotFoundError:\n    info['phalanx_version'] = None\n"
     "port = int(sys.argv[1])\n"
     "if port:\n    s = socket.socket()\n    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
     "    try:\n        s.bind(('', port)); info['port_free'] = True\n    except OSError:\n        info['port_free'] = False\n"
@@ -178,7 +179,7 @@ class SshBackend(Backend):
         """Reach every host in parallel; raise BackendError naming each host that failed and why."""
         port = int(plan.nodes[0].torchrun_argv and _endpoint_port(plan.nodes[0].torchrun_argv) or 0)
         python = plan.nodes[0].processes[0].argv[0] if plan.nodes[0].processes else _python_of(plan.nodes[0])
-        local = {"python": "%d.%d" % sys.version_info[:2], "torch": _local_torch()}
+        local = {"python": "%d.%d" % sys.version_info[:2], "torch": _local_version("torch"), "phalanx": _local_version("phalanx")}
 
         def check(index_host: tuple[int, str]) -> str | None:
             index, host = index_host
@@ -193,6 +194,9 @@ class SshBackend(Backend):
             info = json.loads(proc.stdout.strip().splitlines()[-1])
             if not info["phalanx"]:
                 return f"{host}: phalanx is not installed for {python} (pip install phalanx there, or --remote-python)"
+            if info.get("phalanx_version") != local["phalanx"]:  # a mixed pair breaks the mirror's frames
+                theirs, ours = (v or "(no package metadata)" for v in (info.get("phalanx_version"), local["phalanx"]))
+                return f"{host}: phalanx {theirs} differs from this machine's {ours} (install the same version on both)"
             if info["python"] != local["python"]:
                 return f"{host}: Python {info['python']} differs from this machine's {local['python']}"
             if info["torch"] != local["torch"]:
@@ -381,18 +385,7 @@ class SshNode(NodeHandle):
             pass
 
     def _read(self, stream: IO[bytes]) -> None:
-        try:
-            for raw in stream:
-                try:
-                    frame = json.loads(raw)
-                    if "exit" in frame:
-                        self.exit = int(frame["exit"])
-                    else:
-                        self.receiver.apply(frame)
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue  # one bad frame (or a full disk) must not stop the mirror
-        finally:
-            self.receiver.close()
+        self.exit = self.receiver.receive(stream)
 
     def poll(self) -> int | None:
         """The node's exit code once its connection ended *and* every frame before it was
@@ -449,10 +442,10 @@ def _python_of(node: NodePlan) -> str:
     return node.agent_argv[0]
 
 
-def _local_torch() -> str | None:
+def _local_version(package: str) -> str | None:
     try:
         from importlib.metadata import version
 
-        return version("torch")
+        return version(package)
     except Exception:  # noqa: BLE001 - not installed is an answer
         return None
