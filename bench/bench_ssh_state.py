@@ -172,7 +172,7 @@ MIRROR_SENDER = """\
 import sys
 from pathlib import Path
 from phalanx.launch.remote import Mirror
-mirror = Mirror(Path(sys.argv[1]), 0, sys.stdout, {"state": Path(sys.argv[2])})
+mirror = Mirror(Path(sys.argv[1]), 0, sys.stdout.buffer, {"state": Path(sys.argv[2])})
 mirror.trees[0].known = {}  # as if the file had been written after the start
 mirror.scan(final=True)
 """
@@ -191,7 +191,7 @@ def ship_state(hosts, local: Path, name: str) -> float:
 
 def mirror_pull(hosts, host: str, remote_dir: str, local_dir: Path) -> float:
     """phalanx's mirror alone: the remote end's Mirror/TreeMirror sending a directory's files as
-    frames over one ssh session, read here as SshNode does (json.loads + Receiver.apply)."""
+    frames over one ssh session, read here as SshNode does (Receiver.receive)."""
     from phalanx.launch.remote import Receiver
 
     receiver = Receiver(local_dir.parent / "attempt", {"state": local_dir}, tag="0")
@@ -199,9 +199,7 @@ def mirror_pull(hosts, host: str, remote_dir: str, local_dir: Path) -> float:
     start = time.time()
     proc = subprocess.Popen([*_ssh(hosts, host), cmd], stdout=subprocess.PIPE)
     assert proc.stdout is not None
-    for raw in proc.stdout:
-        receiver.apply(json.loads(raw))
-    receiver.close()
+    receiver.receive(proc.stdout)
     assert proc.wait() == 0
     return time.time() - start
 

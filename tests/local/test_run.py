@@ -150,6 +150,16 @@ def test_killed_rank_reports_signal(phx_home, tmp_path):
     assert _only_job()["state"] == "FAILED"
 
 
+def test_native_crash_leaves_the_python_stack_in_the_rank_log(phx_home, tmp_path):
+    script = tmp_path / "native.py"
+    script.write_text("import os\n\ndef save_checkpoint():\n    os.abort()  # as a C++ std::terminate would\n\nsave_checkpoint()\n")
+    proc = phalanx("run", str(script))
+    assert proc.returncode == 128 + signal.SIGABRT
+    assert "killed by SIGABRT" in proc.stderr
+    log = phalanx("logs", _only_job()["id"], "--rank", "0", check=True).stdout
+    assert "Fatal Python error: Aborted" in log and "in save_checkpoint" in log, log
+
+
 def test_ctrl_c_cancels_and_leaves_no_process(phx_home):
     cli = subprocess.Popen(
         [sys.executable, "-m", "phalanx", "run", "--grace", "5", "-n", "2", str(EXAMPLES / "train_ddp.py"),

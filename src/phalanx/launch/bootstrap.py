@@ -75,10 +75,14 @@ def _redirect_output(rank_dir: str) -> None:
     )
 
 
-def _dump_stacks_on_sigusr2() -> None:
-    """``kill -USR2`` prints every thread's Python stack to the rank's log (stall diagnosis)."""
+def _install_stack_dumps() -> None:
+    """Every thread's Python stack goes to the rank's log on ``kill -USR2`` (stall diagnosis) and
+    when the process dies of SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL (a crash in native code,
+    whose exit would otherwise say only the signal). The crash still ends the process by its
+    signal: faulthandler re-raises it."""
     import faulthandler
 
+    faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
 
 
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     if rank_dir:
         _redirect_output(rank_dir)
     die_with_parent(signal.SIGKILL)
-    _dump_stacks_on_sigusr2()
+    _install_stack_dumps()
     try:
         _run(mode, target, args)
     except SystemExit:
