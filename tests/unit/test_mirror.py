@@ -383,17 +383,17 @@ def test_a_stream_cut_off_within_a_frame_s_bytes_leaves_no_partial_file(tmp_path
     assert (local / "pushed.pt").read_bytes() == b"N" * 2500
 
 
-def test_the_preflight_refuses_a_host_with_another_phalanx_version(monkeypatch):
+def test_the_preflight_refuses_a_host_with_another_link_protocol(monkeypatch):
     """The two ends of a node's link must speak the same frames: a mixed pair would break silently."""
     ours = importlib.metadata.version("phalanx")
-    reported = {"version": ours}
+    reported = {"protocol": ssh.PROTOCOL}
     run = subprocess.run
 
     def fake_run(argv, **kwargs):  # the preflight script run here, as if on the host
         proc = run([sys.executable, "-c", ssh.PREFLIGHT, "0"], capture_output=True, text=True, check=True)
         info = json.loads(proc.stdout)
-        assert info["phalanx"] and info["phalanx_version"] == ours
-        info["phalanx_version"] = reported["version"]
+        assert info["phalanx"] and info["phalanx_version"] == ours and info["protocol"] == ssh.PROTOCOL
+        info["protocol"] = reported["protocol"]
         return SimpleNamespace(returncode=0, stdout=json.dumps(info) + "\n", stderr="")
 
     monkeypatch.setattr(ssh.subprocess, "run", fake_run)
@@ -401,7 +401,7 @@ def test_the_preflight_refuses_a_host_with_another_phalanx_version(monkeypatch):
     plan = SimpleNamespace(nodes=[node])
     backend = ssh.SshBackend()
     backend.preflight({"ssh_config": None}, ["gpu1", "gpu2"], plan)  # same version: fine
-    reported["version"] = "0.0.1"
+    reported["protocol"] = 1
     with pytest.raises(BackendError) as err:
         backend.preflight({"ssh_config": None}, ["gpu1"], plan)
-    assert f"gpu1: phalanx 0.0.1 differs from this machine's {ours}" in str(err.value)
+    assert f"gpu1: its phalanx {ours} speaks link protocol 1, this machine's {ours} speaks {ssh.PROTOCOL}" in str(err.value)

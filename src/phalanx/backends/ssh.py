@@ -43,7 +43,7 @@ from ..core.paths import ChannelCachePaths, HomePaths, JobPaths
 from ..core.spec import Channel, JobSpec, in_snapshot
 from ..errors import BackendError, UsageError
 from ..launch.plan import NodePlan, Plan
-from ..launch.remote import Receiver
+from ..launch.remote import PROTOCOL, Receiver
 from .base import Backend, NodeHandle, PortSource
 from .local import RESTART_SAFE_ENV, build_nodes
 from .options import BackendOption
@@ -56,6 +56,7 @@ PREFLIGHT = (
     "try:\n    info['torch'] = md.version('torch')\nexcept md.PackageNotFoundError:\n    info['torch'] = None\n"
     "info['phalanx'] = iu.find_spec('phalanx') is not None\n"
     "try:\n    info['phalanx_version'] = md.version('phalanx')\nexcept md.PackageNotFoundError:\n    info['phalanx_version'] = None\n"
+    "try:\n    from phalanx.launch.remote import PROTOCOL\n    info['protocol'] = PROTOCOL\nexcept Exception:\n    info['protocol'] = None\n"
     "port = int(sys.argv[1])\n"
     "if port:\n    s = socket.socket()\n    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
     "    try:\n        s.bind(('', port)); info['port_free'] = True\n    except OSError:\n        info['port_free'] = False\n"
@@ -194,9 +195,10 @@ class SshBackend(Backend):
             info = json.loads(proc.stdout.strip().splitlines()[-1])
             if not info["phalanx"]:
                 return f"{host}: phalanx is not installed for {python} (pip install phalanx there, or --remote-python)"
-            if info.get("phalanx_version") != local["phalanx"]:  # a mixed pair breaks the mirror's frames
-                theirs, ours = (v or "(no package metadata)" for v in (info.get("phalanx_version"), local["phalanx"]))
-                return f"{host}: phalanx {theirs} differs from this machine's {ours} (install the same version on both)"
+            if info.get("protocol") != PROTOCOL:  # a mixed pair would garble the mirror's frames
+                theirs, ours = (v or "(unknown version)" for v in (info.get("phalanx_version"), local["phalanx"]))
+                return (f"{host}: its phalanx {theirs} speaks link protocol {info.get('protocol')}, this machine's {ours} "
+                        f"speaks {PROTOCOL} (install the same phalanx on both)")
             if info["python"] != local["python"]:
                 return f"{host}: Python {info['python']} differs from this machine's {local['python']}"
             if info["torch"] != local["torch"]:

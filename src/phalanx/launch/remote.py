@@ -46,6 +46,7 @@ from typing import IO, Any, Iterator, Protocol
 from .netif import interface_for
 from .procs import signal_group
 
+PROTOCOL = 2  # the frames on stdout; bump on any change (the preflight refuses a host that differs)
 SCAN_INTERVAL = 0.2
 TREE_INTERVAL = 1.0  # seconds between scans of the trees: they may hold many files
 WHOLE_FILES = (".json",)  # rewritten in place (atomically): sent whole when they change
