@@ -233,6 +233,18 @@ def submit_detached(spec: JobSpec, events: Callable[[str], None] | None = None) 
     return store.get(record.id)
 
 
+def left_running(record: JobRecord) -> str | None:
+    """For a LOST job: what of it a scheduler still runs without a supervisor ("SLURM job 4711"),
+    or None. Asks the scheduler once; other states answer None without asking."""
+    from .core.state import JobState
+    from .launch.supervisor import find_leftover
+
+    if record.state is not JobState.LOST:
+        return None
+    left = find_leftover(record)
+    return left.where if left is not None else None
+
+
 def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
            events: Callable[[str], None] | None = None) -> tuple[JobRecord, int | None]:
     """Continue a failed, cancelled, preempted or lost job as a new attempt of the same job:

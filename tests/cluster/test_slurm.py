@@ -171,6 +171,7 @@ def test_resume_of_a_lost_job_watches_its_running_slurm_job(slurm_env, tmp_path)
     _lose_supervisor(job_id)
     slurm_id = _slurm_job(job)
     assert slurm_env.job_state(slurm_id) == "RUNNING", "SLURM runs the job on without its supervisor"
+    assert f"left      SLURM job {slurm_id} still runs without a supervisor" in phalanx("status", job_id, check=True).stdout
     phalanx("resume", "-d", job_id, check=True)
     phalanx("wait", job_id, "--timeout", "90", check=True)
     status = _status(job_id)

@@ -122,6 +122,10 @@ def status_cmd(
     if record.supervisor_pid:
         alive = "running" if not is_terminal(record.state) else "ended"
         out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
+    left = jobs.left_running(record)
+    if left:
+        out.write(f"left      {left} still runs without a supervisor: `phalanx resume {record.id}` watches it "
+                  f"again, `phalanx stop {record.id}` stops it\n")
     spec = jobs.read_spec(record)
     if spec.state_uri:
         synced = ago(record.state_synced_at) if record.state_synced_at else "never"
