@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from enum import Enum
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 

@@ -168,8 +168,8 @@ def _settle_collectives() -> None:
     them, dies taking it, and the process aborts ("terminate called without an active
     exception") after the script succeeded: torch 2.13, about 1 two-rank DDP run in 10 under
     load (core dump: ProcessGroupGloo::runLoop -> ~AsyncWork -> THPVariable_dealloc -> take_gil
-    -> PyThread_exit_thread). Only multi-process runs pay; 0.1 s is ~20x what the worker needs."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "torch.distributed" in sys.modules:
+    -> PyThread_exit_thread). Only multi-process runs pay; 0.1 s is 20 GIL switch intervals."""
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1") and "torch.distributed" in sys.modules:
         time.sleep(SETTLE_SECONDS)
 
 
