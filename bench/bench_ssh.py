@@ -48,16 +48,24 @@ def run_phalanx(hosts: sshd.SshHosts, tmp: Path) -> float:
     return _last_first_line(out.stdout) - start
 
 
-def run_by_hand(hosts: sshd.SshHosts) -> float:
+def hand_commands(hosts: sshd.SshHosts, target: str, env: str = "") -> list[tuple[str, str]]:
+    """What a user types by hand, per host: ``cd ROOT && [env] torchrun --node-rank N ... target``,
+    the first host holding the rendezvous on a free port. (host, remote command) pairs."""
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0))
         port = s.getsockname()[1]
+    return [
+        (name, f"cd {shlex.quote(str(ROOT))} && {env}OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {TORCHRUN} --nnodes 2 "
+               f"--nproc-per-node 1 --node-rank {rank} --rdzv-backend c10d --rdzv-endpoint 127.0.0.2:{port} "
+               f"--rdzv-id hand{port} --rdzv-conf is_host={'true' if rank == 0 else 'false'} --local-addr {addr} {target}")
+        for rank, (name, addr) in enumerate(zip(hosts.names, hosts.addrs))
+    ]
+
+
+def run_by_hand(hosts: sshd.SshHosts) -> float:
     procs = []
     start = time.time()
-    for rank, (name, addr) in enumerate(zip(hosts.names, hosts.addrs)):
-        cmd = (f"cd {shlex.quote(str(ROOT))} && OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {TORCHRUN} --nnodes 2 "
-               f"--nproc-per-node 1 --node-rank {rank} --rdzv-backend c10d --rdzv-endpoint 127.0.0.2:{port} "
-               f"--rdzv-id hand{port} --rdzv-conf is_host={'true' if rank == 0 else 'false'} --local-addr {addr} {SCRIPT}")
+    for name, cmd in hand_commands(hosts, SCRIPT):
         procs.append(subprocess.Popen(["ssh", "-F", str(hosts.config), name, cmd], stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     return _last_first_line("".join(outs)) - start

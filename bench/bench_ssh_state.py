@@ -36,7 +36,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SELF = str(Path(__file__).resolve())
 PY = sys.executable
 PHALANX = str(Path(PY).parent / "phalanx")
-TORCHRUN = str(Path(PY).parent / "torchrun")
 CKPT = "model.pt"
 MiB = 1 << 20
 
@@ -136,17 +134,12 @@ def phalanx_run(hosts, home: Path, name: str, size_mib: int, write: bool, shared
 
 def hand_run(hosts, size_mib: int) -> tuple[float, str]:
     """`ssh HOST torchrun ...` per node, in parallel; the state directory set by hand."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0))
-        port = s.getsockname()[1]
+    from bench_ssh import hand_commands  # bench/ is the script's directory: first on sys.path
+
     procs = []
     start = time.time()
-    for rank, (name, addr) in enumerate(zip(hosts.names, hosts.addrs)):
-        cmd = (f"cd {shlex.quote(str(ROOT))} && PHALANX_STATE_DIR=$HOME/hand_state OMP_NUM_THREADS=1 "
-               f"GLOO_SOCKET_IFNAME=lo {TORCHRUN} --nnodes 2 --nproc-per-node 1 --node-rank {rank} "
-               f"--rdzv-backend c10d --rdzv-endpoint 127.0.0.2:{port} --rdzv-id hand{port} "
-               f"--rdzv-conf is_host={'true' if rank == 0 else 'false'} --local-addr {addr} "
-               f"{SELF} --worker --size-mib {size_mib} --write 1")
+    for name, cmd in hand_commands(hosts, f"{SELF} --worker --size-mib {size_mib} --write 1",
+                                   env="PHALANX_STATE_DIR=$HOME/hand_state "):
         procs.append(subprocess.Popen([*_ssh(hosts, name), cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=600) for p in procs]
     took = time.time() - start
