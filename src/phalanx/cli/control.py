@@ -60,7 +60,8 @@ def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyp
     msg = cause.get("message") or ""
     if cause.get("type"):
         msg = f"{cause['type']}: {msg}"
-    err.write(f"phalanx: job {record.id} {record.state.value.lower()}: {' on '.join(where) or 'job'} ({how}): {msg}\n")
+    msg = "" if msg in ("", how) else f": {msg}"  # a signal's message is only its name
+    err.write(f"phalanx: job {record.id} {record.state.value.lower()}: {' on '.join(where) or 'job'} ({how}){msg}\n")
     if shown is not None and cause.get("rank") not in shown and cause.get("traceback"):
         err.write(cause["traceback"])
     rank = cause.get("rank")

@@ -31,7 +31,49 @@ from .plan import NodePlan, bind_addresses
 from .procs import ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 
 
-def run_torchrun(node: NodePlan) -> dict[str, Any]:
+def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
+    """When a failed rank died, to the millisecond, given that it was ``noticed`` dead by then.
+
+    torch dates a failure by the whole second it noticed it, and the direct launcher polls once
+    a second, so a rank that raised and the rank that crashed because of it tie, or swap, and
+    the root cause names the casualty. A rank's own exception record is exact. Without one, its
+    log's last write is: a dying worker prints its stack (faulthandler) or "terminate called..."
+    there. A rank killed silently is dated by its last output, which is before its death, never
+    after a failure it caused."""
+    error = read_json(paths.rank_error(attempt, rank))
+    if error and isinstance(error.get("timestamp"), (int, float)):
+        return float(error["timestamp"])
+    try:
+        return min(paths.rank_log(attempt, rank).stat().st_mtime, noticed)
+    except OSError:
+        return noticed
+
+
+def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, node_rank: int) -> None:
+    """Count as failures this node's ranks that raised before the first failure that was noticed.
+
+    A rank that raised is still exiting (torch tearing down, gloo closing its pairs) while its
+    peers, cut off mid-collective, raise "Connection closed by peer" or abort. When one of those
+    exits first, torch notices only it and SIGTERMs the rank that caused it, and the root cause
+    names the casualty. The bootstrap's exception record says who really failed first."""
+    failures = result.get("failures") or []
+    if not failures:
+        return
+    noticed = min(f["timestamp"] for f in failures)
+    known = {f["rank"] for f in failures}
+    for rank in paths.ranks(attempt):
+        error = read_json(paths.rank_error(attempt, rank)) if rank not in known else None
+        if not error or error.get("node_rank") != node_rank or not float(error.get("timestamp", noticed)) < noticed:
+            continue
+        failures.append({"rank": rank, "local_rank": error.get("local_rank"), "pid": error.get("pid"),
+                         "exitcode": int(error.get("exitcode", 1)), "signal": None, "timestamp": float(error["timestamp"])})
+        if rank in result.get("terminated", []):
+            result["terminated"].remove(rank)
+    failures.sort(key=lambda f: f["rank"])
+    result["exitcode"] = min(failures, key=lambda f: f["timestamp"])["exitcode"] or 1
+
+
+def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int) -> dict[str, Any]:
     """Run the node through torch's elastic agent, in this process (no extra interpreter)."""
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -53,7 +95,8 @@ def run_torchrun(node: NodePlan) -> dict[str, Any]:
                 "pid": f.pid,
                 "exitcode": exit_code(f.exitcode),
                 "signal": signal_name(f.exitcode),
-                "timestamp": float(f.timestamp),
+                # torch's timestamp is whole seconds: the failure came before the next one.
+                "timestamp": died_at(paths, attempt, rank, float(f.timestamp) + 1),
             }
             for rank, f in sorted(err.failures.items())
         ]
@@ -63,7 +106,7 @@ def run_torchrun(node: NodePlan) -> dict[str, Any]:
         if own:
             for f in failures:
                 f["terminated"] = f not in own
-        first = min(own or failures, key=lambda f: float(f["timestamp"] or 0))
+        first = min(own or failures, key=lambda f: f["timestamp"])
         return {"exitcode": first["exitcode"] or 1, "failures": [f for f in failures if not f.get("terminated")],
                 "terminated": [f["rank"] for f in failures if f.get("terminated")]}
     except SignalException as sig:
@@ -71,7 +114,7 @@ def run_torchrun(node: NodePlan) -> dict[str, Any]:
     return {"exitcode": 0, "failures": []}
 
 
-def run_direct(node: NodePlan, grace: float) -> dict[str, Any]:
+def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> dict[str, Any]:
     """Start the node's processes ourselves; fail fast when one fails; forward stop signals."""
     with ChildWatcher() as watcher:
         procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -89,7 +132,7 @@ def run_direct(node: NodePlan, grace: float) -> dict[str, Any]:
             for rank, pr in procs.items():
                 code = pr.poll()
                 if code not in (None, 0) and not any(f["rank"] == rank for f in failures):
-                    failures.append(_failure(rank, pr))
+                    failures.append(_failure(rank, pr, paths, attempt))
             if failures or all_done() or watcher.stop_requests:
                 break
             watcher.wait(1.0)
@@ -110,7 +153,7 @@ def run_direct(node: NodePlan, grace: float) -> dict[str, Any]:
     if stopped_by is not None:
         return {"exitcode": 128 + stopped_by, "failures": [], "ranks": ranks, "stopped_by": signal.Signals(stopped_by).name}
     if failures:
-        return {"exitcode": failures[0]["exitcode"], "failures": failures, "ranks": ranks}
+        return {"exitcode": min(failures, key=lambda f: f["timestamp"])["exitcode"], "failures": failures, "ranks": ranks}
     return {"exitcode": 0, "failures": [], "ranks": ranks}
 
 
@@ -125,9 +168,10 @@ def _start_sampler(paths: JobPaths, attempt: int, node_rank: int, interval: floa
     ).start()
 
 
-def _failure(rank: int, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+def _failure(rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int) -> dict[str, Any]:
     code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-    return {"rank": rank, "pid": proc.pid, "exitcode": exit_code(code), "signal": signal_name(code), "timestamp": time.time()}
+    return {"rank": rank, "pid": proc.pid, "exitcode": exit_code(code), "signal": signal_name(code),
+            "timestamp": died_at(paths, attempt, rank, time.time())}
 
 
 def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, dict[str, Any]]:
@@ -168,12 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     sampler = _start_sampler(paths, attempt, node.node_rank, float(data.get("sample_interval", 5.0)))
     try:
         if node.torchrun_argv is not None:
-            result = run_torchrun(node)
+            result = run_torchrun(node, paths, attempt)
         else:
-            result = run_direct(node, float(data["grace"]))
+            result = run_direct(node, float(data["grace"]), paths, attempt)
     finally:
         if sampler is not None:
             sampler.stop()
+    add_unnoticed_raises(result, paths, attempt, node.node_rank)
     result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time())
     write_json(paths.node_result(attempt, node.node_rank), result)
     sys.stdout.flush()
