@@ -88,7 +88,7 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int) -> dict[str, Any
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
-        failures = [
+        failures: list[dict[str, Any]] = [
             {
                 "rank": rank,
                 "local_rank": f.local_rank,
