@@ -317,8 +317,10 @@ def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] |
 
     Idempotent: stopping a finished job returns its record unchanged. A LOST job (its
     supervisor vanished) may have left its scheduler's job running: that is stopped the same
-    way, and the job stays LOST. Blocks until the job has ended (or ``timeout``, default
-    grace + 15 s, passes).
+    way, and the job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
+    15 s) bounds the wait for the ranks to stop; once they all have, the supervisor is saving
+    the outputs and the state, which takes as long as the upload does: that is waited for as
+    long as the supervisor lives, and ``events`` hears about it once.
     """
     store = open_store()
     record = get_job(ref, store)
@@ -336,15 +338,28 @@ def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] |
         return _stop_leftover(store, reconcile(store, record), events)
     limit = timeout if timeout is not None else spec.grace + 15
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
+    saving = False
+    while True:
         record = reconcile(store, store.get(record.id))
         if is_terminal(record.state):
             return _stop_leftover(store, record, events)
+        if not saving and time.monotonic() >= deadline:
+            if not _ranks_ended(record):
+                raise PhalanxError(
+                    f"job {record.id} did not stop within {limit:g}s",
+                    f"its supervisor is pid {record.supervisor_pid}; try again or kill it",
+                )
+            saving = True
+            if events:
+                events(f"every rank of job {record.id} has stopped; its supervisor (pid {record.supervisor_pid}) "
+                       "is saving the outputs and the state (Ctrl-C stops waiting, not the saving)")
         time.sleep(0.1)
-    raise PhalanxError(
-        f"job {record.id} did not stop within {limit:.0f}s",
-        f"its supervisor is pid {record.supervisor_pid}; try again or kill it",
-    )
+
+
+def _ranks_ended(record: JobRecord) -> bool:
+    """Every node of the job's current attempt has reported its end."""
+    paths = JobPaths(Path(record.job_dir))
+    return all(paths.node_result(record.attempt, n).exists() for n in range(record.nnodes))
 
 
 def _stop_leftover(store: Store, record: JobRecord, events: Callable[[str], None] | None) -> JobRecord:

@@ -11,6 +11,7 @@ import socket
 import struct
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -174,11 +175,12 @@ def test_chaining_and_skip_if_done(phx_home, s3_env, s3, proj):
 
 class CuttingProxy:
     """A TCP proxy to the S3 server that resets the first ``cuts`` connections carrying more than
-    ``after`` bytes in one direction ("up": requests, "down": responses): a transfer cut mid-way."""
+    ``after`` bytes in one direction ("up": requests, "down": responses): a transfer cut mid-way.
+    With ``rate`` (bytes/s), that direction is also slowed down to it: a slow link."""
 
-    def __init__(self, target: str, after: int, cuts: int, direction: str = "up") -> None:
+    def __init__(self, target: str, after: int, cuts: int, direction: str = "up", rate: float | None = None) -> None:
         self.target = ("127.0.0.1", int(target.rsplit(":", 1)[1]))
-        self.after, self.cuts_left, self.direction = after, cuts, direction
+        self.after, self.cuts_left, self.direction, self.rate = after, cuts, direction, rate
         self.cut = 0
         self.lock = threading.Lock()
         self.server = socket.create_server(("127.0.0.1", 0))
@@ -215,6 +217,8 @@ class CuttingProxy:
                         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
                         return
                     dst.sendall(data)
+                    if self.rate and way == self.direction:
+                        time.sleep(len(data) / self.rate)
         except OSError:
             pass
         finally:
@@ -260,6 +264,28 @@ def test_upload_that_keeps_failing_fails_the_job_and_publishes_nothing_partial(p
     assert not s3.exists(f"{prefix}/output/model.bin") and not s3.exists(f"{prefix}/_phalanx_artifacts.json")
     listed = phalanx("artifacts", "dead", check=True).stdout
     assert "on this machine" in listed and "the upload failed" in listed
+
+
+def test_stop_waits_for_the_outputs_to_upload_after_the_ranks_stopped(phx_home, s3_env, s3, proj, s3_server):
+    # 2 MB over a 320 kB/s link: the upload takes 6 s, longer than stop's --timeout for the ranks.
+    proxy = CuttingProxy(s3_server, after=0, cuts=0, rate=320_000)
+    (proj / "wait.py").write_text(WRITE_OUTPUT.replace("sys.exit", "import time; time.sleep(600); sys.exit"))
+    try:
+        env = {"AWS_ENDPOINT_URL": proxy.url, "SIZE": str(2_000_000)}
+        job = json.loads(phalanx("run", "-d", "--json", "--name", "slow", "--grace", "2", "--output", f"s3://{s3_env}/runs",
+                                 "wait.py", cwd=proj, env=env, check=True).stdout)["id"]
+        log = phx_home / "jobs" / job / "attempt_0" / "rank_0" / "output.log"
+        deadline = time.monotonic() + 60
+        while not (log.exists() and "wrote outputs" in log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stopped = phalanx("stop", "slow", "--timeout", "2", env=env)
+    finally:
+        proxy.close()
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.split() == [job, "CANCELLED"]
+    assert "is saving the outputs and the state" in stopped.stderr
+    remote = f"{s3_env}/runs/slow-{job}/output/model.bin"
+    assert s3.cat(remote) == (phx_home / "jobs" / job / "output" / "model.bin").read_bytes()
 
 
 def test_download_interrupted_mid_way_is_retried(phx_home, s3_env, s3, proj, s3_server):

@@ -193,6 +193,9 @@ def wait_cmd(
 
 def stop_cmd(
     job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", min=0, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
+        "The upload of outputs and state that follows is waited for in full."),
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
     with all its running trials."""
@@ -200,10 +203,10 @@ def stop_cmd(
 
     sweep = jobs.find_sweep(job)
     if sweep is not None:
-        sweep = jobs.stop_sweep(sweep)
+        sweep = jobs.stop_sweep(sweep, timeout=timeout)
         typer.echo(f"{sweep.id} {sweep.state.value}")
         return
-    record = jobs.stop(job, events=event)
+    record = jobs.stop(job, timeout=timeout, events=event)
     typer.echo(f"{record.id} {record.state.value}")
 
 
