@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,10 @@ class FakeSlurm:
         return 0, f"{job.id}\n", ""
 
     def _squeue(self, args):
+        if "--format=%i|%k" in args:  # this user's jobs with their --comment
+            assert "--states=all" in args and any(a.startswith("--user=") for a in args)
+            comments = {i: re.search(r"^#SBATCH --comment=(.*)$", j.script, re.M) for i, j in self.jobs.items()}
+            return 0, "".join(f"{i}|{c.group(1) if c else '(null)'}\n" for i, c in comments.items()), ""
         ids = next(a for a in args if a.startswith("--jobs=")).split("=", 1)[1].split(",")
         assert "--states=all" in args and "--format=%i|%T|%r" in args
         known = [i for i in ids if i in self.jobs]

@@ -324,10 +324,13 @@ def test_resume_watches_the_attempt_a_lost_supervisor_left_running(fake, home):
     assert [(m["name"], m["step"]) for m in metrics] == [("loss", 1), ("loss", 2)], "read again, not repeated"
 
 
-@pytest.mark.parametrize("state, signals", [("RUNNING", ["TERM"]), ("PENDING", [])])
-def test_stop_of_a_lost_job_stops_what_slurm_still_runs(fake, home, state, signals):
+@pytest.mark.parametrize("state, signals, recorded", [("RUNNING", ["TERM"], True), ("PENDING", [], True),
+                                                     ("RUNNING", ["TERM"], False)])
+def test_stop_of_a_lost_job_stops_what_slurm_still_runs(fake, home, state, signals, recorded):
     store, record, job = _lost(fake, home, state)
     paths = JobPaths(Path(record.job_dir))
+    if not recorded:  # the supervisor died before it wrote down sbatch's answer: squeue finds it by --comment
+        paths.scheduler_job(0).unlink()
 
     def stopped(job, sig):
         for node in (0, 1):

@@ -184,7 +184,8 @@ def test_resume_of_a_lost_job_watches_its_running_slurm_job(slurm_env, tmp_path)
     assert sorted(json.loads(m)["step"] for m in metrics if '"loss"' in m) == list(range(150))
 
 
-def test_stop_of_a_lost_job_cancels_its_slurm_job(slurm_env, tmp_path):
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "never-recorded"])
+def test_stop_of_a_lost_job_cancels_its_slurm_job(slurm_env, tmp_path, recorded):
     job_id = phalanx("run", "-d", "--backend", "slurm", "--grace", "5", _steps(tmp_path), "100000",
                      check=True).stdout.strip()
     job = _status(job_id)
@@ -192,6 +193,8 @@ def test_stop_of_a_lost_job_cancels_its_slurm_job(slurm_env, tmp_path):
     _wait_for(lambda: rank0.exists() and "step=3 " in rank0.read_text(), timeout=60, what="the job to start")
     _lose_supervisor(job_id)
     slurm_id = _slurm_job(job)
+    if not recorded:  # as if the supervisor died before it wrote down sbatch's answer
+        Path(job["job_dir"], "attempt_0", "scheduler.json").unlink()
     assert _processes_of(job), "the job runs on without its supervisor"
     assert phalanx("stop", job_id, check=True).stdout.strip() == f"{job_id} LOST"
     assert slurm_env.job_state(slurm_id) not in ("PENDING", "RUNNING", "COMPLETING")

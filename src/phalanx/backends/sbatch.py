@@ -110,6 +110,11 @@ def _path(flag: str, value: str) -> str:
     return f'#SBATCH {flag}="{value}"' if re.search(r"\s", value) else f"#SBATCH {flag}={value}"
 
 
+def submission_tag(job_id: str, attempt: int) -> str:
+    """The batch job's ``--comment``: finds an attempt's SLURM job when its id was never recorded."""
+    return f"phalanx:{job_id}:{attempt}"
+
+
 def render(job: BatchJob) -> str:
     """The sbatch script. Pure."""
     opts = job.options
@@ -118,6 +123,7 @@ def render(job: BatchJob) -> str:
         "#!/bin/bash",
         f"# phalanx job {job.job_id}, attempt {job.attempt}: {comment}",
         f"#SBATCH --job-name={job.name}",
+        f"#SBATCH --comment={submission_tag(job.job_id, job.attempt)}",
         f"#SBATCH --nodes={job.nnodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={job.cpus_per_task}",

@@ -17,7 +17,9 @@ machine (``$PHALANX_HOME``), so logs, results and metrics need no copying.
 - **queue time** is not run time: a node handle is not ``running()`` while the job is pending,
   requeued or suspended, so ``--stall-timeout`` counts from when the job runs;
 - **a lost supervisor** leaves the batch job running (the agents are slurmstepd's children,
-  not the supervisor's). Its id stays in the attempt's ``scheduler.json``; ``attach`` gives
+  not the supervisor's). Its id stays in the attempt's ``scheduler.json`` (or, when the
+  supervisor died before writing it down, squeue finds it by its ``--comment``,
+  ``phalanx:JOB:ATTEMPT``); ``attach`` gives
   a new supervisor (``phalanx resume``) handles for it instead of a second submission, and
   ``phalanx stop`` of the LOST job cancels it through the same handles.
 
@@ -114,18 +116,34 @@ class SlurmBackend(Backend):
         return [SlurmNode(job, node.node_rank) for node in plan.nodes]
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
-        """The batch job recorded in the attempt's ``scheduler.json``, unless squeue says it has
+        """The batch job recorded in the attempt's ``scheduler.json`` (or carrying its
+        ``--comment``), unless squeue says it has
         ended (the agents run under slurmstepd, so they outlive a supervisor that dies). While
         squeue cannot answer, the job counts as running: watching it is safer than submitting
         a second copy."""
         submitted = read_json(paths.scheduler_job(plan.attempt)) or {}
-        if submitted.get("scheduler") != self.name or not str(submitted.get("job_id", "")).isdigit():
-            return None
-        job_id = str(submitted["job_id"])
+        job_id = str(submitted.get("job_id", "")) if submitted.get("scheduler") == self.name else ""
+        if not job_id.isdigit():  # the supervisor died while sbatch ran, or before it wrote down its answer
+            job_id = find_submission(plan.job_id, plan.attempt) or ""
+            if not job_id:
+                return None
+            write_json(paths.scheduler_job(plan.attempt), {"scheduler": self.name, "job_id": job_id, "found_by": "comment"})
         if ended(QUEUE.state(job_id)[0]):
             return None
         job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes))
         return [SlurmNode(job, node.node_rank) for node in plan.nodes]
+
+
+def find_submission(job_id: str, attempt: int) -> str | None:
+    """The SLURM job that carries this attempt's ``--comment``, from this user's queue; None
+    when there is none, or squeue cannot tell."""
+    import getpass
+
+    tag = sbatch.submission_tag(job_id, attempt)
+    proc = commands.run(["squeue", "--noheader", "--states=all", f"--user={getpass.getuser()}", "--format=%i|%k"])
+    found = [line.split("|", 1)[0].strip() for line in proc.stdout.splitlines() if line.strip().endswith("|" + tag)]
+    found = [i for i in found if i.isdigit()]
+    return max(found, key=int) if proc.returncode == 0 and found else None
 
 
 class SlurmQueue:
