@@ -165,6 +165,38 @@ def test_root_cause_is_the_rank_that_raised_not_the_peer_that_died_first(phx_hom
     assert states == {0: "failed", 1: "failed"}
 
 
+@pytest.mark.parametrize("exit_arg, code", [("3", 3), ("'bye'", 1), ("None", 0)])
+def test_a_worker_ends_as_python_would_nothing_unflushed_is_lost(phx_home, tmp_path, exit_arg, code):
+    # The bootstrap skips the interpreter's teardown (torch aborts in it now and then); what a
+    # script can see of Python's exit must still happen.
+    script = tmp_path / "ending.py"
+    script.write_text(
+        "import atexit, ctypes, sys, threading, time\n"
+        f"text = open({str(tmp_path / 'text.txt')!r}, 'w')\n"
+        "text.write('never closed, never flushed')\n"
+        f"data = open({str(tmp_path / 'data.bin')!r}, 'wb')\n"
+        "data.write(b'binary too')\n"
+        "def late():\n"
+        "    time.sleep(0.5)\n"
+        "    print('the thread finished', flush=True)\n"
+        "threading.Thread(target=late).start()\n"
+        "atexit.register(print, 'atexit ran')\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.fopen.restype = ctypes.c_void_p\n"
+        "libc.fputs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]\n"
+        f"libc.fputs(b'from C stdio', libc.fopen({str(tmp_path / 'c.txt').encode()!r}, b'w'))\n"
+        f"sys.exit({exit_arg})\n"
+    )
+    proc = phalanx("run", str(script))
+    assert proc.returncode == code, proc.stderr
+    assert (tmp_path / "text.txt").read_text() == "never closed, never flushed"
+    assert (tmp_path / "data.bin").read_bytes() == b"binary too"
+    log = phalanx("logs", _only_job()["id"], "--rank", "0", check=True).stdout
+    assert log.index("the thread finished") < log.index("atexit ran"), log
+    assert (tmp_path / "c.txt").read_text() == "from C stdio"
+    assert ("bye" in log) is (exit_arg == "'bye'")
+
+
 def test_killed_rank_reports_signal(phx_home, tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("import os, signal, time\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(60)\n")

@@ -7,7 +7,9 @@ It makes an unmodified script observable and safe to stop, then gets out of the 
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
-- for ``--framework jax`` it calls ``jax.distributed.initialize`` for the script.
+- for ``--framework jax`` it calls ``jax.distributed.initialize`` for the script;
+- it ends the worker without the interpreter's teardown, where torch aborts now and then
+  after a successful run (``_exit``).
 
 MODE is ``--script`` (like ``python FILE``), ``--module`` (``python -m``) or ``--exec`` (any program).
 Keep imports here minimal: this runs once per worker.
@@ -24,6 +26,7 @@ import time
 TYPE_CHECKING = False  # mypy reads this as True; nothing imports typing at worker start-up
 if TYPE_CHECKING:
     from traceback import StackSummary
+    from typing import NoReturn
 
 from phalanx.launch.procs import die_with_parent
 
@@ -35,7 +38,6 @@ PROC_JSON = "proc.json"
 USER_METRICS = "user_metrics.jsonl"
 
 MODES = ("--script", "--module", "--exec")
-SETTLE_SECONDS = 0.1  # see _settle_collectives
 
 
 def _rank() -> int:
@@ -162,15 +164,59 @@ def _run(mode: str, target: str, args: list[str]) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
-def _settle_collectives() -> None:
-    """Let torch's gloo worker threads drop the work they finished before the interpreter
-    finalizes. A worker still holding a finished collective's tensors then needs the GIL to free
-    them, dies taking it, and the process aborts ("terminate called without an active
-    exception") after the script succeeded: torch 2.13, about 1 two-rank DDP run in 10 under
-    load (core dump: ProcessGroupGloo::runLoop -> ~AsyncWork -> THPVariable_dealloc -> take_gil
-    -> PyThread_exit_thread). Only multi-process runs pay; 0.1 s is 20 GIL switch intervals."""
-    if os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1") and "torch.distributed" in sys.modules:
-        time.sleep(SETTLE_SECONDS)
+def _exit_code(code: object) -> int:
+    """The exit status ``raise SystemExit(code)`` gives; like Python, prints a non-int code."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def _exit(code: int) -> NoReturn:
+    """End the worker as Python would, without the interpreter's teardown.
+
+    torch 2.13 aborts now and then in that teardown, after the script has finished: one of its
+    C++ threads (gloo's ``ProcessGroupGloo::runLoop`` in a core dump) frees a Python object
+    once the interpreter is finalizing, dies taking the GIL, and the process ends with
+    "terminate called without an active exception" (SIGABRT) although training succeeded;
+    about one run in a few hundred here, single and multi-process. So the worker does what
+    Python's exit does that a script can see, in Python's order, then ``_exit``s, as
+    multiprocessing's children do: non-daemon threads are joined, ``atexit`` handlers run
+    (logging, wandb and jax flush there), every open file is flushed, and so is C's stdio.
+    Skipped: module teardown and C++ static destructors, and ``__del__`` of objects alive at
+    exit, which Python does not promise to run either."""
+    import atexit
+    import gc
+    import io
+    import threading
+
+    main_thread = threading.main_thread()
+    while True:
+        waiting = [t for t in threading.enumerate() if t is not main_thread and not t.daemon]
+        if not waiting:
+            break
+        for thread in waiting:
+            thread.join()
+    atexit._run_exitfuncs()
+    live = gc.get_objects()
+    # Text first: its flush moves text into the binary buffer beneath, flushed after it.
+    for kind in (io.TextIOWrapper, (io.BufferedWriter, io.BufferedRandom)):
+        for stream in [obj for obj in live if isinstance(obj, kind)]:
+            try:
+                if not stream.closed:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+    del live
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # output C extensions printf'ed into stdio's buffer
+    except (ImportError, OSError, AttributeError):
+        pass
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,16 +232,16 @@ def main(argv: list[str] | None = None) -> None:
     _install_stack_dumps()
     try:
         _run(mode, target, args)
-    except SystemExit:
-        _settle_collectives()
-        raise
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
     except KeyboardInterrupt:
         # A stop forwarded as SIGINT, not a failure of the script: no error record.
-        raise SystemExit(128 + signal.SIGINT) from None
+        code = 128 + signal.SIGINT
     except BaseException as exc:  # noqa: BLE001 - the whole point is to record anything
         _record_exception(exc, rank_dir)
-        raise SystemExit(1) from None
-    _settle_collectives()
+        code = 1
+    _exit(code)
 
 
 if __name__ == "__main__":
