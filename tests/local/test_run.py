@@ -197,6 +197,14 @@ def test_a_worker_ends_as_python_would_nothing_unflushed_is_lost(phx_home, tmp_p
     assert ("bye" in log) is (exit_arg == "'bye'")
 
 
+def test_the_exit_adds_nothing_to_a_torch_workers_log(phx_home, tmp_path):
+    # Looking for open files among torch's objects must not touch them: some warn when read.
+    script = tmp_path / "quiet.py"
+    script.write_text("import torch.distributed\nprint('done')\n")
+    phalanx("run", str(script), check=True)
+    assert phalanx("logs", _only_job()["id"], "--rank", "0", check=True).stdout == "done\n"
+
+
 def test_killed_rank_reports_signal(phx_home, tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("import os, signal, time\nif os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(60)\n")

@@ -202,8 +202,10 @@ def _exit(code: int) -> NoReturn:
     atexit._run_exitfuncs()
     live = gc.get_objects()
     # Text first: its flush moves text into the binary buffer beneath, flushed after it.
+    # type(), not isinstance(): that reads __class__, which some objects answer with a warning
+    # (torch.distributed.reduce_op: FutureWarning).
     for kind in (io.TextIOWrapper, (io.BufferedWriter, io.BufferedRandom)):
-        for stream in [obj for obj in live if isinstance(obj, kind)]:
+        for stream in [obj for obj in live if issubclass(type(obj), kind)]:
             try:
                 if not stream.closed:
                     stream.flush()
