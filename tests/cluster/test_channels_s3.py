@@ -267,7 +267,7 @@ def test_upload_that_keeps_failing_fails_the_job_and_publishes_nothing_partial(p
 
 
 def test_stop_waits_for_the_outputs_to_upload_after_the_ranks_stopped(phx_home, s3_env, s3, proj, s3_server):
-    # 2 MB over a 320 kB/s link: the upload takes 6 s, longer than stop's --timeout for the ranks.
+    # 2 MB over a 320 kB/s link: the upload takes 6 s, twice stop's --timeout for the ranks.
     proxy = CuttingProxy(s3_server, after=0, cuts=0, rate=320_000)
     (proj / "wait.py").write_text(WRITE_OUTPUT.replace("sys.exit", "import time; time.sleep(600); sys.exit"))
     try:
@@ -278,7 +278,7 @@ def test_stop_waits_for_the_outputs_to_upload_after_the_ranks_stopped(phx_home, 
         deadline = time.monotonic() + 60
         while not (log.exists() and "wrote outputs" in log.read_text()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        stopped = phalanx("stop", "slow", "--timeout", "2", env=env)
+        stopped = phalanx("stop", "slow", "--timeout", "3", env=env)
     finally:
         proxy.close()
     assert stopped.returncode == 0, stopped.stderr
