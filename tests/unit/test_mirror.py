@@ -52,6 +52,15 @@ class Link:
         self.frames: list[dict] = []
         self.payloads: list[bytes] = []
 
+    def node_files(self, log: bytes, result: str | None = '{"exitcode": 0}') -> Path:
+        """This node's directory of the remote attempt, with its agent log (and result)."""
+        node = self.remote_attempt / "node_0"
+        node.mkdir(parents=True)
+        (node / "agent.log").write_bytes(log)
+        if result is not None:
+            (node / "result.json").write_text(result)
+        return node
+
     def scan(self, final: bool = False) -> list[dict]:
         self.mirror._trees_at = 0.0  # every scan looks at the trees (no waiting for TREE_INTERVAL)
         self.mirror.scan(final=final)
@@ -246,10 +255,7 @@ def test_an_empty_file_arrives(tmp_path, trees):
 def test_attempt_files_still_mirror_and_the_link_going_away_stops_the_frames(tmp_path, trees):
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
-    node = link.remote_attempt / "node_0"
-    node.mkdir(parents=True)
-    (node / "agent.log").write_text("one\n")
-    (node / "result.json").write_text('{"exitcode": 0}')
+    node = link.node_files(b"one\n")
     link.scan()
     with open(node / "agent.log", "a") as fh:
         fh.write("two\n")
@@ -274,10 +280,8 @@ def test_attempt_files_still_mirror_and_the_link_going_away_stops_the_frames(tmp
 def test_a_flood_of_log_output_goes_in_bounded_frames(tmp_path, trees, monkeypatch):
     monkeypatch.setattr(remote, "CHUNK", 1000)
     link = Link(tmp_path, {}, {})
-    node = link.remote_attempt / "node_0"
-    node.mkdir(parents=True)
     text = "".join(f"line {i}\n" for i in range(400))
-    (node / "agent.log").write_text(text)
+    link.node_files(text.encode(), result=None)
     frames = link.scan()
     assert [f["o"] for f in frames] == list(range(0, len(text), 1000))
     assert (link.local_attempt / "node_0" / "agent.log").read_text() == text
@@ -303,10 +307,7 @@ def test_bytes_that_come_in_small_pieces_are_read_until_complete(tmp_path, trees
     monkeypatch.setattr(remote, "CHUNK", 1000)
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
-    node = link.remote_attempt / "node_0"
-    node.mkdir(parents=True)
-    (node / "agent.log").write_bytes(b"log\n" * 600)
-    (node / "result.json").write_text('{"exitcode": 0}')
+    link.node_files(b"log\n" * 600)
     data = os.urandom(2500)
     (host / "ckpt.pt").write_bytes(data)
     link.mirror.scan(final=True)
@@ -346,10 +347,7 @@ def test_a_stream_cut_off_within_a_frame_s_bytes_leaves_no_partial_file(tmp_path
     monkeypatch.setattr(remote, "CHUNK", 1000)
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
-    node = link.remote_attempt / "node_0"
-    node.mkdir(parents=True)
-    (node / "agent.log").write_bytes(b"a" * 1500)
-    (node / "result.json").write_text('{"exitcode": 0}')
+    link.node_files(b"a" * 1500)
     (host / "pushed.pt").write_bytes(b"N" * 2500)
     link.mirror.scan(final=True)
     link.mirror.frame({"exit": 0})
