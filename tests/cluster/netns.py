@@ -48,6 +48,7 @@ class Network:
     links: list[str] = field(default_factory=list)  # root-namespace links to delete
     node_namespaces: list[str] = field(default_factory=list)
     node_addrs: list[str] = field(default_factory=list)
+    etc_dirs: list[Path] = field(default_factory=list)  # /etc/netns/<ns>/ written by set_hosts
 
     @property
     def driver_addr(self) -> str:
@@ -167,15 +168,70 @@ def _build(net: Network, count: int) -> None:
 
 def destroy(net: Network) -> None:
     """Stop whatever still runs in the node namespaces (all of it started by the tests), then
-    delete the links and namespaces. Idempotent."""
+    delete the links, namespaces and hosts files. Idempotent."""
     for ns in net.node_namespaces:
         _kill(_netns_pids(ns))
+    for etc in net.etc_dirs:
+        shutil.rmtree(etc, ignore_errors=True)
+    net.etc_dirs.clear()
     for link in reversed(net.links):
         _ip("link", "del", link, check=False)
     net.links.clear()
     for ns in reversed(net.namespaces):
         _ip("netns", "del", ns, check=False)
     net.namespaces.clear()
+
+
+def set_hosts(net: Network, ns: str, names: dict[str, str]) -> None:
+    """What ``ns`` resolves by name: ``names`` (name -> address) plus localhost, as the file
+    ``ip netns exec`` bind-mounts over /etc/hosts for processes of that namespace (``spawn``).
+    Call again to change it (a DNS record that appears late); processes already running see
+    the new file at their next lookup."""
+    etc = Path("/etc/netns") / ns
+    if etc not in net.etc_dirs:
+        etc.mkdir(parents=True, exist_ok=True)
+        net.etc_dirs.append(etc)
+    lines = ["127.0.0.1 localhost", *(f"{addr} {name}" for name, addr in names.items())]
+    tmp = etc / ".hosts.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    # Same inode, new content: a bind mount of the old file would not see a renamed one.
+    (etc / "hosts").touch()
+    with open(etc / "hosts", "r+") as fh:
+        fh.write(tmp.read_text())
+        fh.truncate()
+    tmp.unlink()
+
+
+def spawn(ns: str, argv: list[str], env: dict[str, str], hostname: str | None = None, cwd: str | None = None,
+          log: Path | None = None) -> subprocess.Popen:
+    """Start ``argv`` as a process of namespace ``ns`` (its own session), as a "host", "pod" or
+    "instance" of a test would run: with exactly ``env`` (nothing inherited), the hosts file of
+    ``set_hosts``, and ``hostname`` in a UTS namespace of its own. Output goes to ``log`` (or is
+    discarded). Stop it with ``stop_group`` or ``destroy``."""
+    prefix = ["ip", "netns", "exec", ns]
+    if hostname:
+        prefix += ["unshare", "--uts", "sh", "-c", f'hostname "$0" && exec "$@"', hostname]
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL
+    try:
+        return subprocess.Popen([*prefix, *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the process group ``spawn`` started, SIGKILL what is left after ``grace``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _netns_pids(ns: str) -> list[int]:
