@@ -34,7 +34,7 @@ def test_same_host_nodes_get_distinct_sm_hosts():
     assert json.loads(env["SM_HOSTS"]) == ["node-0", "node-1"] and env["SM_CURRENT_HOST"] == "node-1"
 
 
-def test_process_env_torch_ranks():
+def test_process_env_spawn_self_is_torchrun_with_one_process_per_node():
     env = process_env(_spec(spawn=Spawn.SELF), _topo(), 1, 0)
     # --spawn self: one process per node, so node 1's process is rank 1 of 2
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("1", "2", "0")

@@ -6,6 +6,7 @@
       phalanx.db                      the store (SQLite, WAL)
       state/<name>/                   PHALANX_STATE_DIR, persistent per job name
       sweeps/<id>/                    a sweep's own files (runner.log when detached)
+      cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
       cache/channels/<key>.json       what was staged there: source, files with size and version
       cache/channels/<key>.lock       held while staging (jobs sharing an input wait for each other)
@@ -16,8 +17,8 @@
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         output/                       PHALANX_OUTPUT_DIR
-        code/                         the code snapshot the job runs from (taken at submit time)
-        code.json                     what the snapshot holds: files copied, entries linked
+        code/                         the code snapshot (at submit time): hard links into cache/code/objects
+        code.json                     what the snapshot holds: files, bytes, digest, large files left out
         inputs.json                   fingerprint of the job's inputs (--skip-if-done)
         artifacts.json                where outputs and logs were uploaded (--output), file by file
         attempt_<k>/
@@ -78,6 +79,11 @@ class HomePaths:
 
     def state_dir(self, name: str) -> Path:
         return self.root / "state" / safe_name(name)
+
+    @property
+    def code_objects(self) -> Path:
+        """The content store of code snapshots: one read-only file per distinct content."""
+        return self.root / "cache" / "code" / "objects"
 
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id
