@@ -22,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .core.env import python_as_typed
 from .core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn, merge_args, parse_topology
 from .errors import UsageError
 
@@ -192,7 +193,7 @@ def build_spec(opts: RunOptions) -> JobSpec:
         env=env,
         workdir=str(workdir),
         backend=str(opts.backend or file.get("backend") or _default_backend()),
-        python=sys.executable,
+        python=python_as_typed(),
         max_restarts=int(opts.max_restarts if opts.max_restarts is not None else file.get("max_restarts", 0)),
         grace=float(opts.grace if opts.grace is not None else file.get("grace", _default_grace())),
     )

@@ -67,3 +67,4 @@ def test_bootstrap_file_names_match_job_paths(tmp_path):
     assert paths.rank_error(2, 5).name == bootstrap.ERROR_JSON
     assert paths.rank_proc(2, 5).name == bootstrap.PROC_JSON
     assert paths.rank_user_metrics(2, 5).name == bootstrap.USER_METRICS
+    assert paths.rank_torch_error(2, 5).name == bootstrap.TORCH_ERROR_JSON

@@ -91,14 +91,20 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
 
 
 # What torchrun's agent sets for every worker it starts (torch/distributed/elastic/agent/
-# server/local_elastic_agent.py, _start_workers, torch 2.13), besides TORCHELASTIC_ERROR_FILE:
+# server/local_elastic_agent.py, _start_workers; launcher/api.py, TORCHELASTIC_SIGNALS_TO_HANDLE;
+# torch 2.13), besides TORCHELASTIC_ERROR_FILE (the bootstrap sets that one, launch/bootstrap.py):
 # libraries read any of them as "an outside launcher started me".
 TORCHRUN_VARS = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 )
+
+
+# The signals torchrun forwards to its workers (--signals-to-handle), SLURM's SIGUSR1/SIGUSR2
+# preemption warnings included; workers see the list in TORCHELASTIC_SIGNALS_TO_HANDLE.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 
 
 def runs_as_python(spec: JobSpec) -> bool:
@@ -138,6 +144,7 @@ def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) 
         # No agent store here: rank 0's init_process_group hosts the TCPStore at MASTER_PORT.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
     }
     if spec.framework is Framework.JAX:
         env["JAX_COORDINATOR_ADDRESS"] = f"{topo.master_addr}:{topo.master_port}"
@@ -153,6 +160,22 @@ def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) 
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
         )
     return env
+
+
+def python_as_typed() -> str:
+    """The interpreter for the job's processes: this one, named as ``python`` on the user's PATH
+    names it when that is the same interpreter (``sys.executable`` of ``python train.py`` in an
+    activated venv is ``.venv/bin/python``, while phalanx's own entry point says ``python3``)."""
+    import shutil
+    import sys
+
+    typed = shutil.which("python")
+    try:
+        if typed and os.path.samefile(typed, sys.executable):
+            return os.path.abspath(typed)
+    except OSError:
+        pass
+    return sys.executable
 
 
 def merged(*layers: Mapping[str, str]) -> dict[str, str]:

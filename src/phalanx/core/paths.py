@@ -34,6 +34,7 @@
           rank_<r>/output.log         stdout+stderr of global rank r, in order
           rank_<r>/error.json         the rank's uncaught exception, if any
           rank_<r>/proc.json          the rank's pid, node and host, written at start
+          rank_<r>/torchelastic_error.json  TORCHELASTIC_ERROR_FILE of a rank started without torchrun (-n 1)
 
 Under ``--output URI`` a job's results go to ``<URI>/<name>-<id>/`` (``RemoteJobPaths``):
 ``output/`` (PHALANX_OUTPUT_DIR), ``logs/`` (the job directory's records) and
@@ -246,6 +247,10 @@ class JobPaths:
 
     def rank_proc(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "proc.json"
+
+    def rank_torch_error(self, attempt: int, rank: int) -> Path:
+        """TORCHELASTIC_ERROR_FILE of a worker phalanx started itself with torchrun's variables."""
+        return self.rank_dir(attempt, rank) / "torchelastic_error.json"
 
     def attempts(self) -> list[int]:
         found = []

@@ -41,6 +41,7 @@ OUTPUT_LOG = "output.log"
 ERROR_JSON = "error.json"
 PROC_JSON = "proc.json"
 USER_METRICS = "user_metrics.jsonl"
+TORCH_ERROR_JSON = "torchelastic_error.json"
 
 MODES = ("--script", "--module", "--exec")
 USAGE = "python -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
@@ -71,6 +72,10 @@ def _redirect_output(rank_dir: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     os.environ["PHALANX_METRICS_FILE"] = os.path.join(rank_dir, USER_METRICS)
+    if "TORCHELASTIC_RUN_ID" in os.environ and "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        # torchrun gives each worker one; so does phalanx when it starts a worker with torchrun's
+        # variables itself (-n 1, TF, JAX), for scripts decorated with @record.
+        os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(rank_dir, TORCH_ERROR_JSON)
     _write_json(
         os.path.join(rank_dir, PROC_JSON),
         {
@@ -174,7 +179,9 @@ def _run(mode: str, target: str, args: list[str], frozen: list[str]) -> None:
         import runpy
 
         sys.argv = [target, *args]
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        # python -m runs the module in a __main__ that starts with __annotations__ (before 3.14)
+        runpy.run_module(target, init_globals={"__annotations__": {}} if sys.version_info < (3, 14) else None,
+                         run_name="__main__", alter_sys=True)
 
 
 def _exit_code(code: object) -> int:

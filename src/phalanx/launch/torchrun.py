@@ -7,7 +7,7 @@ could paste into a shell.
 
 from __future__ import annotations
 
-from ..core.env import Topology
+from ..core.env import SIGNALS_TO_HANDLE, Topology
 from ..core.spec import EntrypointKind, JobSpec, code_root
 
 BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
@@ -50,7 +50,7 @@ def torchrun_argv(spec: JobSpec, topo: Topology, node_rank: int, local_addr: str
         f"--local-addr={local_addr}",
         "--redirects=0",
         "--tee=0",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        f"--signals-to-handle={SIGNALS_TO_HANDLE}",
         f"--shutdown-timeout={max(1, int(spec.grace))}",
         "--module",
         BOOTSTRAP_MODULE,
