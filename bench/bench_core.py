@@ -30,9 +30,9 @@ HELLO = "examples/hello.py"
 N_FINISHED, N_RUNNING = 1000, 3
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> float:
+def run_once(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> float:
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True)
+    proc = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(argv)}\n{proc.stdout.decode()}{proc.stderr.decode()}")
@@ -44,12 +44,20 @@ def measure(
     before: Callable[[], None] | None = None,
 ) -> list[dict]:
     """Warm up every command, then time them round-robin. ``before`` runs untimed before each call."""
+    return measure_in(ROOT, group, commands, env, repeats, before)
+
+
+def measure_in(
+    cwd: Path, group: str, commands: dict[str, list[str]], env: dict[str, str], repeats: int,
+    before: Callable[[], None] | None = None,
+) -> list[dict]:
+    """``measure``, typed in ``cwd``."""
     samples: dict[str, list[float]] = {label: [] for label in commands}
     for rnd in range(repeats + 1):  # round 0 is the warm-up
         for label, argv in commands.items():
             if before:
                 before()
-            elapsed = run_once(argv, env)
+            elapsed = run_once(argv, env, cwd)
             if rnd:
                 samples[label].append(elapsed)
         print(f"  {group}: round {rnd}/{repeats}" + (" (warm-up)" if rnd == 0 else ""), file=sys.stderr)
@@ -94,6 +102,43 @@ def populate(home: Path) -> Callable[[], None]:
     return reset
 
 
+def data_project(root: Path) -> Path:
+    """A project as people have them: 20 small modules and a script beside 50 MB of data."""
+    proj = root / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "model").mkdir()
+    with open(proj / "data" / "train.bin", "wb") as fh:
+        fh.write(os.urandom(50 * 1024 * 1024))
+    for i in range(20):
+        (proj / "model" / f"layer{i}.py").write_text(f"WIDTH = {i}\n" * 50)
+    (proj / "train.py").write_text("import os\nprint(os.path.getsize('data/train.bin'))\n")
+    return proj
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes the tree takes on disk (blocks; a hard-linked file once), as du counts them."""
+    seen, total = set(), 0
+    for path in [root, *root.rglob("*")] if root.exists() else []:
+        st = path.lstat()
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+def measure_growth(proj: Path, home: Path, runs: int) -> dict:
+    """$PHALANX_HOME growth per `phalanx run train.py` of ``proj`` (the first run, then each later one)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PHALANX_HOME": str(home)}
+    sizes = [disk_usage(home)]
+    for _ in range(runs):
+        subprocess.run([PHALANX, "run", "train.py"], cwd=proj, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       check=True)
+        sizes.append(disk_usage(home))
+    growth = [b - a for a, b in zip(sizes, sizes[1:])]
+    return {"group": "snapshot", "command": f"$PHALANX_HOME growth per run, 50 MB data beside the code ({runs} runs)",
+            "first_run_bytes": growth[0], "median_later_bytes": statistics.median(growth[1:]), "growth_bytes": growth}
+
+
 def table(results: list[dict]) -> str:
     lines = [f"{'group':<9} {'command':<52} {'median s':>9} {'min s':>7} {'ratio':>6} {'+median s':>10}"]
     for r in results:
@@ -125,6 +170,13 @@ def main() -> None:
             "phalanx run hello.py": [PHALANX, "run", HELLO],
             "python hello.py": [PY, HELLO],
         }, env, args.repeats)
+        proj = data_project(Path(tmp))
+        project_env = {**env, "PHALANX_HOME": str(Path(tmp, "project-home"))}
+        results += measure_in(proj, "project", {
+            "phalanx run train.py  (project with 50 MB data)": [PHALANX, "run", "train.py"],
+            "python train.py": [PY, "train.py"],
+        }, project_env, args.repeats)
+        growth = measure_growth(proj, Path(tmp, "growth-home"), 10)
         reset = populate(ps_home)
         results += measure("cli", {
             f"phalanx ps  ({N_FINISHED}+{N_RUNNING} jobs)": [PHALANX, "ps"],
@@ -132,12 +184,17 @@ def main() -> None:
             "phalanx ps --all --json": [PHALANX, "ps", "--all", "--json"],
             "phalanx ps --all --json --limit 10000": [PHALANX, "ps", "--all", "--json", "--limit", "10000"],
             "phalanx --help": [PHALANX, "--help"],
+            "phalanx run --dry-run hello.py": [PHALANX, "run", "--dry-run", HELLO],
+            "phalanx run --dry-run -n 2x2 hello.py": [PHALANX, "run", "--dry-run", "-n", "2x2", HELLO],
             "python -c pass": [PY, "-c", "pass"],
         }, {**env, "PHALANX_HOME": str(ps_home)}, args.ps_repeats, before=reset)
 
     print(f"\nphalanx core benchmark, {os.cpu_count()} CPUs, {platform.platform()}, python {platform.python_version()}")
     print("ratio = median / median of the group's last (baseline) command; +median s = the difference\n")
     print(table(results))
+    print(f"\n{growth['command']}: first run {growth['first_run_bytes'] / 1024:.0f} KiB, "
+          f"then median {growth['median_later_bytes'] / 1024:.0f} KiB per run ({', '.join(str(g // 1024) for g in growth['growth_bytes'])} KiB)")
+    results.append(growth)
     if args.json:
         meta = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "platform": platform.platform(),
                 "repeats": args.repeats, "ps_repeats": args.ps_repeats}

@@ -4,7 +4,7 @@
 
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
-      state/<name>/                   PHALANX_STATE_DIR, persistent per job name
+      state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
       sweeps/<id>/                    a sweep's own files (runner.log when detached)
       cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
