@@ -189,3 +189,21 @@ def test_python_is_named_as_the_users_path_names_it(tmp_path, monkeypatch, exist
         (tmp_path / "python").symlink_to(sys.executable)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert python_as_typed() == (str(tmp_path / "python") if exists else sys.executable)
+
+
+def test_ssh_dry_run_says_what_cwd_means_on_the_hosts_and_warns(tmp_path, phx_home):
+    import subprocess
+    import sys
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("")
+    (tmp_path / "data").mkdir()
+    base = [sys.executable, "-m", "phalanx", "run", "--backend", "ssh", "--hosts", "gpu1", "--dry-run"]
+    shipped = subprocess.run([*base, "train.py", "--data", "../data"], cwd=proj, capture_output=True, text=True, timeout=60)
+    assert shipped.returncode == 0, shipped.stderr
+    assert "# cwd on the hosts: ~/.phalanx/remote/jobs/" in shipped.stdout and f"the shipped copy of {proj}" in shipped.stdout
+    assert "# warning: argument '../data' is a relative path that will not exist on the hosts" in shipped.stdout
+    shared = subprocess.run([*base, "--shared-fs", "train.py", "--data", "../data"], cwd=proj, capture_output=True,
+                            text=True, timeout=60)
+    assert f"# cwd: {proj} (the same path on the nodes" in shared.stdout and "warning" not in shared.stdout
