@@ -104,6 +104,20 @@ def test_frozen_imports_name_the_users_files_and_read_the_copy(tmp_path):
     assert list((code / "pkg" / "__pycache__").glob("mod.*.pyc"))
 
 
+def test_frozen_bytecode_is_compiled_once_for_every_job_that_runs_the_same_code(phx_home, tmp_path):
+    (tmp_path / "lib.py").write_text("VALUE = 1\n")
+    (tmp_path / "train.py").write_text("import lib\nprint(lib.VALUE, lib.__cached__)\n")
+    env = {"PYTHONDONTWRITEBYTECODE": ""}
+    outs = [phalanx("run", "train.py", cwd=tmp_path, check=True, env=env).stdout for _ in range(2)]
+    cache = phx_home / "cache" / "code" / "pyc"
+    pycs = list(cache.iterdir())
+    assert len(pycs) == 1 and pycs[0].name.endswith("-lib.cpython-%d%d.pyc" % sys.version_info[:2]), pycs
+    first_write = pycs[0].stat().st_mtime_ns
+    assert outs[0] == outs[1] == f"1 {tmp_path / '__pycache__' / pycs[0].name.split('-', 2)[2]}\n"  # python's name
+    assert pycs[0].stat().st_mtime_ns == first_write  # the second job reused it
+    assert not (tmp_path / "__pycache__").exists()
+
+
 def test_frozen_module_runs_like_python_dash_m(tmp_path):
     files = {"pkg/__init__.py": "", "pkg/__main__.py": "import sys\nprint('main', __name__, __spec__.name, sys.argv[1:])\n",
              "pkg/train.py": "import sys\nfrom . import util\nprint(util.X, __file__, sys.argv[0] == __file__, __package__)\n",

@@ -342,3 +342,19 @@ def test_names_from_a_store_cannot_leave_the_target(tmp_path):
     for bad in ("../x", "a/../../x", "/etc/passwd"):
         with pytest.raises(TransferError, match="leaves"):
             transfer.local_path(tmp_path, bad)
+
+
+def test_a_snapshot_of_hard_links_bundles_as_plain_files(tmp_path):
+    from phalanx.storage.bundle import build, code_files, unpack
+
+    (tmp_path / "proj" / "pkg").mkdir(parents=True)
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "proj" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "pkg" / "empty.py").write_text("")  # same content as __init__.py: one stored object
+    dest = tmp_path / "home" / "jobs" / "j" / "code"
+    snapshot.take(snapshot.list_workdir(tmp_path / "proj", tmp_path / "home"), dest, tmp_path / "code.json")
+    assert sorted(rel for rel, _ in code_files(dest)) == ["pkg/__init__.py", "pkg/empty.py", "train.py"]
+    bundle = build(code_files(dest), tmp_path / "b.tar.gz")
+    unpack(bundle.path, tmp_path / "out")
+    assert (tmp_path / "out" / "code" / "train.py").read_text() == "print('hi')\n"
+    assert (tmp_path / "out" / "code" / "pkg" / "empty.py").read_text() == ""

@@ -68,3 +68,14 @@ def test_bootstrap_file_names_match_job_paths(tmp_path):
     assert paths.rank_proc(2, 5).name == bootstrap.PROC_JSON
     assert paths.rank_user_metrics(2, 5).name == bootstrap.USER_METRICS
     assert paths.rank_torch_error(2, 5).name == bootstrap.TORCH_ERROR_JSON
+
+
+def test_frozen_bytecode_dir_is_the_homes(tmp_path):
+    from phalanx.core.paths import HomePaths
+    from phalanx.launch.frozen import bytecode_dir
+
+    home = HomePaths(tmp_path)
+    home.code_objects.mkdir(parents=True)
+    assert bytecode_dir(str(home.job("j1").code_dir)) == str(home.code_bytecode)
+    assert bytecode_dir(str(home.sweep_code("s1")[0])) == str(home.code_bytecode)
+    assert bytecode_dir(str(tmp_path / "elsewhere" / "code")) is None

@@ -7,6 +7,7 @@
       state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
       sweeps/<id>/                    a sweep's own files (runner.log when detached)
       cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
+      cache/code/pyc/<dev>-<ino>-...  their bytecode, compiled once for every job that runs them
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
       cache/channels/<key>.json       what was staged there: source, files with size and version
       cache/channels/<key>.lock       held while staging (jobs sharing an input wait for each other)
@@ -85,6 +86,11 @@ class HomePaths:
     def code_objects(self) -> Path:
         """The content store of code snapshots: one read-only file per distinct content."""
         return self.root / "cache" / "code" / "objects"
+
+    @property
+    def code_bytecode(self) -> Path:
+        """Bytecode of frozen code, by the stored file's inode (``launch/frozen.bytecode_dir`` finds it)."""
+        return self.root / "cache" / "code" / "pyc"
 
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id

@@ -39,19 +39,34 @@ if TYPE_CHECKING:
 _PYCACHE = "__pycache__"
 
 
+def bytecode_dir(code_dir: str) -> str | None:
+    """Where frozen bytecode is cached, shared by every job: ``$PHALANX_HOME/cache/code/pyc``
+    (``HomePaths.code_bytecode``), found from a code directory laid out as ``$PHALANX_HOME/jobs/<id>/code``
+    or ``sweeps/<id>/code``; None elsewhere (the bytecode then stays beside the copy)."""
+    home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(code_dir))))
+    store = os.path.join(home, "cache", "code")
+    return os.path.join(store, "pyc") if os.path.isdir(store) else None
+
+
 class FrozenLoader(SourceFileLoader):
     """A source loader whose module is named by its original ``path`` while its bytes (and
-    bytecode cache) are those of ``copy``."""
+    bytecode cache) are those of ``copy``. The snapshot's files are hard links into a content
+    store, so the bytecode is cached by the copy's inode in ``pycache``: every job that runs
+    the same content compiles it once, as python reuses ``__pycache__``."""
 
-    def __init__(self, fullname: str, path: str, copy: str) -> None:
+    def __init__(self, fullname: str, path: str, copy: str, pycache: str | None = None) -> None:
         super().__init__(fullname, path)
         self.copy = copy
+        self.pycache = pycache
 
     def _at(self, path: str) -> str:
         if path == self.path:
             return self.copy
         head, name = os.path.split(path)
         if head == os.path.join(os.path.dirname(self.path), _PYCACHE):  # its bytecode cache
+            if self.pycache:
+                st = os.stat(self.copy)
+                return os.path.join(self.pycache, f"{st.st_dev:x}-{st.st_ino:x}-{name}")
             return os.path.join(os.path.dirname(self.copy), _PYCACHE, name)
         return path
 
@@ -75,9 +90,10 @@ class FrozenFinder:
     """The path entry finder for one directory under ROOT (``path``, as ``sys.path`` or a
     package's ``__path__`` spells it) whose copy is ``code``."""
 
-    def __init__(self, path: str, code: str) -> None:
+    def __init__(self, path: str, code: str, pycache: str | None = None) -> None:
         self.path = path
         self.code = code
+        self.pycache = pycache
         self.live = FileFinder(path, *_live_loaders())
         self._names: set[str] | None = None
 
@@ -104,11 +120,10 @@ class FrozenFinder:
                 return self._spec(fullname, os.path.join(self.path, tail + ".py"), copy, None)
         return self.live.find_spec(fullname, target)  # type: ignore[arg-type]
 
-    @staticmethod
-    def _spec(fullname: str, origin: str, copy: str, package: str | None) -> ModuleSpec | None:
+    def _spec(self, fullname: str, origin: str, copy: str, package: str | None) -> ModuleSpec | None:
         from importlib.util import spec_from_file_location
 
-        return spec_from_file_location(fullname, origin, loader=FrozenLoader(fullname, origin, copy),
+        return spec_from_file_location(fullname, origin, loader=FrozenLoader(fullname, origin, copy, self.pycache),
                                        submodule_search_locations=[package] if package else None)
 
     def invalidate_caches(self) -> None:
@@ -122,6 +137,7 @@ class Freezer:
     def __init__(self, code_dir: str, root: str) -> None:
         self.code = os.path.realpath(code_dir)
         self.root = os.path.realpath(root)
+        self.pycache = bytecode_dir(code_dir)
 
     def copy_dir(self, directory: str) -> str | None:
         """The copy of ``directory`` (any spelling of a directory under ROOT), if the copy has it."""
@@ -143,7 +159,7 @@ class Freezer:
         code = self.copy_dir(path)
         if code is None:
             raise ImportError("not under the frozen root")  # the next hook (python's) takes it
-        return FrozenFinder(path, code)
+        return FrozenFinder(path, code, self.pycache)
 
     def install(self) -> None:
         """Route imports under ROOT and ``linecache`` through the copy, from now on."""
