@@ -195,11 +195,11 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs, **_identity())
-    _say_state(store, record, events, plan=plan)
+    _say_at_submit(store, record, events, plan=plan)
     return _supervise_here(store, record, plan, out, ranks, events)
 
 
-def _say_state(store: Store, record: JobRecord, events: Callable[[str], None] | None, resuming: bool = False,
+def _say_at_submit(store: Store, record: JobRecord, events: Callable[[str], None] | None, resuming: bool = False,
                plan: Plan | None = None) -> None:
     """At submit: the plan's warnings (launch/explain.py), and one line when the job starts
     with files already in its state directory (storage/statedir.py)."""
@@ -253,7 +253,7 @@ def submit_detached(spec: JobSpec, events: Callable[[str], None] | None = None) 
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs)
-    _say_state(store, record, events, plan=plan)
+    _say_at_submit(store, record, events, plan=plan)
     store.update(record.id, **_spawn_supervisor(record, spec.workdir))
     return store.get(record.id)
 
@@ -295,7 +295,7 @@ def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set
         return store.get(record.id), None
     if not store.reopen(record.id, attempt, **_identity()):
         raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")
-    _say_state(store, record, events, resuming=True)
+    _say_at_submit(store, record, events, resuming=True)
     return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 
