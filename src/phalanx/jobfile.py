@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .core.env import python_as_typed
 from .core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn, merge_args, parse_topology
 from .errors import UsageError
 
@@ -136,9 +137,9 @@ def _entrypoint(words: list[str], module: str | None, workdir: Path) -> Entrypoi
     if target.endswith(".py"):
         if not path.is_file():
             raise UsageError(f"script '{target}' not found in {workdir}", "check the path, or run from the script's directory")
-        return Entrypoint(EntrypointKind.SCRIPT, str(path.resolve()), args)
+        return Entrypoint(EntrypointKind.SCRIPT, str(path.resolve()), args, typed=target)
     if path.is_file() and not os.access(path, os.X_OK):
-        return Entrypoint(EntrypointKind.SCRIPT, str(path.resolve()), args)
+        return Entrypoint(EntrypointKind.SCRIPT, str(path.resolve()), args, typed=target)
     if path.is_file() or shutil.which(target):
         return Entrypoint(EntrypointKind.COMMAND, target, args)
     raise UsageError(
@@ -192,11 +193,13 @@ def build_spec(opts: RunOptions) -> JobSpec:
         env=env,
         workdir=str(workdir),
         backend=str(opts.backend or file.get("backend") or _default_backend()),
-        python=sys.executable,
+        python=python_as_typed(),
         max_restarts=int(opts.max_restarts if opts.max_restarts is not None else file.get("max_restarts", 0)),
         grace=float(opts.grace if opts.grace is not None else file.get("grace", _default_grace())),
     )
     spec = spec.with_(**_survival(opts, file), **_monitoring(opts, file), **_data(opts, file, base_dir, workdir, entry))
+    spec = _what_the_script_sees(spec, named=bool(opts.name or file.get("name")),
+                                 framework_given=bool(opts.framework or file.get("framework")))
     given = {k: v for k, v in opts.backend_options.items() if v is not None and v != [] and v is not False}
     file_opts = file.get("backend_options") or {}
     if not isinstance(file_opts, dict):
@@ -298,15 +301,29 @@ def _data(opts: RunOptions, file: dict[str, Any], base_dir: Path, workdir: Path,
 
 
 def _snapshot_fits(workdir: Path, entry: Entrypoint) -> bool:
+    """Refuses (UsageError) a snapshot too big to be code; says what large files it leaves out."""
     from . import config
-    from .storage.snapshot import list_workdir
+    from .storage.snapshot import preflight
 
-    script = entry.target if entry.kind is EntrypointKind.SCRIPT else None
-    listing = list_workdir(workdir, config.home(), script)
-    if listing.too_big:
-        sys.stderr.write(f"phalanx: warning: {workdir} is too big for a code snapshot ({listing.describe()}); "
-                         "the job runs from it in place (--no-snapshot, or a .phalanxignore, silences this)\n")
-    return not listing.too_big
+    line = preflight(JobSpec(entry, workdir=str(workdir)), config.home()).skipped_line()
+    if line:
+        sys.stderr.write(f"phalanx: {line}\n")
+    return True
+
+
+def _what_the_script_sees(spec: JobSpec, named: bool, framework_given: bool) -> JobSpec:
+    """The state directory's key (storage/statedir.py) and, for a multi-node job given no
+    --framework, the framework its script's imports name (said in one line)."""
+    from .launch.explain import infer
+    from .storage.statedir import state_name
+
+    spec = spec.with_(state_name=state_name(spec.name, named, spec.state_uri))
+    inferred = None if framework_given else infer(spec)
+    if inferred is not None:
+        framework, line = inferred
+        sys.stderr.write(f"phalanx: {line}\n")
+        spec = spec.with_(framework=Framework(framework))
+    return spec
 
 
 def _resources(opts: RunOptions, file: dict[str, Any]) -> Resources:
@@ -316,11 +333,13 @@ def _resources(opts: RunOptions, file: dict[str, Any]) -> Resources:
     if opts.n:
         return parse_topology(opts.n)
     if given:
-        res = Resources(1 if opts.nnodes is None else opts.nnodes, 1 if opts.nproc_per_node is None else opts.nproc_per_node)
+        res = Resources(1 if opts.nnodes is None else opts.nnodes, 1 if opts.nproc_per_node is None else opts.nproc_per_node,
+                        explicit=True)
     elif "n" in file:
         res = parse_topology(str(file["n"]))
     else:
-        res = Resources(int(file.get("nnodes", 1)), int(file.get("nproc_per_node", 1)))
+        res = Resources(int(file.get("nnodes", 1)), int(file.get("nproc_per_node", 1)),
+                        explicit="nnodes" in file or "nproc_per_node" in file)
     if res.nnodes < 1 or res.nproc_per_node < 1:
         raise UsageError("--nnodes and --nproc-per-node must be at least 1", "for example --nnodes 2 --nproc-per-node 4")
     return res
@@ -354,7 +373,7 @@ def build_sweep(opts: RunOptions, spec: JobSpec) -> tuple[JobSpec, Any]:
     if not isinstance(section, dict) or set(section) - set(SWEEP_KEYS):
         raise UsageError("the job file's 'sweep' section has unknown keys", f"valid keys: {', '.join(SWEEP_KEYS)}")
     space = parse_space(spec.entrypoint.args)
-    spec = spec.with_(entrypoint=spec.entrypoint.__class__(spec.entrypoint.kind, spec.entrypoint.target, space.args))
+    spec = spec.with_(entrypoint=replace(spec.entrypoint, args=space.args))
     asked = {k: getattr(opts, k) for k in SWEEP_KEYS if getattr(opts, k) is not None}
     merged = {**section, **asked}
     if not space.is_sweep:

@@ -43,7 +43,7 @@ def check_storage(spec: JobSpec) -> None:
     if spec.state_uri:
         from .storage.state import StateSync
 
-        StateSync(home().state_dir(spec.name), spec.state_uri).check()
+        StateSync(home().state_dir(spec.state_key), spec.state_uri).check()
     if spec.channels:
         from .storage import channels
 
@@ -72,7 +72,7 @@ def resolve_job_input(uri: str) -> str:
         raise UsageError(f"'{uri}': job {record.id} is {record.state.value}, so its {part} may be incomplete",
                          "refer to a job that succeeded")
     if part == "state":
-        return str(home().state_dir(record.name))
+        return str(home().state_dir(read_spec(record).state_key))
     from .storage.outputs import job_output_source
 
     return job_output_source(JobPaths(Path(record.job_dir)))
@@ -119,12 +119,17 @@ def _skipped(done: JobRecord, events: Callable[[str], None] | None) -> None:
 def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan:
     """The plan ``submit`` would execute (what ``--dry-run`` prints). No side effects."""
     from .backends.registry import get_backend
+    from .storage.statedir import for_job
 
-    return get_backend(spec.backend).plan(spec, job_id or new_job_id(), attempt, home())
+    job_id = job_id or new_job_id()
+    return get_backend(spec.backend).plan(for_job(spec, job_id), job_id, attempt, home())
 
 
 def create_job(store: Store, spec: JobSpec, plan: Plan, inputs: dict[str, Any] | None = None, **supervisor: Any) -> JobRecord:
     """Record the job (PENDING) and lay out its directory (with the code snapshot). Nothing runs yet."""
+    from .storage.statedir import for_job
+
+    spec = for_job(spec, plan.job_id)
     paths = home().job(plan.job_id)
     paths.root.mkdir(parents=True, exist_ok=False)
     paths.output_dir.mkdir()
@@ -134,7 +139,7 @@ def create_job(store: Store, spec: JobSpec, plan: Plan, inputs: dict[str, Any] |
         snapshot_job(spec, paths, home().root)
     if inputs is not None:
         write_json(paths.inputs, inputs)
-    home().state_dir(spec.name).mkdir(parents=True, exist_ok=True)
+    home().state_dir(spec.state_key).mkdir(parents=True, exist_ok=True)
     write_json(paths.spec, spec.to_dict())
     write_atomic(paths.plan, plan.to_json())
     store.insert_job(
@@ -154,7 +159,9 @@ def create_job(store: Store, spec: JobSpec, plan: Plan, inputs: dict[str, Any] |
 def clean_state(spec: JobSpec) -> Path | None:
     """``--clean-state``: move the job name's state directory aside (never delete a checkpoint);
     with a state URI, mark the remote copy empty. Returns where the old state went."""
-    state = home().state_dir(spec.name)
+    if not spec.state_name:  # the job's own directory, new and empty
+        return None
+    state = home().state_dir(spec.state_key)
     moved = None
     if state.exists() and any(state.iterdir()):
         moved = home().root / "state" / ".previous" / f"{state.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -188,7 +195,24 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs, **_identity())
+    _say_at_submit(store, record, events, plan=plan)
     return _supervise_here(store, record, plan, out, ranks, events)
+
+
+def _say_at_submit(store: Store, record: JobRecord, events: Callable[[str], None] | None, resuming: bool = False,
+               plan: Plan | None = None) -> None:
+    """At submit: the plan's warnings (launch/explain.py), and one line when the job starts
+    with files already in its state directory (storage/statedir.py)."""
+    from .launch.explain import warnings
+    from .storage.statedir import pickup_line
+
+    if events is None:
+        return
+    for warning in warnings(plan) if plan is not None else []:
+        events(warning)
+    line = pickup_line(home(), read_spec(record), lambda: store.list(trials=True), record.id, resuming)
+    if line:
+        events(line)
 
 
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
@@ -229,6 +253,7 @@ def submit_detached(spec: JobSpec, events: Callable[[str], None] | None = None) 
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs)
+    _say_at_submit(store, record, events, plan=plan)
     store.update(record.id, **_spawn_supervisor(record, spec.workdir))
     return store.get(record.id)
 
@@ -270,6 +295,7 @@ def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set
         return store.get(record.id), None
     if not store.reopen(record.id, attempt, **_identity()):
         raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")
+    _say_at_submit(store, record, events, resuming=True)
     return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 

@@ -106,11 +106,14 @@ def test_environment_contract(phx_home, tmp_path):
         assert env["SM_MODEL_DIR"] == env["PHALANX_OUTPUT_DIR"]
     assert sorted(e["RANK"] for e in envs) == ["0", "1"]
     assert sorted(e["PHALANX_NODE_RANK"] for e in envs) == ["0", "1"]
-    # a single process runs without torchrun but sees the same variables
-    single = phalanx("run", "--name", "envjob", str(script), check=True)
+    # -n 1 runs without torchrun but sees the same variables
+    single = phalanx("run", "--name", "envjob", "-n", "1", str(script), check=True)
     env = json.loads(single.stdout.split("ENV ", 1)[1])
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("0", "1", "0")
     assert int(env["MASTER_PORT"]) > 0
+    # no topology: as python, no launcher variables (tests/differential compares with python)
+    plain = json.loads(phalanx("run", "--name", "envjob", str(script), check=True).stdout.split("ENV ", 1)[1])
+    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"} & set(plain) and plain["PHALANX_NUM_NODES"] == "1"
 
 
 def test_spawn_self_with_templated_args(phx_home):
@@ -325,7 +328,8 @@ def test_tf_and_jax_environments(phx_home):
 def test_dry_run_prints_plan_and_starts_nothing(phx_home):
     out = phalanx("run", "--dry-run", "-n", "2x2", str(EXAMPLES / "hello.py"), "--x", "1", check=True).stdout
     assert "[node 0 @ localhost-0]" in out and "[node 1 @ localhost-1]" in out
-    assert "--rdzv-backend=c10d" in out and "/code/examples/hello.py --x 1" in out  # from the code snapshot
+    assert "--rdzv-backend=c10d" in out and "/code " in out and "--script " in out  # frozen in the code snapshot
+    assert f"cwd:      {ROOT}" in out  # ... but run where the command was typed
     assert json.loads(phalanx("ps", "--all", "--json", check=True).stdout) == []
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths, JobPaths
-from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, JobSpec, in_snapshot, parse_channel
+from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, JobSpec, code_root, in_snapshot, parse_channel
 from phalanx.errors import UsageError
 from phalanx.storage import channels, snapshot, transfer
 from phalanx.storage.transfer import Item, TransferError
@@ -57,15 +57,22 @@ def test_unresolved_job_reference_cannot_be_planned():
         get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
 
 
-def test_snapshot_moves_cwd_and_script_into_the_job():
+def test_snapshot_freezes_the_code_but_keeps_the_users_cwd_and_names():
     spec = _spec(snapshot=True)
-    moved = in_snapshot(spec, "/h/jobs/j1/code")
-    assert moved.workdir == "/h/jobs/j1/code" and moved.entrypoint.target == "/h/jobs/j1/code/train.py"
-    outside = spec.with_(entrypoint=Entrypoint(EntrypointKind.SCRIPT, "/elsewhere/t.py"))
-    assert in_snapshot(outside, "/c").entrypoint.target == "/elsewhere/t.py"
+    frozen = in_snapshot(spec, "/h/jobs/j1/code")
+    assert frozen.workdir == "/src/proj" and frozen.entrypoint == spec.entrypoint and frozen.code_dir == "/h/jobs/j1/code"
     plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
-    assert plan.nodes[0].cwd == "/h/jobs/j1/code"
-    assert "/h/jobs/j1/code/train.py" in plan.nodes[0].processes[0].argv
+    assert plan.nodes[0].cwd == "/src/proj"
+    argv = plan.nodes[0].processes[0].argv
+    assert argv[argv.index("--frozen"):] == ("--frozen", "/h/jobs/j1/code", "/src/proj", "--script", "/src/proj/train.py", "--x", "1")
+    # a host that got a shipped copy runs in it
+    shipped = in_snapshot(spec.with_(entrypoint=Entrypoint(EntrypointKind.SCRIPT, "/src/proj/sub/t.py", (), "./sub/t.py")),
+                          "/r/jobs/j1/code", shipped=True)
+    assert shipped.workdir == "/r/jobs/j1/code" and not shipped.code_dir
+    assert (shipped.entrypoint.target, shipped.entrypoint.typed) == ("/r/jobs/j1/code/sub/t.py", "sub/t.py")
+    # a script outside the working directory: its own directory is the code root
+    outside = spec.with_(entrypoint=Entrypoint(EntrypointKind.SCRIPT, "/elsewhere/t.py"))
+    assert code_root(outside) == "/elsewhere" and code_root(spec) == "/src/proj"
 
 
 def test_spec_round_trips_with_data_fields():
@@ -103,7 +110,7 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
 
 
-def test_snapshot_follows_gitignore_and_phalanxignore_and_links_the_rest(tmp_path):
+def test_snapshot_follows_gitignore_and_phalanxignore_and_stores_by_content(tmp_path):
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "data").mkdir()
@@ -118,30 +125,58 @@ def test_snapshot_follows_gitignore_and_phalanxignore_and_links_the_rest(tmp_pat
     (repo / ".phalanxignore").write_text("*.tmp\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "train.py", "pkg/model.py", ".gitignore")
-    listing = snapshot.list_workdir(repo, tmp_path / "home")
+    home = tmp_path / "home"
+    listing = snapshot.list_workdir(repo, home)
     assert listing.mode == "git"
     assert sorted(listing.files) == [".gitignore", ".phalanxignore", "pkg/model.py", "train.py", "untracked.py"]
     dest = tmp_path / "code"
     snapshot.take(listing, dest, tmp_path / "code.json")
     (repo / "train.py").write_text("print('v2')\n")  # edits after submit do not reach the job
     assert (dest / "train.py").read_text() == "print('v1')\n"
-    assert (dest / "data").is_symlink() and (dest / "data" / "big.bin").exists()  # relative data paths still work
-    assert (dest / ".venv").is_symlink() and (dest / "pkg" / "notes.tmp").is_symlink()
-    assert json.loads((tmp_path / "code.json").read_text())["files"] == 5
+    assert not (dest / "data").exists() and not (dest / ".venv").exists()  # the job reads those in place
+    manifest = json.loads((tmp_path / "code.json").read_text())
+    assert manifest["files"] == 5 and manifest["stored_bytes"] > 0
+    # the same content again: hard links to the same stored objects, not a byte more
+    again = snapshot.take(snapshot.list_workdir(repo, home), tmp_path / "code2", tmp_path / "code2.json")
+    assert again["stored_bytes"] == len("print('v2')\n")  # only the edited file is new
+    model1, model2 = (dest / "pkg" / "model.py").stat(), (tmp_path / "code2" / "pkg" / "model.py").stat()
+    assert model1.st_ino == model2.st_ino and model1.st_nlink == 3  # the store's object and two jobs
+    assert not os.access(dest / "pkg" / "model.py", os.W_OK) or os.geteuid() == 0
 
 
-def test_snapshot_without_git_skips_heavy_dirs_and_the_home(tmp_path):
+def test_snapshot_without_git_skips_heavy_dirs_gitignored_paths_and_the_home(tmp_path):
     (tmp_path / "node_modules").mkdir()
     (tmp_path / "node_modules" / "x.js").write_text("")
     (tmp_path / "phx" / "jobs").mkdir(parents=True)
     (tmp_path / "phx" / "jobs" / "f").write_text("")
     (tmp_path / "t.py").write_text("")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.pt").write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "keep.py").write_text("")
+    (tmp_path / "sub" / "scratch.txt").write_text("")
+    (tmp_path / ".gitignore").write_text("out/\n")
+    (tmp_path / "sub" / ".gitignore").write_text("*.txt\n")
     listing = snapshot.list_workdir(tmp_path, tmp_path / "phx")
-    assert listing.mode == "walk" and listing.files == ["t.py"]
+    assert listing.mode == "walk" and sorted(listing.files) == [".gitignore", "sub/.gitignore", "sub/keep.py", "t.py"]
     dest = tmp_path / "phx" / "jobs" / "j" / "code"
     snapshot.take(listing, dest, tmp_path / "phx" / "code.json")
-    assert not (dest / "phx").exists()  # never a link back into the home (the snapshot is inside it)
-    assert (dest / "node_modules").is_symlink()
+    assert not (dest / "phx").exists() and not (dest / "node_modules").exists()
+
+
+def test_large_files_that_are_not_python_are_left_out_unless_named(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.npy").write_bytes(b"0" * (snapshot.LARGE_FILE + 1))
+    (tmp_path / "data" / "labels.csv").write_bytes(b"0" * 100)
+    (tmp_path / "generated.py").write_bytes(b"#" * (snapshot.LARGE_FILE + 1))
+    listing = snapshot.list_workdir(tmp_path, tmp_path / "phx")
+    assert sorted(listing.files) == ["data/labels.csv", "generated.py", "train.py"]
+    assert listing.skipped == [("data/train.npy", snapshot.LARGE_FILE + 1)]
+    line = listing.skipped_line()
+    assert "data/train.npy (1.0 MB)" in line and "'!data/train.npy' to .phalanxignore" in line
+    (tmp_path / ".phalanxignore").write_text("!data/train.npy\n")
+    assert "data/train.npy" in snapshot.list_workdir(tmp_path, tmp_path / "phx").files
 
 
 def test_ignore_rules():
@@ -153,15 +188,16 @@ def test_ignore_rules():
     assert rules.excludes("x/cache/y")
 
 
-def test_too_big_workdir_runs_in_place_with_a_warning(tmp_path, monkeypatch, capsys, phx_home):
+def test_too_big_workdir_is_refused_with_the_fix(tmp_path, monkeypatch, phx_home):
     from phalanx.jobfile import RunOptions, build_spec
 
     monkeypatch.setattr(snapshot, "MAX_FILES", 3)
     for i in range(5):
         (tmp_path / f"f{i}.py").write_text("")
-    spec = build_spec(RunOptions(words=[str(tmp_path / "f0.py")], workdir=str(tmp_path)))
-    assert not spec.snapshot
-    assert "too big for a code snapshot (more than 4 files" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="too big for a code snapshot .more than 4 files") as err:
+        build_spec(RunOptions(words=[str(tmp_path / "f0.py")], workdir=str(tmp_path)))
+    assert ".phalanxignore" in err.value.hint and "--no-snapshot" in err.value.hint
+    assert not build_spec(RunOptions(words=[str(tmp_path / "f0.py")], workdir=str(tmp_path), snapshot=False)).snapshot
 
 
 # -- transfers: atomic, retried ---------------------------------------------------------
@@ -306,3 +342,19 @@ def test_names_from_a_store_cannot_leave_the_target(tmp_path):
     for bad in ("../x", "a/../../x", "/etc/passwd"):
         with pytest.raises(TransferError, match="leaves"):
             transfer.local_path(tmp_path, bad)
+
+
+def test_a_snapshot_of_hard_links_bundles_as_plain_files(tmp_path):
+    from phalanx.storage.bundle import build, code_files, unpack
+
+    (tmp_path / "proj" / "pkg").mkdir(parents=True)
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "proj" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "pkg" / "empty.py").write_text("")  # same content as __init__.py: one stored object
+    dest = tmp_path / "home" / "jobs" / "j" / "code"
+    snapshot.take(snapshot.list_workdir(tmp_path / "proj", tmp_path / "home"), dest, tmp_path / "code.json")
+    assert sorted(rel for rel, _ in code_files(dest)) == ["pkg/__init__.py", "pkg/empty.py", "train.py"]
+    bundle = build(code_files(dest), tmp_path / "b.tar.gz")
+    unpack(bundle.path, tmp_path / "out")
+    assert (tmp_path / "out" / "code" / "train.py").read_text() == "print('hi')\n"
+    assert (tmp_path / "out" / "code" / "pkg" / "empty.py").read_text() == ""

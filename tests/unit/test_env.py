@@ -34,7 +34,7 @@ def test_same_host_nodes_get_distinct_sm_hosts():
     assert json.loads(env["SM_HOSTS"]) == ["node-0", "node-1"] and env["SM_CURRENT_HOST"] == "node-1"
 
 
-def test_process_env_torch_ranks():
+def test_process_env_spawn_self_is_torchrun_with_one_process_per_node():
     env = process_env(_spec(spawn=Spawn.SELF), _topo(), 1, 0)
     # --spawn self: one process per node, so node 1's process is rank 1 of 2
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("1", "2", "0")
@@ -67,3 +67,15 @@ def test_bootstrap_file_names_match_job_paths(tmp_path):
     assert paths.rank_error(2, 5).name == bootstrap.ERROR_JSON
     assert paths.rank_proc(2, 5).name == bootstrap.PROC_JSON
     assert paths.rank_user_metrics(2, 5).name == bootstrap.USER_METRICS
+    assert paths.rank_torch_error(2, 5).name == bootstrap.TORCH_ERROR_JSON
+
+
+def test_frozen_bytecode_dir_is_the_homes(tmp_path):
+    from phalanx.core.paths import HomePaths
+    from phalanx.launch.frozen import bytecode_dir
+
+    home = HomePaths(tmp_path)
+    home.code_objects.mkdir(parents=True)
+    assert bytecode_dir(str(home.job("j1").code_dir)) == str(home.code_bytecode)
+    assert bytecode_dir(str(home.sweep_code("s1")[0])) == str(home.code_bytecode)
+    assert bytecode_dir(str(tmp_path / "elsewhere" / "code")) is None

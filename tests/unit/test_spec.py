@@ -15,7 +15,7 @@ from phalanx.jobfile import RunOptions, build_spec
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("4", Resources(1, 4)), ("2x4", Resources(2, 4)), ("2X1", Resources(2, 1)), (" 3 x 2 ", Resources(3, 2))],
+    [("4", Resources(1, 4, True)), ("2x4", Resources(2, 4, True)), ("2X1", Resources(2, 1, True)), (" 3 x 2 ", Resources(3, 2, True))],
 )
 def test_parse_topology(text, expected):
     assert parse_topology(text) == expected
@@ -48,7 +48,8 @@ def test_build_spec_script(tmp_path, monkeypatch):
     assert spec.entrypoint.kind is EntrypointKind.SCRIPT
     assert spec.entrypoint.target == str(tmp_path / "train.py")
     assert spec.entrypoint.args == ("--lr", "0.01")
-    assert spec.resources == Resources(2, 2)
+    assert spec.resources == Resources(2, 2, explicit=True)
+    assert spec.entrypoint.typed == "train.py"
     assert spec.name == "train"
     assert spec.uses_torchrun
 
@@ -98,7 +99,7 @@ def test_job_file_with_cli_overrides(tmp_path, monkeypatch):
     spec = build_spec(RunOptions(job_file="job.yaml", words=["--lr", "0.1"], env=["B=2"], n="1x2"))
     assert spec.name == "resnet"
     assert spec.entrypoint.args == ("--lr", "0.1", "--bs", "32")
-    assert spec.resources == Resources(1, 2)
+    assert spec.resources == Resources(1, 2, explicit=True)
     assert dict(spec.env) == {"A": "1", "B": "2"}
     assert spec.grace == 7.0
     assert spec.framework is Framework.TORCH and spec.spawn is Spawn.AUTO

@@ -76,7 +76,14 @@ class Backend(abc.ABC):
         if spec.resources.nnodes < 1 or spec.resources.nproc_per_node < 1:
             raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
         spec = spec.with_(backend_options=validate(self.name, self.options, spec.backend_options))
-        return self._plan(spec, job_id, attempt, home, home.job(job_id), ports)
+        from ..launch.explain import annotate
+
+        return annotate(self._plan(spec, job_id, attempt, home, home.job(job_id), ports), spec, self.shares_files(spec), home.root)
+
+    def shares_files(self, spec: JobSpec) -> bool:
+        """Whether the nodes see this machine's files at the same paths (the user's directory, the
+        phalanx home): the job then runs in the user's directory there; otherwise in a shipped copy."""
+        return True
 
     def start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         """Start every node agent of ``plan``; returns at once (non-blocking), one handle per

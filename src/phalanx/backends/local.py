@@ -14,7 +14,7 @@ import time
 from typing import Any
 from pathlib import Path
 
-from ..core.env import Topology, node_env, process_env, template_values
+from ..core.env import Topology, node_env, process_env, runs_as_python, template_values
 from ..core.paths import HomePaths, JobPaths, write_json
 from ..core.spec import JobSpec, Framework, in_snapshot, render_template
 from ..launch.plan import NodePlan, Plan, ProcessPlan
@@ -58,7 +58,7 @@ def build_nodes(
         env = node_env(spec, topo, node_rank)
         env["PHALANX_FRAMEWORK"] = spec.framework.value
         env["PHALANX_RANK_DIR"] = paths.rank_dir_template(topo.attempt)
-        for key, value in net_env.items():
+        for key, value in ({} if runs_as_python(spec) else net_env).items():  # python sets no network variables
             if key not in spec.env and key not in os.environ:
                 env[key] = value
         args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
@@ -104,7 +104,7 @@ class LocalBackend(Backend):
             node_addrs=(LOOPBACK,) * nnodes,
             master_port=ports(),
             worker_ports=tuple(ports() for _ in range(nworkers)) if spec.framework is Framework.TF else (),
-            state_dir=str(home.state_dir(spec.name)),
+            state_dir=str(home.state_dir(spec.state_key)),
             output_dir=str(paths.output_dir),
             job_dir=str(paths.root),
             num_gpus=local_gpu_count(),

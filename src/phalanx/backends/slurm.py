@@ -77,7 +77,7 @@ class SlurmBackend(Backend):
             node_addrs=addrs,
             master_port=ports(),
             worker_ports=tuple(ports() for _ in range(nworkers)) if spec.framework is Framework.TF else (),
-            state_dir=str(home.state_dir(spec.name)),
+            state_dir=str(home.state_dir(spec.state_key)),
             output_dir=str(paths.output_dir),
             job_dir=str(paths.root),
             num_gpus=int(opts.get("gpus_per_node") or 0),

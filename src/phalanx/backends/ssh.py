@@ -113,15 +113,18 @@ class SshBackend(Backend):
             master_port=PORT_RANGE[0] + digest % (PORT_RANGE[1] - PORT_RANGE[0]),
             worker_ports=tuple(PORT_RANGE[0] + (digest + 1 + i) % (PORT_RANGE[1] - PORT_RANGE[0])
                                for i in range(nnodes * spec.procs_per_node_started)),
-            state_dir=str(remote_home.state_dir(spec.name)), output_dir=str(remote.output_dir), job_dir=str(remote.root),
+            state_dir=str(remote_home.state_dir(spec.state_key)), output_dir=str(remote.output_dir), job_dir=str(remote.root),
             num_gpus=0, channels=channels,
         )
         spec = spec.with_(python=opts["remote_python"] or spec.python)
         if spec.snapshot:
-            spec = in_snapshot(spec, str(remote.code_dir))
+            spec = in_snapshot(spec, str(remote.code_dir), shipped=not shared)
         net_env = {"PHALANX_AUTO_IFNAME": "1", **RESTART_SAFE_ENV}
         nodes = build_nodes(spec, topo, remote, tuple(hosts), addrs, net_env)
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
+
+    def shares_files(self, spec: JobSpec) -> bool:
+        return bool(spec.backend_options.get("shared_fs"))
 
     def ssh_argv(self, spec_or_opts: Any, host: str) -> list[str]:
         opts = spec_or_opts.backend_options if isinstance(spec_or_opts, JobSpec) else spec_or_opts
@@ -159,7 +162,7 @@ class SshBackend(Backend):
         remote = remote_home.job(plan.job_id)
         # Mirrored back from every node: (the directory on the hosts, the local one).
         trees = {} if shared else {
-            "state": (str(remote_home.state_dir(spec.name)), home.state_dir(spec.name)),
+            "state": (str(remote_home.state_dir(spec.state_key)), home.state_dir(spec.state_key)),
             "output": (str(remote.output_dir), paths.output_dir),
         }
         with ThreadPoolExecutor(max_workers=2) as pool:  # independent: check and ship at once
@@ -321,13 +324,13 @@ class Shipment:
 
 def shipments(spec: JobSpec, home: HomePaths, paths: JobPaths, remote_home: HomePaths, remote: JobPaths) -> list[Shipment]:
     """What goes to every host before an attempt (without a shared filesystem)."""
-    state = home.state_dir(spec.name)
+    state = home.state_dir(spec.state_key)
     has_state = state.is_dir() and any(p.is_file() for p in state.rglob("*"))
     items = [
         Shipment("the code", paths.code_dir, str(remote.code_dir), replace=False),
         # The local state is the truth: a stale directory on a host (an older run of this
         # name) must not win, and an empty one (--clean-state) empties the host's.
-        Shipment("the state directory", state if has_state else None, str(remote_home.state_dir(spec.name))),
+        Shipment("the state directory", state if has_state else None, str(remote_home.state_dir(spec.state_key))),
     ]
     for channel in spec.channels:
         cache, _ = channel_copy(remote_home, channel)

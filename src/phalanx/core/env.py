@@ -2,7 +2,8 @@
 
 Pure functions of (spec, topology, node, process). torchrun adds its own RANK/LOCAL_RANK/...
 for the workers it starts; for processes phalanx starts directly, ``process_env`` sets the
-same variables so scripts cannot tell the difference.
+same variables so scripts cannot tell the difference. A job given no topology runs as python
+would run it, with none of them (``runs_as_python``).
 """
 
 from __future__ import annotations
@@ -89,8 +90,39 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
     return env
 
 
+# What torchrun's agent sets for every worker it starts (torch/distributed/elastic/agent/
+# server/local_elastic_agent.py, _start_workers; launcher/api.py, TORCHELASTIC_SIGNALS_TO_HANDLE;
+# torch 2.13), besides TORCHELASTIC_ERROR_FILE (the bootstrap sets that one, launch/bootstrap.py):
+# libraries read any of them as "an outside launcher started me".
+TORCHRUN_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+)
+
+
+# The signals torchrun forwards to its workers (--signals-to-handle), SLURM's SIGUSR1/SIGUSR2
+# preemption warnings included; workers see the list in TORCHELASTIC_SIGNALS_TO_HANDLE.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+def runs_as_python(spec: JobSpec) -> bool:
+    """No topology given: one process, started as ``python`` starts it, with no launcher
+    variables at all. Lightning, Accelerate and DeepSpeed read LOCAL_RANK/RANK/WORLD_SIZE as
+    "a launcher already started my workers"; a Trainer(devices=2) would then wait for a
+    second rank that never comes. An explicit ``-n 1`` is torchrun's ``--nproc-per-node 1``."""
+    return not spec.resources.explicit and spec.resources.world_size == 1
+
+
 def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) -> dict[str, str]:
-    """Per-process variables for processes phalanx starts itself (no torchrun)."""
+    """Per-process variables for processes phalanx starts itself (no torchrun in between):
+    torchrun's own set, so a worker cannot tell who started it (``--spawn self``: as
+    ``torchrun --nproc-per-node 1`` gives them, RANK the node's rank, WORLD_SIZE the number of
+    nodes, which scripts like the ImageNet example scale by their own workers); none for a
+    job that runs as python."""
+    if runs_as_python(spec):
+        return {}
     nlocal = spec.procs_per_node_started
     world = spec.resources.nnodes * nlocal
     rank = node_rank * nlocal + local_rank
@@ -100,10 +132,19 @@ def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) 
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(nlocal),
         "GROUP_RANK": str(node_rank),
-        "NODE_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(spec.resources.nnodes),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
         "MASTER_ADDR": topo.master_addr,
         "MASTER_PORT": str(topo.master_port),
         "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": topo.job_id,
+        # No agent store here: rank 0's init_process_group hosts the TCPStore at MASTER_PORT.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
     }
     if spec.framework is Framework.JAX:
         env["JAX_COORDINATOR_ADDRESS"] = f"{topo.master_addr}:{topo.master_port}"
@@ -119,6 +160,22 @@ def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) 
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
         )
     return env
+
+
+def python_as_typed() -> str:
+    """The interpreter for the job's processes: this one, named as ``python`` on the user's PATH
+    names it when that is the same interpreter (``sys.executable`` of ``python train.py`` in an
+    activated venv is ``.venv/bin/python``, while phalanx's own entry point says ``python3``)."""
+    import shutil
+    import sys
+
+    typed = shutil.which("python")
+    try:
+        if typed and os.path.samefile(typed, sys.executable):
+            return os.path.abspath(typed)
+    except OSError:
+        pass
+    return sys.executable
 
 
 def merged(*layers: Mapping[str, str]) -> dict[str, str]:

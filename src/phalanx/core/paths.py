@@ -4,8 +4,10 @@
 
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
-      state/<name>/                   PHALANX_STATE_DIR, persistent per job name
+      state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
       sweeps/<id>/                    a sweep's own files (runner.log when detached)
+      cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
+      cache/code/pyc/<dev>-<ino>-...  their bytecode, compiled once for every job that runs them
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
       cache/channels/<key>.json       what was staged there: source, files with size and version
       cache/channels/<key>.lock       held while staging (jobs sharing an input wait for each other)
@@ -16,8 +18,8 @@
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         output/                       PHALANX_OUTPUT_DIR
-        code/                         the code snapshot the job runs from (taken at submit time)
-        code.json                     what the snapshot holds: files copied, entries linked
+        code/                         the code snapshot (at submit time): hard links into cache/code/objects
+        code.json                     what the snapshot holds: files, bytes, digest, large files left out
         inputs.json                   fingerprint of the job's inputs (--skip-if-done)
         artifacts.json                where outputs and logs were uploaded (--output), file by file
         attempt_<k>/
@@ -33,6 +35,7 @@
           rank_<r>/output.log         stdout+stderr of global rank r, in order
           rank_<r>/error.json         the rank's uncaught exception, if any
           rank_<r>/proc.json          the rank's pid, node and host, written at start
+          rank_<r>/torchelastic_error.json  TORCHELASTIC_ERROR_FILE of a rank started without torchrun (-n 1)
 
 Under ``--output URI`` a job's results go to ``<URI>/<name>-<id>/`` (``RemoteJobPaths``):
 ``output/`` (PHALANX_OUTPUT_DIR), ``logs/`` (the job directory's records) and
@@ -78,6 +81,16 @@ class HomePaths:
 
     def state_dir(self, name: str) -> Path:
         return self.root / "state" / safe_name(name)
+
+    @property
+    def code_objects(self) -> Path:
+        """The content store of code snapshots: one read-only file per distinct content."""
+        return self.root / "cache" / "code" / "objects"
+
+    @property
+    def code_bytecode(self) -> Path:
+        """Bytecode of frozen code, by the stored file's inode (``launch/frozen.bytecode_dir`` finds it)."""
+        return self.root / "cache" / "code" / "pyc"
 
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id
@@ -240,6 +253,10 @@ class JobPaths:
 
     def rank_proc(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "proc.json"
+
+    def rank_torch_error(self, attempt: int, rank: int) -> Path:
+        """TORCHELASTIC_ERROR_FILE of a worker phalanx started itself with torchrun's variables."""
+        return self.rank_dir(attempt, rank) / "torchelastic_error.json"
 
     def attempts(self) -> list[int]:
         found = []

@@ -52,8 +52,11 @@ class Spawn(str, Enum):
 @dataclass(frozen=True)
 class Entrypoint:
     kind: EntrypointKind
-    target: str
+    target: str  # a script's resolved absolute path, a module's name, or a command
     args: tuple[str, ...] = ()
+    # A script as the user typed it, relative to the working directory (or absolute): what
+    # python puts in sys.argv[0] and derives __file__ from. Empty: ``target``.
+    typed: str = ""
 
     def display(self) -> str:
         import shlex
@@ -66,6 +69,9 @@ class Entrypoint:
 class Resources:
     nnodes: int = 1
     nproc_per_node: int = 1
+    # The user gave a topology (-n, --nnodes, --nproc-per-node or the job file's). Without one,
+    # a single process runs as python would run it: no torchrun variables (see core/env.py).
+    explicit: bool = False
 
     @property
     def world_size(self) -> int:
@@ -89,7 +95,7 @@ def parse_topology(text: str) -> Resources:
     nproc = int(match.group(2))
     if nnodes < 1 or nproc < 1:
         raise UsageError(f"invalid -n '{text}': counts must be at least 1", "for example -n 2x4")
-    return Resources(nnodes=nnodes, nproc_per_node=nproc)
+    return Resources(nnodes=nnodes, nproc_per_node=nproc, explicit=True)
 
 
 @dataclass(frozen=True)
@@ -203,7 +209,18 @@ class JobSpec:
     channels: tuple[Channel, ...] = ()  # input data, staged before the first attempt
     output_uri: str | None = None  # where PHALANX_OUTPUT_DIR and the logs are uploaded at the end
     skip_if_done: bool = False  # no-op when the last successful run of this name had the same inputs
-    snapshot: bool = False  # run from a copy of workdir taken at submit time (JobPaths.code_dir)
+    snapshot: bool = False  # freeze the code at submit time (JobPaths.code_dir; see storage/snapshot.py)
+    # Set at plan time (``in_snapshot``): the frozen copy of ``code_root(spec)`` the workers
+    # import Python code from, while cwd and file names stay the user's.
+    code_dir: str = ""
+    # The state directory's key ($PHALANX_HOME/state/<key>), shared on purpose only: the
+    # --name given, or derived from --state; resolved per job otherwise (storage/statedir.py).
+    state_name: str = ""
+
+    @property
+    def state_key(self) -> str:
+        """The state directory's name; specs written before ``state_name`` existed used the job name."""
+        return self.state_name or self.name
 
     @property
     def uses_torchrun(self) -> bool:
@@ -239,7 +256,7 @@ class JobSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> "JobSpec":
         ep = data["entrypoint"]
         return cls(
-            entrypoint=Entrypoint(EntrypointKind(ep["kind"]), ep["target"], tuple(ep["args"])),
+            entrypoint=Entrypoint(EntrypointKind(ep["kind"]), ep["target"], tuple(ep["args"]), ep.get("typed", "")),
             resources=Resources(**data["resources"]),
             name=data["name"],
             framework=Framework(data["framework"]),
@@ -263,21 +280,44 @@ class JobSpec:
             output_uri=data.get("output_uri"),
             skip_if_done=bool(data.get("skip_if_done", False)),
             snapshot=bool(data.get("snapshot", False)),
+            code_dir=str(data.get("code_dir", "")),
+            state_name=str(data.get("state_name", "")),
         )
 
 
-def in_snapshot(spec: JobSpec, code_dir: str) -> JobSpec:
-    """``spec`` as run from its code snapshot: the working directory is ``code_dir`` and a
-    script inside the original working directory is taken from the copy. Pure."""
+def code_root(spec: JobSpec) -> str:
+    """The directory whose code a snapshot freezes: the working directory, or the script's own
+    directory when the script lies outside it (``cd data && phalanx run ../train.py``). Pure."""
     import os.path
 
+    workdir = os.path.abspath(spec.workdir)
     entry = spec.entrypoint
     if entry.kind is EntrypointKind.SCRIPT:
-        workdir = os.path.abspath(spec.workdir)
         target = os.path.abspath(entry.target)
-        if os.path.commonpath([workdir, target]) == workdir:
-            entry = replace(entry, target=os.path.join(code_dir, os.path.relpath(target, workdir)))
-    return spec.with_(workdir=code_dir, entrypoint=entry)
+        if os.path.commonpath([workdir, target]) != workdir:
+            return os.path.dirname(target)
+    return workdir
+
+
+def in_snapshot(spec: JobSpec, code_dir: str, shipped: bool = False) -> JobSpec:
+    """``spec`` as run with its code frozen in ``code_dir`` (a copy of ``code_root(spec)``). Pure.
+
+    Where the user's files are there (this machine, a shared filesystem), the job keeps its
+    working directory and file names and only reads Python code from the copy
+    (``launch/frozen.py``). Where they are not (``shipped``: a host that got the copy), the
+    copy is the working directory and holds the script."""
+    import os.path
+
+    if not shipped:
+        return spec.with_(code_dir=code_dir)
+    root = code_root(spec)
+    entry = spec.entrypoint
+    if entry.kind is EntrypointKind.SCRIPT:
+        target = os.path.abspath(entry.target)
+        if os.path.commonpath([root, target]) == root:
+            rel = os.path.relpath(target, root)
+            entry = replace(entry, target=os.path.join(code_dir, rel), typed=rel)
+    return spec.with_(workdir=code_dir, entrypoint=entry, code_dir="")
 
 
 def merge_args(base: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap MODE TARGET ARGS``.
+"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] MODE TARGET ARGS``.
 
 It makes an unmodified script observable and safe to stop, then gets out of the way:
 
@@ -7,11 +7,16 @@ It makes an unmodified script observable and safe to stop, then gets out of the 
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
-- for ``--framework jax`` it calls ``jax.distributed.initialize`` for the script;
+- it runs the script as python would (``sys.argv``, ``__file__``, ``sys.path[0]``, a fresh
+  ``__main__``), with ``--frozen`` its Python code read from the submit-time copy under the
+  user's own file names (``launch/frozen.py``);
+- for a multi-process ``--framework jax`` job it makes ``jax.distributed.initialize`` work
+  whether the script calls it or not (``launch/jaxinit.py``);
 - it ends the worker without the interpreter's teardown, where torch aborts now and then
   after a successful run (``_exit``).
 
-MODE is ``--script`` (like ``python FILE``), ``--module`` (``python -m``) or ``--exec`` (any program).
+MODE is ``--script`` (like ``python FILE``; FILE as typed, relative to cwd), ``--module``
+(``python -m``) or ``--exec`` (any program, run as given: nothing frozen).
 Keep imports here minimal: this runs once per worker.
 """
 
@@ -36,8 +41,10 @@ OUTPUT_LOG = "output.log"
 ERROR_JSON = "error.json"
 PROC_JSON = "proc.json"
 USER_METRICS = "user_metrics.jsonl"
+TORCH_ERROR_JSON = "torchelastic_error.json"
 
 MODES = ("--script", "--module", "--exec")
+USAGE = "python -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
 
 
 def _rank() -> int:
@@ -65,6 +72,10 @@ def _redirect_output(rank_dir: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     os.environ["PHALANX_METRICS_FILE"] = os.path.join(rank_dir, USER_METRICS)
+    if "TORCHELASTIC_RUN_ID" in os.environ and "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        # torchrun gives each worker one; so does phalanx when it starts a worker with torchrun's
+        # variables itself (-n 1, TF, JAX), for scripts decorated with @record.
+        os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(rank_dir, TORCH_ERROR_JSON)
     _write_json(
         os.path.join(rank_dir, PROC_JSON),
         {
@@ -90,10 +101,11 @@ def _install_stack_dumps() -> None:
 
 
 def _user_frames(tb: StackSummary) -> StackSummary:
-    """Drop the bootstrap's and runpy's own frames from the top of a traceback."""
+    """Drop the frames of the bootstrap, its helpers and runpy from a traceback."""
     import traceback
 
-    skip = (__file__, "<frozen runpy>", "runpy.py")
+    here = os.path.dirname(__file__)
+    skip = (__file__, os.path.join(here, "frozen.py"), os.path.join(here, "jaxinit.py"), "<frozen runpy>", "runpy.py")
     frames = [f for f in tb if not any(f.filename.endswith(s) for s in skip)]
     return traceback.StackSummary.from_list(frames)
 
@@ -133,35 +145,43 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
             json.dump(payload, fh)
 
 
-def _init_jax() -> None:
-    import jax
-
-    jax.distributed.initialize(
-        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-        num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-        process_id=int(os.environ["JAX_PROCESS_ID"]),
-    )
-
-
-def _run(mode: str, target: str, args: list[str]) -> None:
-    import runpy
-
+def _run(mode: str, target: str, args: list[str], frozen: list[str]) -> None:
     if mode == "--exec":
         try:
             os.execvp(target, [target, *args])
         except OSError as exc:
             sys.stderr.write(f"phalanx: cannot execute '{target}': {exc.strerror}\n")
             raise SystemExit(127) from None
-    if os.environ.get("PHALANX_FRAMEWORK") == "jax":
-        _init_jax()
+    freezer = None
+    if frozen:
+        from .frozen import Freezer
+
+        freezer = Freezer(*frozen)
+        freezer.install()
+    if os.environ.get("PHALANX_FRAMEWORK") == "jax" and "JAX_PROCESS_ID" in os.environ:
+        from .imports import module_file
+        from .jaxinit import prepare
+
+        source = os.path.abspath(target) if mode == "--script" else module_file(target, os.getcwd())
+        prepare(source and ((freezer and freezer.copy_of(source)) or source))
     if mode == "--script":
-        path = os.path.abspath(target)
-        sys.argv = [target, *args]
-        sys.path[0] = os.path.dirname(path)  # what `python FILE` does
-        runpy.run_path(path, run_name="__main__")
+        from .frozen import run_script
+
+        try:
+            run_script(target, args, freezer)
+        except FileNotFoundError as exc:
+            if exc.filename not in (target, os.path.abspath(target)):
+                raise
+            # python's own words and status for a script that is not there
+            sys.stderr.write(f"{sys.executable}: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory\n")
+            raise SystemExit(2) from None
     else:
+        import runpy
+
         sys.argv = [target, *args]
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        # python -m runs the module in a __main__ that starts with __annotations__ (before 3.14)
+        runpy.run_module(target, init_globals={"__annotations__": {}} if sys.version_info < (3, 14) else None,
+                         run_name="__main__", alter_sys=True)
 
 
 def _exit_code(code: object) -> int:
@@ -223,8 +243,11 @@ def _exit(code: int) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 2 or argv[0] not in MODES:
-        sys.stderr.write("usage: python -m phalanx.launch.bootstrap {--script|--module|--exec} TARGET [ARGS...]\n")
+    frozen: list[str] = []
+    if argv[:1] == ["--frozen"]:
+        frozen, argv = argv[1:3], argv[3:]
+    if len(argv) < 2 or argv[0] not in MODES or len(frozen) not in (0, 2):
+        sys.stderr.write(f"usage: {USAGE}\n")
         raise SystemExit(2)
     mode, target, args = argv[0], argv[1], argv[2:]
     rank_dir = _rank_dir()
@@ -233,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent(signal.SIGKILL)
     _install_stack_dumps()
     try:
-        _run(mode, target, args)
+        _run(mode, target, args, frozen)
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)

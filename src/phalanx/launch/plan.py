@@ -93,6 +93,8 @@ class Plan:
     # What is handed to a scheduler that then starts the node agents itself (SLURM's batch
     # script); empty for backends that start the agents directly.
     submission: str = ""
+    # What the script will see, in words (launch/explain.py): printed above the plan.
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -104,6 +106,8 @@ class Plan:
         }
         if self.submission:
             data["submission"] = self.submission
+        if self.notes:
+            data["notes"] = list(self.notes)
         return data
 
     def to_json(self) -> str:
@@ -118,17 +122,21 @@ class Plan:
             grace=data["grace"],
             nodes=tuple(NodePlan.from_dict(n) for n in data["nodes"]),
             submission=data.get("submission", ""),
+            notes=tuple(data.get("notes", ())),
         )
 
     def render(self, show_env: bool = True) -> str:
         """Human-readable: per node, the agent command, then what it starts, then the env.
         With a submission (a batch script), that first and the per-node part as comments."""
+        notes = "".join(f"# {note}\n" for note in self.notes)
         if self.submission:
             nodes = Plan(self.job_id, self.attempt, self.backend, self.nodes, self.grace).render(show_env)
-            return self.submission + "\n# Each node's part (node_<n>/launch.json):\n" + "".join(
+            # The script first: what --dry-run prints can be handed to the scheduler as it is.
+            return self.submission + "\n" + notes + "# Each node's part (node_<n>/launch.json):\n" + "".join(
                 f"#   {line}\n" if line else "#\n" for line in nodes.splitlines()
             )
         lines = [f"# job {self.job_id}  attempt {self.attempt}  backend {self.backend}  nodes {len(self.nodes)}"]
+        lines += [f"# {note}" for note in self.notes]
         for node in self.nodes:
             lines.append(f"\n[node {node.node_rank} @ {node.host}]")
             lines.append(f"cwd:      {node.cwd}")

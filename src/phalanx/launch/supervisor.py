@@ -478,7 +478,7 @@ def _state_sync(store: Store, home: HomePaths, record: JobRecord, spec: JobSpec,
     from ..storage.state import StateSync
 
     sync = StateSync(
-        home.state_dir(spec.name), spec.state_uri,
+        home.state_dir(spec.state_key), spec.state_uri,
         on_pushed=lambda ts: store.update(record.id, state_synced_at=ts),
         on_error=lambda msg: say(f"warning: {msg}"),
     )

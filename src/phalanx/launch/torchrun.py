@@ -7,20 +7,27 @@ could paste into a shell.
 
 from __future__ import annotations
 
-from ..core.env import Topology
-from ..core.spec import EntrypointKind, JobSpec
+from ..core.env import SIGNALS_TO_HANDLE, Topology
+from ..core.spec import EntrypointKind, JobSpec, code_root
 
 BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
 
 
 def worker_command(spec: JobSpec, args: tuple[str, ...]) -> tuple[str, ...]:
-    """What each worker process runs: the bootstrap shim, then the user's entrypoint."""
-    mode = {
-        EntrypointKind.SCRIPT: "--script",
-        EntrypointKind.MODULE: "--module",
-        EntrypointKind.COMMAND: "--exec",
-    }[spec.entrypoint.kind]
-    return (mode, spec.entrypoint.target, *args)
+    """What each worker process runs: the bootstrap shim, then the user's entrypoint.
+
+    A script goes as the user typed it (relative to the working directory, which is theirs):
+    the bootstrap derives ``sys.argv[0]``, ``__file__`` and ``sys.path[0]`` from it as python
+    does. With frozen code (``spec.code_dir``), ``--frozen CODE_DIR ROOT`` tells the bootstrap
+    to read Python files under ROOT from their copies under CODE_DIR (``launch/frozen.py``).
+    A command runs as given: nothing in it is frozen."""
+    entry = spec.entrypoint
+    if entry.kind is EntrypointKind.COMMAND:
+        return ("--exec", entry.target, *args)
+    frozen = ("--frozen", spec.code_dir, code_root(spec)) if spec.code_dir else ()
+    if entry.kind is EntrypointKind.MODULE:
+        return (*frozen, "--module", entry.target, *args)
+    return (*frozen, "--script", entry.typed or entry.target, *args)
 
 
 def torchrun_argv(spec: JobSpec, topo: Topology, node_rank: int, local_addr: str) -> tuple[str, ...]:
@@ -43,7 +50,7 @@ def torchrun_argv(spec: JobSpec, topo: Topology, node_rank: int, local_addr: str
         f"--local-addr={local_addr}",
         "--redirects=0",
         "--tee=0",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        f"--signals-to-handle={SIGNALS_TO_HANDLE}",
         f"--shutdown-timeout={max(1, int(spec.grace))}",
         "--module",
         BOOTSTRAP_MODULE,

@@ -172,7 +172,7 @@ def _fetch_state(spec: JobSpec, home: HomePaths, dest: Path, say: Say) -> int:
     """The job name's state directory on this machine, else the last upload to ``--state``."""
     from .state import StateSync
 
-    local = home.state_dir(spec.name)
+    local = home.state_dir(spec.state_key)
     files = _sizes(local)
     if files or not spec.state_uri:
         return _fetch(str(local), files, dest, "state", say)

@@ -199,8 +199,10 @@ class SweepRunner:
             env["CUDA_VISIBLE_DEVICES"] = str(self.slots[slot])
         ep = self.spec.entrypoint
         spec = self.spec.with_(
-            entrypoint=Entrypoint(ep.kind, ep.target, self.space.apply(params)),
+            entrypoint=Entrypoint(ep.kind, ep.target, self.space.apply(params), ep.typed),
             name=f"{self.sweep.name}-{number}", env=env,
+            # A named sweep's trial N shares state with trial N of its earlier runs; otherwise each its own.
+            state_name=f"{self.spec.state_name}-{number}" if self.spec.state_name else "",
         )
         plan = jobs.plan_job(spec)
         record = jobs.create_job(self.store, spec, plan, sweep_id=self.sweep.id, trial=number,
@@ -310,11 +312,10 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         # One snapshot for the whole sweep: every trial runs the same code, and copying the
         # working directory per trial would cost more than a short trial itself.
         from ..core.spec import in_snapshot
-        from ..storage.snapshot import list_workdir, take
+        from ..storage.snapshot import freeze
 
         code, manifest = home.sweep_code(sweep_id)
-        script = spec.entrypoint.target if spec.entrypoint.kind.value == "script" else None
-        take(list_workdir(Path(spec.workdir), home.root, script, limit=False), code, manifest)
+        freeze(spec, home.root, code, manifest)
         spec = in_snapshot(spec, str(code)).with_(snapshot=False)
     store.sweeps.insert(
         id=sweep_id, name=spec.name, strategy=settings.strategy, objective=settings.objective,

@@ -1,0 +1,16 @@
+"""A torchrun-style DDP script: reads RANK/WORLD_SIZE, all-reduces, prints."""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from observe import record
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+print(f"rank {rank} of {world} local_rank {os.environ['LOCAL_RANK']} sum {int(t.item())}")
+record(globals())
+dist.destroy_process_group()

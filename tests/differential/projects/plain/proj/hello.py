@@ -1,0 +1,6 @@
+import sys
+
+from observe import record
+
+print("hello", *sys.argv[1:])
+record(globals())

@@ -1,0 +1,10 @@
+from lib.model import build
+
+
+def main():
+    model = build(depth=-1)
+    print(model)
+
+
+if __name__ == "__main__":
+    main()
