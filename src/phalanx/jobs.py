@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from . import config
 from .core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
@@ -35,7 +35,8 @@ def open_store() -> Store:
 
 
 def new_job_id() -> str:
-    return secrets.token_hex(4)
+    """A fresh job (or sweep) id, checked against every id the store ever handed out."""
+    return open_store().new_id()
 
 
 def check_storage(spec: JobSpec) -> None:
@@ -62,10 +63,10 @@ def resolve_job_input(uri: str) -> str:
     if not ref or part not in ("output", "state"):
         raise UsageError(f"invalid job reference '{uri}'", "use job:NAME_OR_ID, job:NAME_OR_ID/output or job:NAME_OR_ID/state")
     store = open_store()
-    named = [r for r in store.list() if r.name == ref]
-    record = next((r for r in named if r.state is JobState.SUCCEEDED), None) if named else store.find(ref)
+    latest = store.latest(ref)
+    record = store.latest(ref, JobState.SUCCEEDED) if latest else store.find(ref)
     if record is None:
-        latest = named[0]
+        assert latest is not None
         raise UsageError(f"'{uri}': no run of '{ref}' has succeeded (the latest, job {latest.id}, is {latest.state.value})",
                          f"run it first; see: phalanx status {latest.id}")
     if record.state is not JobState.SUCCEEDED:
@@ -86,7 +87,7 @@ def check_done(spec: JobSpec) -> tuple[JobRecord | None, dict[str, Any] | None]:
     from .storage.inputs import fingerprint
 
     inputs = fingerprint(spec, home())
-    last = next((r for r in open_store().list() if r.name == spec.name and r.state is JobState.SUCCEEDED), None)
+    last = open_store().latest(spec.name, JobState.SUCCEEDED)
     if last is not None and (read_json(JobPaths(Path(last.job_dir)).inputs) or {}).get("digest") == inputs["digest"]:
         return last, inputs
     return None, inputs
@@ -307,9 +308,17 @@ def get_job(ref: str, store: Store | None = None) -> JobRecord:
 
 
 def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:
+    return list(iter_jobs(all_jobs, limit, store))
+
+
+def iter_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> Iterator[JobRecord]:
+    """``list_jobs``, read from the store a page at a time (memory stays flat at any length)."""
     store = store or open_store()
-    records = [reconcile(store, r) if not is_terminal(r.state) else r for r in store.list(active_only=not all_jobs, limit=limit)]
-    return records if all_jobs else [r for r in records if not is_terminal(r.state)]
+    for record in store.iter(active_only=not all_jobs, limit=limit):
+        if not is_terminal(record.state):
+            record = reconcile(store, record)
+        if all_jobs or not is_terminal(record.state):
+            yield record
 
 
 def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] | None = None) -> JobRecord:

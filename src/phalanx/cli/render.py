@@ -61,3 +61,14 @@ PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "COMMAND
 
 def dump_json(data: Any, out: TextIO) -> None:
     out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def dump_json_stream(items: Iterable[Any], out: TextIO) -> None:
+    """``dump_json`` of the list of ``items``, byte for byte, written one item at a time: a
+    listing of a million jobs never has to be held in memory."""
+    first = True
+    for item in items:
+        text = json.dumps(item, indent=2, sort_keys=True, default=str)
+        out.write(("[\n  " if first else ",\n  ") + text.replace("\n", "\n  "))
+        first = False
+    out.write("[]\n" if first else "\n]\n")

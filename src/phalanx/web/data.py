@@ -49,6 +49,17 @@ def job_summary(record: JobRecord) -> dict[str, Any]:
     return data
 
 
+def jobs_page(limit: int, after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the job list (newest first, keyset-paged: page 1,000 costs what page 1
+    does) and the cursor of the next page, or None on the last one."""
+    from .. import jobs
+
+    store = jobs.open_store()
+    page = store.page(max(1, limit), after)
+    records = [r if is_terminal(r.state) else jobs.reconcile(store, r) for r in page.records]
+    return [job_summary(r) for r in records], page.next
+
+
 def job_detail(record: JobRecord) -> dict[str, Any]:
     """The job with its ranks, attempts (timeline), root cause and hints."""
     from .. import jobs
