@@ -9,7 +9,7 @@ collector  A script printing N lines like ``epoch 1 step 123 loss=0.1234 acc=0.5
            the same script under ``torchrun --tee 3 --log-dir`` and with the script alone.
 run        End to end: ``phalanx run --metric loss=... --metric acc=... script`` against
            ``torchrun --tee 3 --log-dir`` (needs the collector wired into the supervisor; the
-           row says so when the job directory has no metrics.jsonl).
+           row says so when the job directory has no metrics file).
 sampler    A busy 2-process job (both processes spin) sampled by a ResourceSampler at its
            default interval (5 s) and at 1 s: CPU seconds of the sampling thread against the
            job's CPU seconds, and as a share of one core.
@@ -98,7 +98,7 @@ def phalanx_run(work: Path, script: Path, lines: int, nproc: int) -> dict:
     start = time.perf_counter()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**_env(), "PHALANX_HOME": str(home)}, check=True)
     wall = time.perf_counter() - start
-    wired = any(home.glob("jobs/*/attempt_0/rank_*/metrics.jsonl"))
+    wired = any(home.glob("jobs/*/attempt_0/rank_*/metrics.*"))
     shutil.rmtree(home)
     return {"wall": wall, "wired": wired}
 
@@ -159,7 +159,7 @@ def table(rows: list[dict]) -> str:
         if "collector_cpu_s" in r:
             note = f"collector CPU {r['collector_cpu_s']:.2f} s for {r['records']:,} records"
         if r.get("wired") is False:
-            note = "collector not wired yet: no metrics.jsonl"
+            note = "collector not wired yet: no metrics file"
         lines.append(f"{r['group']:<10} {r['command']:<58} {r['median_s']:>9.3f} {r['min_s']:>7.3f} {r['ratio']:>6.2f}  {note}")
     return "\n".join(lines)
 

@@ -18,7 +18,8 @@ from ..core.paths import JobPaths, read_json
 from ..core.state import is_terminal
 from ..errors import PhalanxError, UsageError
 from ..monitor.hints import hints
-from ..monitor.metrics import read_jsonl
+from ..monitor.metricfile import NONE, read_series
+from ..monitor.readback import metric_file
 from ..monitor.report import recent_metrics
 from ..monitor.resources import node_ranks, read_resources, recent_resources
 from ..store import JobRecord
@@ -106,7 +107,8 @@ def attempts_timeline(record: JobRecord) -> list[dict[str, Any]]:
 
 
 class _Series:
-    """One metrics.jsonl as arrays per metric name (steps as float, NaN when there is none)."""
+    """One rank's metrics file as arrays per metric name (steps as float, NaN when there is
+    none; ``loose`` names the metrics that have such values)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -115,6 +117,7 @@ class _Series:
         self.offset = 0
         self.steps: dict[str, array] = {}
         self.values: dict[str, array] = {}
+        self.loose: set[str] = set()
 
     def update(self, path: Path) -> None:
         try:
@@ -122,16 +125,18 @@ class _Series:
                 self.reset()
         except OSError:
             return
-        records, self.offset = read_jsonl(path, self.offset)
-        for r in records:
-            name, value = r.get("name"), r.get("value")
-            if not isinstance(name, str) or not isinstance(value, (int, float)):
-                continue
+        series, self.offset = read_series(path, self.offset)
+        for name, new in series.items():
             if name not in self.values:
                 self.steps[name], self.values[name] = array("d"), array("d")
-            step = r.get("step")
-            self.steps[name].append(float(step) if isinstance(step, int) else math.nan)
-            self.values[name].append(float(value))
+            steps = array("d", new.steps)
+            if NONE in new.steps:
+                self.loose.add(name)
+                for i, step in enumerate(new.steps):
+                    if step == NONE:
+                        steps[i] = math.nan
+            self.steps[name].extend(steps)
+            self.values[name].extend(new.values)
 
 
 _cache: dict[Path, _Series] = {}
@@ -175,11 +180,13 @@ def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int
             available.add(rank)
             if ranks is not None and rank not in ranks:
                 continue
-            path = job_file(record, paths.rank_metrics(a, rank))
-            series = _series(path)
+            found = metric_file(paths, a, rank)
+            if found is None:
+                continue
+            series = _series(job_file(record, found))
             for name, values in series.values.items():
                 steps = series.steps[name]
-                if any(math.isnan(s) for s in steps):
+                if name in series.loose:
                     steps = array("d", range(len(values)))
                     kind = "index"
                 else:
