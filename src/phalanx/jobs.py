@@ -195,9 +195,9 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Callable[[str], None] | None) -> tuple[JobRecord, int]:
     from .launch.supervisor import supervise
-    from .monitor.tail import follow_attempts
+    from .monitor.tail import Stop, follow_attempts
 
-    done = threading.Event()
+    done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
     streamer = None
     if out is not None:
         paths = JobPaths(Path(record.job_dir))
@@ -463,30 +463,24 @@ def follow_logs(
     follow: bool = False, poll: float = 0.2,
 ) -> JobRecord:
     """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
-    keep emitting new lines until the job ends. Returns the latest record."""
-    from .monitor.tail import RankTailer
+    keep emitting new lines until the job ends (woken by the files changing, not polling
+    them). Returns the latest record."""
+    from .monitor.tail import follow_job
 
     log_paths(record, attempt, rank)  # validates attempt and rank
     paths = JobPaths(Path(record.job_dir))
     latest = attempt is None
-    attempt = record.attempt if attempt is None else attempt
-    prefix = rank is None and record.nnodes * record.nproc_per_node > 1
-    tailer = RankTailer(paths, attempt, {rank} if rank is not None else None, prefix=prefix)
     store = open_store()
-    while True:
+
+    def refresh() -> tuple[int, bool]:
+        nonlocal record
         record = reconcile(store, store.get(record.id))
-        ended = is_terminal(record.state)
-        moved_on = latest and follow and record.attempt != tailer.attempt
-        lines = tailer.poll(final=ended or not follow or moved_on)
-        if lines:
-            emit("".join(tailer.format(r, line) + "\n" for r, line in lines))
-        if moved_on:
-            emit(f"--- attempt {record.attempt} ---\n")
-            tailer = RankTailer(paths, record.attempt, tailer.ranks, prefix=prefix)
-            continue
-        if ended or not follow:
-            return record
-        time.sleep(poll)
+        return record.attempt, is_terminal(record.state)
+
+    follow_job(paths, record.attempt if attempt is None else attempt, {rank} if rank is not None else None,
+               rank is None and record.nnodes * record.nproc_per_node > 1, emit, refresh, follow, latest,
+               also=[home().db], interval=poll)
+    return record
 
 
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:

@@ -176,8 +176,14 @@ def test_json_listing_streams_the_same_text_as_one_dump():
 
     from phalanx.cli.render import dump_json, dump_json_stream
 
-    items = [{"a": 1, "b": {"y": [1, 2], "x": None}, "c": "line\nbreak", "d": 1.5}, {"z": {}}, {"k": []}]
-    for case in (items, items[:1], []):
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    items = [{"a": 1, "b": {"y": [1, 2], "x": None}, "c": "line\nbreak é \u2603", "d": 1.5}, {"z": {}}, {"k": []},
+             {"t": True, "f": False, "n": float("nan"), "i": float("-inf"), "big": 10**30, "o": Odd(), "l": [{"x": 1}]},
+             [1, {"a": 2}], "text", 3, {}, {1: "int key"}]
+    for case in (items, items[:1], [], [items[3]] * 3):
         one, streamed = io.StringIO(), io.StringIO()
         dump_json(case, one)
         dump_json_stream(iter(case), streamed)
