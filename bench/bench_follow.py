@@ -37,7 +37,7 @@ SLEEPER = "import sys, time\nprint('started', flush=True)\ntime.sleep(float(sys.
 
 def phalanx(src: str, home: Path, *args: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "PHALANX_HOME": str(home), "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "phalanx", *args], env=env, cwd=tempfile.gettempdir(), **kw)
+    return subprocess.Popen([sys.executable, "-m", "phalanx", *args], env=env, cwd=home.parent, **kw)
 
 
 def cpu(proc: psutil.Process) -> float:
@@ -46,6 +46,7 @@ def cpu(proc: psutil.Process) -> float:
 
 
 def one_round(codes: dict[str, str], work: Path, seconds: float, settle: float) -> dict[str, float]:
+    work.mkdir(parents=True)
     script = work / "sleep.py"
     script.write_text(SLEEPER)
     length = str(settle + seconds + 5)

@@ -58,9 +58,10 @@ def polls(monkeypatch) -> list[float]:
     return seen
 
 
-def test_lines_come_as_written_in_order_and_a_quiet_job_is_not_read(paths, polls):
+@pytest.mark.parametrize("stop", [Stop, threading.Event], ids=["stop", "plain-event"])
+def test_lines_come_as_written_in_order_and_a_quiet_job_is_not_read(paths, polls, stop):
     assert local_filesystem(paths.root), "the test directory is on a local filesystem: events are trusted"
-    out, done = Out(), Stop()
+    out, done = Out(), stop()
     follower = threading.Thread(target=follow_attempts, args=(paths, 0, None, True, out, done))
     follower.start()
     try:

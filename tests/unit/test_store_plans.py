@@ -87,6 +87,7 @@ def test_sweeps_by_prefix_and_name_are_index_seeks(store):
     assert "id>? AND id<?" in found[1], found
     found = plans(store, lambda: store.sweeps.find("sw"))
     assert "INDEX sweeps_name" in found[-1], found
+    assert all("INDEX sweeps_state" in p for p in plans(store, lambda: store.sweeps.list(active_only=True)))
 
 
 def test_the_plans_hold_in_a_store_migrated_from_schema_3(tmp_path):

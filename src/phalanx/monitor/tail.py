@@ -120,23 +120,24 @@ def follow_attempts(
         event_driven = isinstance(done, Stop)
         if isinstance(done, Stop):
             done.on_set(watch.wake)
-        finished = done.is_set()
+        finished, changed, read_at = done.is_set(), True, 0.0
         while True:
-            tailer.watch(watch)
-            newer = [a for a in paths.attempts() if a > tailer.attempt]
-            read_at = time.monotonic()
-            lines = tailer.poll(final=finished or bool(newer))
-            if lines:
-                out.write("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
-                out.flush()
-            if newer:
-                tailer = RankTailer(paths, min(newer), ranks, prefix)
-                continue
-            if finished:
-                return
-            if not done.is_set():
-                watch.wait(None if event_driven else interval)
-            finished = _settle(done, read_at, interval)
+            if changed or finished:
+                tailer.watch(watch)
+                newer = [a for a in paths.attempts() if a > tailer.attempt]
+                read_at = time.monotonic()
+                lines = tailer.poll(final=finished or bool(newer))
+                if lines:
+                    out.write("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
+                    out.flush()
+                if newer:
+                    tailer = RankTailer(paths, min(newer), ranks, prefix)
+                    continue
+                if finished:
+                    return
+            # A plain Event cannot wake the watch: look at it every interval, read only on changes.
+            changed = done.is_set() or watch.wait(None if event_driven else interval)
+            finished = _settle(done, read_at, interval) if changed else done.is_set()
 
 
 def _settle(done: threading.Event, read_at: float, interval: float) -> bool:

@@ -76,6 +76,7 @@ MIGRATIONS: tuple[str, ...] = (
     #   planner took it for `ps --all`, then sorted every row: trials only now.
     # - jobs_top: top-level jobs newest first, in the order listings page through them
     #   (keyset on created_at, id).
+    # - sweeps by name (status/stop NAME) and by state (ps: the active ones).
     # - ids: every id ever handed out (jobs and sweeps), so a new one is checked against all.
     """
     DROP INDEX jobs_sweep;
@@ -84,6 +85,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_created ON jobs (created_at, id);
     CREATE INDEX jobs_top ON jobs (created_at, id) WHERE sweep_id IS NULL;
     CREATE INDEX sweeps_name ON sweeps (name, created_at);
+    CREATE INDEX sweeps_state ON sweeps (state);
     CREATE TABLE ids (id TEXT PRIMARY KEY) WITHOUT ROWID;
     INSERT OR IGNORE INTO ids (id) SELECT id FROM jobs;
     INSERT OR IGNORE INTO ids (id) SELECT id FROM sweeps;
