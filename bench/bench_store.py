@@ -182,7 +182,7 @@ def worker(src: str, home: Path, n: int, repeats: int, bulk: bool) -> None:
         "submit (id + record)": submit,
     }
     assert len(jobs.list_jobs()) == 3, "the 3 running jobs are listed (their supervisor, this process, is alive)"
-    result = {name: timed(fn, repeats) for name, fn in ops.items()}
+    result = {name: timed(fn, repeats) for name, fn in ops.items()} if repeats else {}
     print(json.dumps({"ops": result, "refs": ref, "populate_s": populated, "jobs": store.count()}))
 
 
@@ -206,8 +206,10 @@ def run_json(argv: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cli(src: str, home: Path, args: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of ``phalanx ARGS`` run from ``src``, output discarded."""
+def cli(src: str, home: Path, args: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (KiB) of ``phalanx ARGS`` run
+    from ``src``, output discarded. CPU time is what the command costs whatever else runs on
+    the machine; wall time is what a user waits, and grows with the load."""
     code = f"import sys; sys.path.insert(0, {src!r}); from phalanx.cli.main import main; sys.argv[0] = 'phalanx'; main()"
     env = {**os.environ, "PHALANX_HOME": str(home)}
     began = time.perf_counter()
@@ -217,7 +219,32 @@ def cli(src: str, home: Path, args: list[str]) -> tuple[float, int]:
     wall = time.perf_counter() - began
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"phalanx {' '.join(args)} failed ({src}): {proc.stderr.read().decode() if proc.stderr else ''}")
-    return wall, usage.ru_maxrss
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+
+
+def cli_rows(args: argparse.Namespace, codes: dict[str, str], homes: dict[str, Path], n: int,
+             ref: dict[str, str]) -> list[dict]:
+    out = []
+    commands = {"phalanx ps --all": ["ps", "--all"], "phalanx status PREFIX": ["status", ref["prefix"]],
+                "phalanx status NAME": ["status", ref["name"]]}
+    for label, argv in commands.items():
+        samples: dict[str, list[tuple[float, float, int]]] = {code: [] for code in codes}
+        for rnd in range(args.cli_repeats + 1):  # round-robin, round 0 warms up
+            for code, src in codes.items():
+                measured = cli(src, homes[code], argv)
+                if rnd:
+                    samples[code].append(measured)
+        out.append({"jobs": n, "what": label, "kind": "cli",
+                    **{f"{code}_s": statistics.median(m[0] for m in samples[code]) for code in codes},
+                    **{f"{code}_cpu_s": statistics.median(m[1] for m in samples[code]) for code in codes}})
+    listing = {code: cli(src, homes[code], ["ps", "--all", "--json", "--limit", str(10 * n)])
+               for code, src in codes.items() if code == "this" or n <= args.main_json_max}
+    out.append({"jobs": n, "what": "phalanx ps --all --json (every job)", "kind": "cli",
+                "this_s": listing["this"][0], "main_s": listing["main"][0] if "main" in listing else None,
+                "this_cpu_s": listing["this"][1], "main_cpu_s": listing["main"][1] if "main" in listing else None,
+                "this_rss_mb": listing["this"][2] / 1024,
+                "main_rss_mb": listing["main"][2] / 1024 if "main" in listing else None})
+    return out
 
 
 def main_source(args: argparse.Namespace, work: Path) -> str:
@@ -241,6 +268,7 @@ def main() -> None:
     parser.add_argument("--main-src")
     parser.add_argument("--main-json-max", type=int, default=100_000, help="largest store main lists whole as JSON")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--parts", default="library,cli,migrate", help="what to measure (stores are kept)")
     parser.add_argument("--worker", nargs=5, metavar=("SRC", "HOME", "N", "REPEATS", "BULK"), help=argparse.SUPPRESS)
     parser.add_argument("--migrate", nargs=2, metavar=("SRC", "DB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,34 +282,22 @@ def main() -> None:
     args.dir.mkdir(parents=True, exist_ok=True)
     codes = {"this": str(ROOT / "src"), "main": main_source(args, args.dir)}
     results: list[dict] = []
-    for n in [int(s) for s in args.sizes.split(",")]:
+    parts = set(args.parts.split(","))
+    sizes = [int(size) for size in args.sizes.split(",")]
+    for n in sizes:
         homes = {code: args.dir / f"{code}-{n}" for code in codes}
-        lib = {code: run_json([sys.executable, __file__, "--worker", src, str(homes[code]), str(n), str(args.repeats),
-                               "1" if code == "this" else "0"]) for code, src in codes.items()}
-        print(f"  {n:,} jobs: library calls done", file=sys.stderr)
-        for op in lib["this"]["ops"]:
-            results.append({"jobs": n, "what": op, "kind": "library", "this_s": lib["this"]["ops"][op],
-                            "main_s": lib["main"]["ops"][op]})
-        ref = lib["this"]["refs"]
-        commands = {"phalanx ps --all": ["ps", "--all"], "phalanx status PREFIX": ["status", ref["prefix"]],
-                    "phalanx status NAME": ["status", ref["name"]]}
-        for label, argv in commands.items():
-            samples: dict[str, list[float]] = {code: [] for code in codes}
-            for rnd in range(args.cli_repeats + 1):
-                for code, src in codes.items():
-                    wall, _ = cli(src, homes[code], argv)
-                    if rnd:
-                        samples[code].append(wall)
-            results.append({"jobs": n, "what": label, "kind": "cli", "this_s": statistics.median(samples["this"]),
-                            "main_s": statistics.median(samples["main"])})
-        listing = {code: cli(src, homes[code], ["ps", "--all", "--json", "--limit", str(10 * n)])
-                   for code, src in codes.items() if code == "this" or n <= args.main_json_max}
-        results.append({"jobs": n, "what": "phalanx ps --all --json (every job)", "kind": "cli",
-                        "this_s": listing["this"][0], "main_s": listing["main"][0] if "main" in listing else None,
-                        "this_rss_mb": listing["this"][1] / 1024,
-                        "main_rss_mb": listing["main"][1] / 1024 if "main" in listing else None})
-        print(f"  {n:,} jobs: CLI done", file=sys.stderr)
-        if n == max(int(s) for s in args.sizes.split(",")):
+        lib = {code: run_json([sys.executable, __file__, "--worker", src, str(homes[code]), str(n),
+                               str(args.repeats if "library" in parts else 0), "1" if code == "this" else "0"])
+               for code, src in codes.items()}
+        if "library" in parts:
+            for op in lib["this"]["ops"]:
+                results.append({"jobs": n, "what": op, "kind": "library", "this_s": lib["this"]["ops"][op],
+                                "main_s": lib["main"]["ops"][op]})
+            print(f"  {n:,} jobs: library calls done", file=sys.stderr)
+        if "cli" in parts:
+            results += cli_rows(args, codes, homes, n, lib["this"]["refs"])
+            print(f"  {n:,} jobs: CLI done", file=sys.stderr)
+        if "migrate" in parts and n == max(sizes):
             copy = args.dir / "migrate.db"
             shutil.copy(homes["main"] / "phalanx.db", copy)
             took = run_json([sys.executable, __file__, "--migrate", codes["this"], str(copy)])["migrate_s"]
@@ -295,8 +311,12 @@ def main() -> None:
         ratio = f"{r['this_s'] / r['main_s']:.3f}" if r["main_s"] else "-"
         main_s = f"{r['main_s'] * 1000:.1f} ms" if r["main_s"] is not None else "-"
         note = ""
+        if r.get("this_cpu_s") is not None:
+            main_cpu = r.get("main_cpu_s")
+            note = f"CPU {r['this_cpu_s'] * 1000:.0f} ms" + (
+                f" vs {main_cpu * 1000:.0f} ms (ratio {r['this_cpu_s'] / main_cpu:.3f}); " if main_cpu else "; ")
         if "this_rss_mb" in r:
-            note = f"peak RSS {r['this_rss_mb']:.0f} MB" + (f" vs {r['main_rss_mb']:.0f} MB" if r["main_rss_mb"] else
+            note += f"peak RSS {r['this_rss_mb']:.0f} MB" + (f" vs {r['main_rss_mb']:.0f} MB" if r["main_rss_mb"] else
                                                             " (main not run: ~7 GB)")
         print(f"{r['jobs']:>9,}  {r['kind']:<7} {r['what']:<40} {r['this_s'] * 1000:>7.1f} ms {main_s:>10} {ratio:>7}  {note}")
     if args.json:

@@ -8,8 +8,10 @@ that follow a few values, and for export.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Iterable, Sequence, TextIO
 
 from ..core.paths import JobPaths
 from .metricfile import NONE, Series, iter_records, read_records, read_series, tail_records, write_jsonl
@@ -115,6 +117,17 @@ def by_step_series(parts: Iterable[Series]) -> list[tuple[int | None, float]]:
         else:
             stepped.update(zip(series.steps, series.values))
     return [*sorted(stepped.items()), *loose]
+
+
+def step_values(parts: Iterable[Series]) -> Sequence[float]:
+    """The values of ``by_step_series(parts)``, without building it when there is one part
+    whose steps only grow (a job's single attempt: the common case, a million points)."""
+    parts = list(parts)
+    if len(parts) == 1:
+        steps = parts[0].steps
+        if NONE not in steps and all(map(operator.lt, steps, itertools.islice(steps, 1, None))):
+            return parts[0].values
+    return [v for _, v in by_step_series(parts)]
 
 
 def export_jsonl(paths: JobPaths, out: TextIO, attempt: int | None = None, rank: int | None = None) -> int:

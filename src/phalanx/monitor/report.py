@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..core.paths import JobPaths
-from .readback import by_step_series, metric_file, rank_series, recent_records, summarize_series
+from .readback import metric_file, rank_series, recent_records, step_values, summarize_series
 
 
 def by_step(records: Iterable[dict[str, Any]], name: str) -> list[tuple[int | None, float]]:
@@ -76,7 +76,7 @@ def metrics_report(record: Any, attempt: int | None = None, rank: int | None = N
     parts = [rank_series(paths, a, rank) for a in attempts] if rank is not None else []
     summary = summarize_series(parts)
     for name, s in summary.items():
-        s["sparkline"] = sparkline([v for _, v in by_step_series(p[name] for p in parts if name in p)])
+        s["sparkline"] = sparkline(step_values(p[name] for p in parts if name in p))
     span = "attempt " + str(attempt) if attempt is not None else (
         f"attempts {known[0]}-{known[-1]}" if len(known) > 1 else f"attempt {known[0] if known else 0}")
     return {"job": record.id, "attempt": attempt, "rank": rank, "where": f"rank {rank}, {span}", "metrics": summary}

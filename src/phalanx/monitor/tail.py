@@ -117,9 +117,10 @@ def follow_attempts(
     ``threading.Event`` it also looks at ``done`` every ``interval``."""
     tailer = RankTailer(paths, attempt, ranks, prefix)
     with Watch(fallback=interval) as watch:
-        event_driven = isinstance(done, Stop)
+        event_driven = False
         if isinstance(done, Stop):
             done.on_set(watch.wake)
+            event_driven = True
         finished, changed, read_at = done.is_set(), True, 0.0
         while True:
             if changed or finished:

@@ -272,8 +272,8 @@ class Store:
         raise JobNotFound(f"no job with id or name '{ref}'", "list jobs with: phalanx ps --all")
 
     def _by_prefix(self, ref: str) -> list[JobRecord]:
-        """At most two jobs whose id starts with ``ref`` (ids are lower case; so was the
-        match before ids were looked up by range)."""
+        """At most two jobs whose id starts with ``ref``; ``3F2A`` finds ``3f2a...`` as well
+        (ids are lower case, and the LIKE this range replaced ignored case)."""
         for text in dict.fromkeys((ref, ref.lower())):
             low, high = prefix_range(text)
             rows = self._rows("WHERE id >= ? AND id < ? LIMIT 2", [low, high])
@@ -282,8 +282,8 @@ class Store:
         return []
 
     def latest(self, name: str, state: JobState | None = None, trials: bool = False) -> JobRecord | None:
-        """The newest job named ``name`` (in ``state`` if given; a sweep's trials only with
-        ``trials=True``), or None."""
+        """The newest job named ``name`` (in ``state`` if given; a sweep's trials count only
+        with ``trials=True``), or None."""
         clauses, params = ["name = ?"], [name]
         if not trials:
             clauses.append("sweep_id IS NULL")

@@ -12,7 +12,7 @@ import threading
 from array import array
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..core.paths import JobPaths, read_json
 from ..core.state import is_terminal
@@ -107,8 +107,8 @@ def attempts_timeline(record: JobRecord) -> list[dict[str, Any]]:
 
 
 class _Series:
-    """One rank's metrics file as arrays per metric name (steps as float, NaN when there is
-    none; ``loose`` names the metrics that have such values)."""
+    """One rank's metrics file as arrays per metric name (steps :data:`NONE` where a value has
+    none; ``loose`` names the metrics that have such values: they are charted by index)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -128,14 +128,10 @@ class _Series:
         series, self.offset = read_series(path, self.offset)
         for name, new in series.items():
             if name not in self.values:
-                self.steps[name], self.values[name] = array("d"), array("d")
-            steps = array("d", new.steps)
+                self.steps[name], self.values[name] = array("q"), array("d")
             if NONE in new.steps:
                 self.loose.add(name)
-                for i, step in enumerate(new.steps):
-                    if step == NONE:
-                        steps[i] = math.nan
-            self.steps[name].extend(steps)
+            self.steps[name].extend(new.steps)
             self.values[name].extend(new.values)
 
 
@@ -156,7 +152,7 @@ def _series(path: Path) -> _Series:
         return series
 
 
-def _thin(xs: array, ys: array, points: int) -> tuple[list[float | None], list[float]]:
+def _thin(xs: Sequence[int], ys: array, points: int) -> tuple[list[int], list[float]]:
     """At most ``points`` evenly spaced points, always keeping the last one."""
     n = len(ys)
     stride = max(1, math.ceil(n / points))
@@ -164,7 +160,7 @@ def _thin(xs: array, ys: array, points: int) -> tuple[list[float | None], list[f
     if n and (n - 1) % stride:
         x.append(xs[-1])
         y.append(ys[-1])
-    return [None if math.isnan(v) else v for v in x], y
+    return x, y
 
 
 def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int] | None = None,
@@ -185,13 +181,10 @@ def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int
                 continue
             series = _series(job_file(record, found))
             for name, values in series.values.items():
-                steps = series.steps[name]
-                if name in series.loose:
-                    steps = array("d", range(len(values)))
-                    kind = "index"
-                else:
-                    kind = "step"
+                loose = name in series.loose
+                steps: Sequence[int] = range(len(values)) if loose else series.steps[name]
                 x, y = _thin(steps, values, points)
+                kind = "index" if loose else "step"
                 traces.setdefault(name, []).append(
                     {"attempt": a, "rank": rank, "x": x, "y": y, "x_kind": kind, "count": len(values)})
     return {"job": record.id, "attempts": attempts, "ranks": sorted(available), "metrics": traces}
@@ -203,7 +196,7 @@ def compare_series(records: list[JobRecord], points: int = MAX_POINTS) -> dict[s
     for record in records:
         data = metric_series(record, None, [0], points)
         for name, traces in data["metrics"].items():
-            x: list[float | None] = []
+            x: list[int] = []
             y: list[float] = []
             for t in traces:
                 x.extend(t["x"])
