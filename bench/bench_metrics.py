@@ -47,7 +47,9 @@ from phalanx.monitor.metrics import MetricsCollector  # noqa: E402
 from phalanx.monitor.resources import DEFAULT_INTERVAL, ResourceSampler  # noqa: E402
 
 BIN = Path(sys.executable).parent
-PY, PHALANX, TORCHRUN = str(BIN / "python"), str(BIN / "phalanx"), str(BIN / "torchrun")
+PY, PHALANX = str(BIN / "python"), str(BIN / "phalanx")
+# torchrun itself, or the same module through this interpreter where torch comes from elsewhere
+TORCHRUN = [str(BIN / "torchrun")] if (BIN / "torchrun").exists() else [PY, "-m", "torch.distributed.run"]
 DEFS = ["loss=loss=([0-9.eE+-]+)", "acc=acc=([0-9.]+)"]
 PRINTER = """import sys
 n = int(sys.argv[1])
@@ -91,7 +93,7 @@ def script_with_collector(work: Path, script: Path, lines: int, collect: bool, s
 def torchrun_tee(work: Path, script: Path, lines: int, nproc: int) -> dict:
     logs = Path(tempfile.mkdtemp(dir=work))
     start = time.perf_counter()
-    subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--tee", "3", "--log-dir", str(logs),
+    subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--tee", "3", "--log-dir", str(logs),
                     str(script), str(lines)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), check=True)
     wall = time.perf_counter() - start
     shutil.rmtree(logs)
@@ -235,7 +237,7 @@ def format_table(rows: list[dict], lines: int) -> str:
     out = [f"{lines:,} printed lines, log {this['log_bytes'] / 1e6:.1f} MB; ratio = this tree / main\n",
            f"{'':<44} {'this tree':>12} {'main':>12} {'ratio':>7}"]
     for label, key, scale, unit in (("metrics file", "bytes", 1e-6, "MB"), ("collector CPU (final poll)", "collect_cpu_s", 1, "s"),
-                                    ("chart: one metric's points (dashboard)", "chart_s", 1, "s"),
+                                    ("chart: rank 0's 2 metrics (dashboard)", "chart_s", 1, "s"),
                                     ("phalanx metrics summary", "summary_s", 1, "s")):
         out.append(f"{label:<44} {this[key] * scale:>9.3f} {unit:<2} {main_row[key] * scale:>9.3f} {unit:<2} "
                    f"{this[key] / main_row[key]:>7.3f}")
