@@ -35,8 +35,13 @@ def open_store() -> Store:
 
 
 def new_job_id() -> str:
-    """A fresh job (or sweep) id, checked against every id the store ever handed out."""
-    return open_store().new_id()
+    """A fresh job (or sweep) id, checked against every id the store ever handed out, and
+    against the directories of jobs and sweeps a store that was moved aside left behind."""
+    store = open_store()
+    while True:
+        job_id = store.new_id()
+        if not home().job(job_id).root.exists() and not home().sweep_dir(job_id).exists():
+            return job_id
 
 
 def check_storage(spec: JobSpec) -> None:
