@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from . import config
 from .core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
@@ -35,7 +35,13 @@ def open_store() -> Store:
 
 
 def new_job_id() -> str:
-    return secrets.token_hex(4)
+    """A fresh job (or sweep) id, checked against every id the store ever handed out, and
+    against the directories of jobs and sweeps a store that was moved aside left behind."""
+    store = open_store()
+    while True:
+        job_id = store.new_id()
+        if not home().job(job_id).root.exists() and not home().sweep_dir(job_id).exists():
+            return job_id
 
 
 def check_storage(spec: JobSpec) -> None:
@@ -62,10 +68,10 @@ def resolve_job_input(uri: str) -> str:
     if not ref or part not in ("output", "state"):
         raise UsageError(f"invalid job reference '{uri}'", "use job:NAME_OR_ID, job:NAME_OR_ID/output or job:NAME_OR_ID/state")
     store = open_store()
-    named = [r for r in store.list() if r.name == ref]
-    record = next((r for r in named if r.state is JobState.SUCCEEDED), None) if named else store.find(ref)
+    latest = store.latest(ref)
+    record = store.latest(ref, JobState.SUCCEEDED) if latest else store.find(ref)
     if record is None:
-        latest = named[0]
+        assert latest is not None
         raise UsageError(f"'{uri}': no run of '{ref}' has succeeded (the latest, job {latest.id}, is {latest.state.value})",
                          f"run it first; see: phalanx status {latest.id}")
     if record.state is not JobState.SUCCEEDED:
@@ -86,7 +92,7 @@ def check_done(spec: JobSpec) -> tuple[JobRecord | None, dict[str, Any] | None]:
     from .storage.inputs import fingerprint
 
     inputs = fingerprint(spec, home())
-    last = next((r for r in open_store().list() if r.name == spec.name and r.state is JobState.SUCCEEDED), None)
+    last = open_store().latest(spec.name, JobState.SUCCEEDED)
     if last is not None and (read_json(JobPaths(Path(last.job_dir)).inputs) or {}).get("digest") == inputs["digest"]:
         return last, inputs
     return None, inputs
@@ -218,9 +224,9 @@ def _say_at_submit(store: Store, record: JobRecord, events: Callable[[str], None
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Callable[[str], None] | None) -> tuple[JobRecord, int]:
     from .launch.supervisor import supervise
-    from .monitor.tail import follow_attempts
+    from .monitor.tail import Stop, follow_attempts
 
-    done = threading.Event()
+    done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
     streamer = None
     if out is not None:
         paths = JobPaths(Path(record.job_dir))
@@ -333,9 +339,17 @@ def get_job(ref: str, store: Store | None = None) -> JobRecord:
 
 
 def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:
+    return list(iter_jobs(all_jobs, limit, store))
+
+
+def iter_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> Iterator[JobRecord]:
+    """``list_jobs``, read from the store a page at a time (memory stays flat at any length)."""
     store = store or open_store()
-    records = [reconcile(store, r) if not is_terminal(r.state) else r for r in store.list(active_only=not all_jobs, limit=limit)]
-    return records if all_jobs else [r for r in records if not is_terminal(r.state)]
+    for record in store.iter(active_only=not all_jobs, limit=limit):
+        if not is_terminal(record.state):
+            record = reconcile(store, record)
+        if all_jobs or not is_terminal(record.state):
+            yield record
 
 
 def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] | None = None) -> JobRecord:
@@ -480,30 +494,24 @@ def follow_logs(
     follow: bool = False, poll: float = 0.2,
 ) -> JobRecord:
     """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
-    keep emitting new lines until the job ends. Returns the latest record."""
-    from .monitor.tail import RankTailer
+    keep emitting new lines until the job ends (woken by the files changing, not polling
+    them). Returns the latest record."""
+    from .monitor.tail import follow_job
 
     log_paths(record, attempt, rank)  # validates attempt and rank
     paths = JobPaths(Path(record.job_dir))
     latest = attempt is None
-    attempt = record.attempt if attempt is None else attempt
-    prefix = rank is None and record.nnodes * record.nproc_per_node > 1
-    tailer = RankTailer(paths, attempt, {rank} if rank is not None else None, prefix=prefix)
     store = open_store()
-    while True:
+
+    def refresh() -> tuple[int, bool]:
+        nonlocal record
         record = reconcile(store, store.get(record.id))
-        ended = is_terminal(record.state)
-        moved_on = latest and follow and record.attempt != tailer.attempt
-        lines = tailer.poll(final=ended or not follow or moved_on)
-        if lines:
-            emit("".join(tailer.format(r, line) + "\n" for r, line in lines))
-        if moved_on:
-            emit(f"--- attempt {record.attempt} ---\n")
-            tailer = RankTailer(paths, record.attempt, tailer.ranks, prefix=prefix)
-            continue
-        if ended or not follow:
-            return record
-        time.sleep(poll)
+        return record.attempt, is_terminal(record.state)
+
+    follow_job(paths, record.attempt if attempt is None else attempt, {rank} if rank is not None else None,
+               rank is None and record.nnodes * record.nproc_per_node > 1, emit, refresh, follow, latest,
+               also=[home().db], interval=poll)
+    return record
 
 
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:

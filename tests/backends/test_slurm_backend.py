@@ -17,6 +17,7 @@ from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 from phalanx.core.state import JobState
 from phalanx.errors import BackendError
 from phalanx.launch.supervisor import JobRun, resume_plan, write_launch_files
+from phalanx.monitor.metrics import read_metrics
 
 from .fake_slurm import FakeSlurm
 
@@ -303,7 +304,9 @@ def test_resume_watches_the_attempt_a_lost_supervisor_left_running(fake, home):
     paths = JobPaths(Path(record.job_dir))
     paths.rank_log(0, 0).parent.mkdir(parents=True)
     paths.rank_log(0, 0).write_text("step=1 loss=0.5\nstep=2 loss=0.25\n")
-    paths.rank_metrics(0, 0).write_text('{"name":"loss","value":0.5,"step":1,"rank":0,"attempt":0,"time":1.0}\n')
+    # what the vanished supervisor had collected (an older phalanx: JSON lines), and a torn block of ours
+    paths.rank_metrics_jsonl(0, 0).write_text('{"name":"loss","value":0.5,"step":1,"rank":0,"attempt":0,"time":1.0}\n')
+    paths.rank_metrics(0, 0).write_bytes(b"PXM1 torn")
     resumed = time.monotonic()
 
     def ends_later(job):
@@ -320,7 +323,8 @@ def test_resume_watches_the_attempt_a_lost_supervisor_left_running(fake, home):
     assert any("attempt 0 still runs as SLURM job 41" in line for line in said), said
     assert [(a["attempt"], a["outcome"]) for a in jobs.attempt_history(record)] == [(0, "succeeded")]
     assert not paths.attempt(1).exists()
-    metrics = [json.loads(line) for line in paths.rank_metrics(0, 0).read_text().splitlines()]
+    metrics = read_metrics(paths, 0, 0)
+    assert not paths.rank_metrics_jsonl(0, 0).exists()
     assert [(m["name"], m["step"]) for m in metrics] == [("loss", 1), ("loss", 2)], "read again, not repeated"
 
 

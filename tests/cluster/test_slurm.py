@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from phalanx.core.paths import JobPaths
 from phalanx.core.spec import TEMPLATE_KEYS
+from phalanx.monitor.metrics import read_metrics
 from phalanx.sweeps.space import parse_space
 from tests.conftest import EXAMPLES, phalanx
 from tests.local.test_run import _only_job, _status, _wait_for
@@ -180,8 +182,8 @@ def test_resume_of_a_lost_job_watches_its_running_slurm_job(slurm_env, tmp_path)
     assert not Path(job["job_dir"], "attempt_1").exists(), "no second copy was submitted"
     assert slurm_env.job_state(slurm_id) == "COMPLETED"
     assert "still runs as SLURM job " + slurm_id in Path(job["job_dir"], "supervisor.log").read_text()
-    metrics = Path(job["job_dir"], "attempt_0", "rank_0", "metrics.jsonl").read_text().splitlines()
-    assert sorted(json.loads(m)["step"] for m in metrics if '"loss"' in m) == list(range(150))
+    metrics = read_metrics(JobPaths(Path(job["job_dir"])), 0, 0)
+    assert sorted(m["step"] for m in metrics if m["name"] == "loss") == list(range(150))
 
 
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "never-recorded"])

@@ -106,6 +106,8 @@ def test_two_process_job_records_metrics_and_resource_samples(phx_home, tmp_path
     assert len(samples) >= 3 and any(set(s["ranks"]) == {"0", "1"} for s in samples)
     shown = json.loads(phalanx("metrics", job["id"], "--json", check=True).stdout)
     assert shown["metrics"]["inv"]["last"] == 0.0833 and shown["metrics"]["inv"]["last_step"] == 12
+    exported = [json.loads(line) for line in phalanx("metrics", job["id"], "--jsonl", check=True).stdout.splitlines()]
+    assert exported == records, "the JSON export holds every record of every rank, as read_metrics reads them"
     assert "metrics" in phalanx("status", job["id"], check=True).stdout
     assert "node 0" in phalanx("top", job["id"], "--once", check=True).stdout
     assert proc.returncode == 0

@@ -69,3 +69,134 @@ def test_list_active_and_limit(tmp_path):
     assert [r.id for r in store.list(active_only=True)] == ["j4", "j2", "j0"]
     assert [r.id for r in store.list(limit=2)] == ["j4", "j3"]
     assert store.count() == 5
+
+
+def test_new_ids_are_checked_against_every_id_ever_handed_out(tmp_path, monkeypatch):
+    import phalanx.store.db as db
+
+    store = Store(tmp_path / "p.db")
+    _insert(store, "0badc0de")
+    store.sweeps.insert(id="5eed5eed", name="s", strategy="grid", command="t.py", topology="1x1", spec_json="{}",
+                        settings_json="{}", sweep_dir="/tmp/s")
+    reserved = store.new_id()
+    draws = iter(["0badc0de", "5eed5eed", reserved, "f00df00d"])
+    monkeypatch.setattr(db.secrets, "token_hex", lambda n: next(draws))
+    assert store.new_id() == "f00df00d", "a job's, a sweep's and a reserved id are all drawn again"
+    monkeypatch.undo()
+    ids = {store.new_id() for _ in range(200)}
+    assert len(ids) == 200 and all(len(i) == 8 and int(i, 16) >= 0 for i in ids)
+    _insert(store, reserved)  # the id it was handed is the job's to use
+
+
+def test_new_ids_from_concurrent_processes_never_collide(tmp_path):
+    """Two processes drawing from a tiny id space at once: every id is handed out once."""
+    import subprocess
+    import sys
+
+    Store(tmp_path / "p.db").close()
+    program = (
+        "import sys, secrets; from pathlib import Path; from phalanx.store import Store; import phalanx.store.db as db\n"
+        "db.secrets.token_hex = lambda n: '%08x' % secrets.randbelow(300)\n"
+        "s = Store(Path(sys.argv[1])); print(' '.join(s.new_id() for _ in range(100)))\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", program, str(tmp_path / "p.db")], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    got = [i for p in procs for i in p.communicate(timeout=120)[0].split()]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(got) == 200 and len(set(got)) == 200
+
+
+def test_an_existing_store_migrates_and_keeps_its_jobs(tmp_path, monkeypatch):
+    import phalanx.store.db as db
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for number in range(3):  # a store as phalanx left it before migration 4
+        conn.executescript(MIGRATIONS[number])
+    conn.execute("PRAGMA user_version = 3")
+    conn.execute("INSERT INTO jobs (id, name, state, backend, nnodes, nproc_per_node, command, job_dir, spec_json, created_at)"
+                 " VALUES ('3f2a0001', 'old', 'SUCCEEDED', 'local', 1, 1, 't.py', '/tmp/x', '{}', 1.0)")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.find("3f2a").name == "old" and store.find("3F2A").id == "3f2a0001"
+    draws = iter(["3f2a0001", "00000001"])
+    monkeypatch.setattr(db.secrets, "token_hex", lambda n: next(draws))
+    assert store.new_id() == "00000001", "the ids of jobs from before the migration are taken"
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_pages_cover_every_job_once_newest_first(tmp_path):
+    from phalanx.errors import UsageError
+
+    store = Store(tmp_path / "p.db")
+    # created_at ties (same second) must neither repeat nor drop a job across page edges
+    store.insert_jobs(dict(id=f"j{i:03d}", name="n", backend="local", nnodes=1, nproc_per_node=1, command="t.py",
+                           job_dir="/tmp/x", spec_json="{}", created_at=float(i // 3), state="SUCCEEDED")
+                      for i in range(100))
+    seen, after = [], None
+    while True:
+        page = store.page(7, after)
+        seen += [r.id for r in page.records]
+        if page.next is None:
+            break
+        after = page.next
+    expected = [r.id for r in sorted(store.list(), key=lambda r: (r.created_at, r.id), reverse=True)]
+    assert seen == expected and len(set(seen)) == 100
+    assert [r.id for r in store.iter(limit=12)] == expected[:12]
+    assert store.list() == list(store.iter())
+    with pytest.raises(UsageError, match="cursor"):
+        store.page(5, after="junk")
+
+
+def test_latest_by_name_and_state(tmp_path):
+    store = Store(tmp_path / "p.db")
+    _insert(store, "a1", name="r", created=1.0, state="SUCCEEDED")
+    _insert(store, "a2", name="r", created=2.0, state="FAILED")
+    store.insert_job(id="t1", name="r", backend="local", nnodes=1, nproc_per_node=1, command="t.py", job_dir="/tmp/x",
+                     spec_json="{}", created_at=3.0, state="SUCCEEDED", sweep_id="s", trial=0)
+    assert store.latest("r").id == "a2"
+    assert store.latest("r", JobState.SUCCEEDED).id == "a1"
+    assert store.latest("r", trials=True).id == "t1"
+    assert store.latest("nope") is None
+
+
+def test_bulk_insert_is_all_or_nothing(tmp_path):
+    store = Store(tmp_path / "p.db")
+    _insert(store, "dup")
+    rows = [dict(id=i, name="n", backend="local", nnodes=1, nproc_per_node=1, command="t.py", job_dir="/x",
+                 spec_json="{}", created_at=1.0, state="SUCCEEDED") for i in ("new1", "dup")]
+    with pytest.raises(sqlite3.IntegrityError):
+        store.insert_jobs(rows)
+    assert store.count() == 1
+
+
+def test_json_listing_streams_the_same_text_as_one_dump():
+    import io
+
+    from phalanx.cli.render import dump_json, dump_json_stream
+
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    items = [{"a": 1, "b": {"y": [1, 2], "x": None}, "c": "line\nbreak é \u2603", "d": 1.5}, {"z": {}}, {"k": []},
+             {"t": True, "f": False, "n": float("nan"), "i": float("-inf"), "big": 10**30, "o": Odd(), "l": [{"x": 1}]},
+             [1, {"a": 2}], "text", 3, {}, {1: "int key"}]
+    for case in (items, items[:1], [], [items[3]] * 3):
+        one, streamed = io.StringIO(), io.StringIO()
+        dump_json(case, one)
+        dump_json_stream(iter(case), streamed)
+        assert streamed.getvalue() == one.getvalue()
+
+
+def test_job_ids_skip_directories_a_moved_store_left(tmp_path, monkeypatch):
+    import phalanx.store.db as db
+    from phalanx import jobs
+
+    monkeypatch.setenv("PHALANX_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "jobs" / "0000aaaa").mkdir(parents=True)  # the store was moved aside, its jobs stayed
+    (tmp_path / "home" / "sweeps" / "0000bbbb").mkdir(parents=True)
+    draws = iter(["0000aaaa", "0000bbbb", "0000cccc"])
+    monkeypatch.setattr(db.secrets, "token_hex", lambda n: next(draws))
+    assert jobs.new_job_id() == "0000cccc"

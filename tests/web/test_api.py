@@ -27,6 +27,17 @@ def test_jobs_list_shows_live_states(demo_env):
     assert {j["world_size"] for j in jobs} == {2}
 
 
+def test_jobs_list_pages_by_cursor(demo_env):
+    c = client()
+    first = c.get("/api/jobs", params={"limit": 1})
+    assert len(first.json()) == 1 and first.headers["X-Next-Page"]
+    second = c.get("/api/jobs", params={"limit": 1, "after": first.headers["X-Next-Page"]})
+    assert "X-Next-Page" not in second.headers, "two jobs: the second page is the last"
+    ids = [j["id"] for j in first.json() + second.json()]
+    assert ids == [j["id"] for j in c.get("/api/jobs").json()] and len(set(ids)) == 2
+    assert c.get("/api/jobs", params={"after": "junk"}).status_code == 400
+
+
 def test_job_detail_has_ranks_attempts_and_root_cause(demo_env):
     c = client()
     ok = c.get(f"/api/jobs/{demo_env.ok}").json()

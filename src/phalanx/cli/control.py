@@ -75,24 +75,28 @@ def ps_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List jobs and sweeps: running ones, or all with --all (newest first). A sweep is one row."""
+    import heapq
+    import itertools
+
     from .. import config, jobs
-    from .render import PS_HEADERS, dump_json, job_rows, sweep_row, table
+    from ..store import JobRecord
+    from .render import PS_HEADERS, dump_json_stream, job_rows, sweep_row, table
 
     if limit is None and all_jobs:
         limit = int(config.get("ps_limit"))
     store = jobs.open_store()
-    records = jobs.list_jobs(all_jobs=all_jobs, limit=limit, store=store)
+    records = jobs.iter_jobs(all_jobs=all_jobs, limit=limit, store=store)  # a page at a time
     sweeps = jobs.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
     if as_json:
-        dump_json([r.to_dict() for r in records] + [{**s.to_dict(), "kind": "sweep"} for s in sweeps], sys.stdout)
+        rows = itertools.chain((r.to_dict() for r in records), ({**s.to_dict(), "kind": "sweep"} for s in sweeps))
+        dump_json_stream(rows, sys.stdout)
         return
-    if not records and not sweeps:
+    newest = heapq.merge(records, sweeps, key=lambda r: r.created_at, reverse=True)  # both come newest first
+    shown = [job_rows([r])[0] if isinstance(r, JobRecord) else sweep_row(r) for r in itertools.islice(newest, limit)]
+    if not shown:
         typer.echo("no running jobs (phalanx ps --all shows finished ones)" if not all_jobs else "no jobs yet")
         return
-    rows = [(r.created_at, row) for r, row in zip(records, job_rows(records))]
-    rows += [(s.created_at, sweep_row(s)) for s in sweeps]
-    rows.sort(key=lambda pair: pair[0], reverse=True)
-    table([row for _, row in rows[:limit] if limit] if limit else [row for _, row in rows], PS_HEADERS, sys.stdout)
+    table(shown, PS_HEADERS, sys.stdout)
 
 
 def status_cmd(

@@ -24,12 +24,19 @@ def metrics_cmd(
     attempt: Optional[int] = typer.Option(None, "--attempt", help="Only this attempt (default: all, a later attempt's value wins at a step)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose metrics to show (default: 0, or the lowest rank that has any)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    jsonl: bool = typer.Option(False, "--jsonl", help="Every record as a JSON line (name, value, step, epoch, rank, "
+                               "attempt, time), all ranks unless --rank: the export of the compact metrics files."),
 ) -> None:
     """Metrics of a job: last / min / max / count per metric, and a sparkline by step."""
     from .. import jobs
     from ..monitor.report import metrics_report
     from .render import dump_json
 
+    if jsonl:
+        from ..monitor.report import export_metrics
+
+        export_metrics(jobs.get_job(job), sys.stdout, attempt=attempt, rank=rank)
+        return
     report = metrics_report(jobs.get_job(job), attempt=attempt, rank=rank)
     if as_json:
         dump_json(report, sys.stdout)

@@ -30,7 +30,8 @@
           node_<n>/launch.json        what the node agent runs (its part of the plan)
           node_<n>/result.json        per-rank exit codes of the node, written at its end
           node_<n>/resources.jsonl    resource samples of the node and its ranks
-          rank_<r>/metrics.jsonl      metrics read from the rank's output (one JSON per line)
+          rank_<r>/metrics.bin        metrics read from the rank's output (monitor/metricfile.py)
+          rank_<r>/metrics.jsonl      the same as JSON lines, from phalanx before metrics.bin (read only)
           rank_<r>/user_metrics.jsonl metrics the script wrote itself (PHALANX_METRICS_FILE)
           rank_<r>/output.log         stdout+stderr of global rank r, in order
           rank_<r>/error.json         the rank's uncaught exception, if any
@@ -230,6 +231,10 @@ class JobPaths:
         return self.node_dir(attempt, node_rank) / "resources.jsonl"
 
     def rank_metrics(self, attempt: int, rank: int) -> Path:
+        return self.rank_dir(attempt, rank) / "metrics.bin"
+
+    def rank_metrics_jsonl(self, attempt: int, rank: int) -> Path:
+        """Where older versions kept a rank's metrics (JSON lines): still read, never written."""
         return self.rank_dir(attempt, rank) / "metrics.jsonl"
 
     def rank_user_metrics(self, attempt: int, rank: int) -> Path:

@@ -1,9 +1,14 @@
 """Metrics from what a job already prints: named regular expressions and ``name=value`` numbers.
 
 Every rank's own ``output.log`` (never a launcher's tee'd console copy) is read incrementally
-and each number found becomes one JSON line in that rank's ``metrics.jsonl``::
+and each number found becomes one record in that rank's ``metrics.bin``: its name, value, step,
+epoch and the time it was read (``metricfile`` has the format: compact columns, a few MB per
+million printed lines; ``phalanx metrics JOB --jsonl`` exports records as JSON lines)::
 
     {"name":"loss","value":0.1234,"step":123,"epoch":1,"rank":0,"attempt":0,"time":1700000000.0}
+
+Jobs recorded by older versions have ``metrics.jsonl`` (those JSON lines) instead: every reader
+here reads both.
 
 Where numbers come from:
 
@@ -37,6 +42,9 @@ from typing import Any, Iterable, Sequence
 
 from ..core.paths import JobPaths
 from ..core.spec import MetricDef
+from .metricfile import NONE, Columns, encode_block
+from .metricfile import read_jsonl, tail_jsonl  # noqa: F401  (re-exported: long-standing import paths)
+from .readback import read_metrics, summarize  # noqa: F401
 
 # Bounded reads keep memory flat when a rank printed hundreds of MB between two polls.
 READ_CHUNK = 4 << 20
@@ -80,10 +88,6 @@ def _maybe_context(line: str) -> bool:
     return "step" in low or "epoch" in low or "iter" in low
 
 
-def _json_str(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
 def _finite(text: Any) -> float | None:
     """A float from a captured group or a JSON value; None for junk, bools, nan and inf."""
     if isinstance(text, bool):
@@ -98,11 +102,16 @@ def _finite(text: Any) -> float | None:
 def _int_or_none(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        return _counter(value)
     return None
+
+
+def _counter(value: int) -> int | None:
+    """A step or epoch as stored (64 bits); a number beyond that is no counter."""
+    return value if NONE < value < 2**63 else None
 
 
 @dataclass
@@ -119,12 +128,16 @@ class _RankState:
     user: _Source = field(default_factory=_Source)
     step: int | None = None  # carried over from earlier lines
     epoch: int | None = None
+    written: bool = False  # this collector has written the rank's metrics file (it replaced any earlier one)
 
 
 class MetricsCollector:
-    """Turn every rank's output (and user metrics file) of one attempt into ``metrics.jsonl``.
+    """Turn every rank's output (and user metrics file) of one attempt into ``metrics.bin``.
 
-    ``poll`` is incremental and cheap when nothing changed; call it from one thread at a time.
+    A collector reads each rank's output from its start, so its first write replaces what an
+    earlier collector of the attempt left (a supervisor that vanished: repeating its records
+    would count them twice). ``poll`` is incremental and cheap when nothing changed; call it
+    from one thread at a time.
     ``start``/``stop`` run it in a daemon thread (``stop`` does a final poll that also
     consumes a last line without a newline).
     """
@@ -133,16 +146,15 @@ class MetricsCollector:
         self.paths = paths
         self.attempt = attempt
         self.auto = auto
-        compiled = [(re.compile(d.regex, re.MULTILINE), _json_str(d.name)) for d in defs]
-        self._def_rx = [(rx, jname) for rx, jname in compiled if rx.groups >= 1]  # parse_metric ensures it
+        compiled = [(re.compile(d.regex, re.MULTILINE), d.name) for d in defs]
+        self._def_rx = [(rx, name) for rx, name in compiled if rx.groups >= 1]  # parse_metric ensures it
         # Definitions that treat all digits alike run once per line shape (see _plan); the
         # others (say "Acc@1 (...)") once per line.
-        self._shape_defs = [(rx, jname) for rx, jname in self._def_rx if digit_agnostic(rx.pattern)]
-        self._line_rx = [(rx, jname) for rx, jname in self._def_rx if not digit_agnostic(rx.pattern)]
-        self._defs = [(rx.findall, jname, rx.groups == 1) for rx, jname in self._line_rx]
+        self._shape_defs = [(rx, name) for rx, name in self._def_rx if digit_agnostic(rx.pattern)]
+        self._line_rx = [(rx, name) for rx, name in self._def_rx if not digit_agnostic(rx.pattern)]
+        self._defs = [(rx.findall, name, rx.groups == 1) for rx, name in self._line_rx]
         self._plans: dict[bytes, tuple[_Match, ...]] = {}
         self._def_names = frozenset(d.name for d in defs)
-        self._names: dict[str, str] = {}  # name -> its JSON encoding, computed once
         self._ranks: dict[int, _RankState] = {}
         self.last_activity: float = time.time()
         self.records = 0
@@ -163,18 +175,34 @@ class MetricsCollector:
         total = 0
         for rank in self.paths.ranks(self.attempt):
             state = self._ranks.setdefault(rank, _RankState())
-            out: list[str] = []
+            block: dict[str, Columns] = {}
             now = time.time()
+            count = 0
             for data in self._read(self.paths.rank_log(self.attempt, rank), state.log, final, None if final else max_bytes):
-                self._extract(data, rank, state, now, out)
+                count = self._extract(data, state, block, count)
             for data in self._read(self.paths.rank_user_metrics(self.attempt, rank), state.user, final):
-                self._user_lines(data.decode("utf-8", errors="replace"), rank, now, out)
-            if out:
-                with open(self.paths.rank_metrics(self.attempt, rank), "ab") as fh:
-                    fh.write("".join(out).encode("utf-8", errors="replace"))
-                total += len(out)
+                count = self._user_lines(data.decode("utf-8", errors="replace"), block, count)
+            if count:
+                self._append(rank, state, encode_block(round(now, 3), block))
+                total += count
         self.records += total
         return total
+
+    def _append(self, rank: int, state: _RankState, block: bytes) -> None:
+        """Append one block in one write; a write that fails (a full disk) leaves no torn block."""
+        path = self.paths.rank_metrics(self.attempt, rank)
+        with open(path, "ab" if state.written else "wb", buffering=0) as fh:
+            start = fh.tell()
+            try:
+                view = memoryview(block)
+                while view:
+                    view = view[fh.write(view):]
+            except OSError:
+                fh.truncate(start)
+                raise
+        if not state.written:
+            state.written = True
+            self.paths.rank_metrics_jsonl(self.attempt, rank).unlink(missing_ok=True)
 
     def _read(self, path: Path, src: _Source, final: bool, limit: int | None = None) -> Iterable[bytes]:
         """Complete new lines of ``path``, in bounded chunks.
@@ -210,8 +238,9 @@ class MetricsCollector:
                     if budget <= 0:
                         return
 
-    def _extract(self, data: bytes, rank: int, state: _RankState, now: float, out: list[str]) -> None:
-        """Every metric value in ``data`` (complete lines), with the step and epoch of its line.
+    def _extract(self, data: bytes, state: _RankState, block: dict[str, Columns], count: int) -> int:
+        """Every metric value in ``data`` (complete lines), with the step and epoch of its line,
+        into ``block`` (``count`` records so far; returns the new count).
 
         This runs over every line a job prints, so it is written for speed (see ``_plan``): a
         line reuses what the regexes found in an earlier line of the same shape, so most lines
@@ -220,8 +249,6 @@ class MetricsCollector:
         """
         text = data.decode("utf-8", errors="replace")
         step, epoch = state.step, state.epoch
-        tail = f',"rank":{rank},"attempt":{self.attempt},"time":{now:.3f}}}\n'
-        append = out.append
         plans = self._plans
         auto = self.auto
         defs = self._defs
@@ -230,9 +257,9 @@ class MetricsCollector:
             if not line:
                 continue
             found: list[tuple[str, str]] = []  # (JSON name, number text)
-            for findall, jname, single in defs:
+            for findall, name, single in defs:
                 for g in findall(line):
-                    found.append((jname, g if single else g[0]))
+                    found.append((name, g if single else g[0]))
             if by_shape or auto and ("=" in line or ":" in line) or _maybe_context(line):
                 plan = plans.get(shape)
                 if plan is None:
@@ -246,9 +273,9 @@ class MetricsCollector:
                     if kind == _DEF:
                         found.append((known, line[vs:ve]))  # type: ignore[arg-type]
                     elif kind == _STEP:
-                        step = int(line[vs:ve])
+                        step = _counter(int(line[vs:ve]))
                     elif kind == _EPOCH:
-                        epoch = int(line[vs:ve])
+                        epoch = _counter(int(line[vs:ve]))
                     elif auto:
                         if by_defs:  # rare: a picked-up number on a line a definition matched
                             if taken is None:
@@ -256,23 +283,31 @@ class MetricsCollector:
                             if any(s < ve and vs < e for s, e in taken):
                                 continue  # the definition already reported this number
                         if known is None:  # a name with digits: known only from the line itself
-                            name = line[ns:ne]
-                            if name in self._def_names:
+                            known = line[ns:ne]
+                            if known in self._def_names:
                                 continue
-                            known = self._names.get(name) or self._names.setdefault(name, _json_str(name))
                         found.append((known, line[vs:ve]))
             if not found:
                 continue
-            head = f',"step":{"null" if step is None else step},"epoch":{"null" if epoch is None else epoch}{tail}'
-            for jname, number in found:
+            s = NONE if step is None else step
+            e = NONE if epoch is None else epoch
+            for name, number in found:
                 try:
                     value = float(number)
                 except ValueError:
                     continue
-                if value - value:  # nan or inf: not a number JSON can hold
+                if value - value:  # nan or inf: not a measurement
                     continue
-                append(f'{{"name":{jname},"value":{value!r}{head}')
+                col = block.get(name)
+                if col is None:
+                    col = block[name] = Columns()
+                col.seq.append(count)
+                col.steps.append(s)
+                col.epochs.append(e)
+                col.values.append(value)
+                count += 1
         state.step, state.epoch = step, epoch
+        return count
 
     def _plan(self, shape: str) -> tuple[_Match, ...]:
         """What the digit-agnostic definitions and the scan find in a line of this shape
@@ -284,10 +319,10 @@ class MetricsCollector:
         """
         plan: list[_Match] = []
         taken: list[tuple[int, int]] = []
-        for rx, jname in self._shape_defs:
+        for rx, def_name in self._shape_defs:
             for d in rx.finditer(shape):
                 if d.group(1) is not None:
-                    plan.append((_DEF, 0, 0, jname, *d.span(1)))
+                    plan.append((_DEF, 0, 0, def_name, *d.span(1)))
                     taken.append(d.span(1))
         for m in _SCAN.finditer(shape):
             name, sep, number = m.group(1), m.group(2), m.group(3)
@@ -306,11 +341,11 @@ class MetricsCollector:
             if "0" not in name:
                 if name in self._def_names:
                     continue
-                known = self._names.get(name) or self._names.setdefault(name, _json_str(name))
+                known = name
             plan.append((_METRIC, *m.span(1), known, *m.span(3)))
         return tuple(plan)
 
-    def _user_lines(self, text: str, rank: int, now: float, out: list[str]) -> None:
+    def _user_lines(self, text: str, block: dict[str, Columns], count: int) -> int:
         for line in text.splitlines():
             if not line.strip():
                 continue
@@ -327,12 +362,19 @@ class MetricsCollector:
                 pairs: Iterable[tuple[str, Any]] = [(obj["name"], obj["value"])]
             else:
                 pairs = ((k, v) for k, v in obj.items() if k.lower() not in _CONTEXT and k != "time")
+            s = NONE if step is None else step
+            e = NONE if epoch is None else epoch
             for name, raw in pairs:
                 value = _finite(raw) if isinstance(raw, (int, float)) else None
-                if value is None:
+                if value is None or not isinstance(name, str):
                     continue
-                out.append(json.dumps({"name": name, "value": value, "step": step, "epoch": epoch, "rank": rank,
-                                       "attempt": self.attempt, "time": round(now, 3)}, separators=(",", ":")) + "\n")
+                col = block.get(name) or block.setdefault(name, Columns())
+                col.seq.append(count)
+                col.steps.append(s)
+                col.epochs.append(e)
+                col.values.append(value)
+                count += 1
+        return count
 
     # -- background thread -----------------------------------------------------------
 
@@ -370,90 +412,6 @@ class MetricsCollector:
             self.errors += 1
             if self.errors == 1:
                 print(f"phalanx: metrics collection failed: {exc}", file=sys.stderr)
-
-
-# -- reading back ---------------------------------------------------------------------
-
-
-def _parse_lines(data: bytes) -> list[dict[str, Any]]:
-    """JSON lines -> dicts; fast path parses all lines in one call, junk lines are dropped."""
-    text = data.decode("utf-8", errors="replace")
-    lines = [line for line in text.split("\n") if line.strip()]
-    if not lines:
-        return []
-    try:
-        parsed = json.loads("[" + ",".join(lines) + "]")
-        if all(isinstance(r, dict) for r in parsed):
-            return parsed
-    except ValueError:
-        pass
-    out = []
-    for line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
-def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines of ``path`` from ``offset``; returns (records, new offset)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError:
-        return [], offset
-    cut = data.rfind(b"\n") + 1  # a line still being written is read next time
-    return _parse_lines(data[:cut]), offset + cut
-
-
-def tail_jsonl(path: Path, max_bytes: int = 1 << 18) -> list[dict[str, Any]]:
-    """The complete JSON lines within the last ``max_bytes`` of ``path`` (recent records only)."""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, 2)
-            start = max(0, size - max_bytes)
-            fh.seek(start)
-            data = fh.read()
-    except OSError:
-        return []
-    if start:
-        data = data[data.find(b"\n") + 1:]  # the first line is cut by the window
-    return _parse_lines(data[: data.rfind(b"\n") + 1])
-
-
-def read_metrics(paths: JobPaths, attempt: int | None = None, rank: int | None = None) -> list[dict[str, Any]]:
-    """Metric records of one attempt (all attempts, oldest first, if None), optionally one rank."""
-    attempts = paths.attempts() if attempt is None else [attempt]
-    out: list[dict[str, Any]] = []
-    for a in attempts:
-        for r in paths.ranks(a) if rank is None else [rank]:
-            out.extend(read_jsonl(paths.rank_metrics(a, r))[0])
-    return out
-
-
-def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per metric name: last, min, max, count and the step of the last value (records in order)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in records:
-        value = r.get("value")
-        if not isinstance(value, (int, float)):
-            continue
-        s = out.get(r["name"])
-        if s is None:
-            out[r["name"]] = {"last": value, "min": value, "max": value, "count": 1, "last_step": r.get("step")}
-            continue
-        s["last"] = value
-        s["count"] += 1
-        s["last_step"] = r.get("step")
-        if value < s["min"]:
-            s["min"] = value
-        if value > s["max"]:
-            s["max"] = value
-    return out
 
 
 def status_summary_lines(record: Any) -> list[str]:

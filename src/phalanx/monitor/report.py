@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..core.paths import JobPaths
-from .metrics import read_metrics, summarize, tail_jsonl
+from .readback import metric_file, rank_series, recent_records, step_values, summarize_series
 
 
 def by_step(records: Iterable[dict[str, Any]], name: str) -> list[tuple[int | None, float]]:
@@ -55,7 +55,7 @@ def _fmt(value: float) -> str:
 
 def default_rank(paths: JobPaths, attempts: Sequence[int]) -> int | None:
     """Rank 0 if it has metrics in any of ``attempts``, else the lowest rank that has."""
-    found = sorted({r for a in attempts for r in paths.ranks(a) if paths.rank_metrics(a, r).exists()})
+    found = sorted({r for a in attempts for r in paths.ranks(a) if metric_file(paths, a, r) is not None})
     return 0 if 0 in found or not found else found[0]
 
 
@@ -73,13 +73,28 @@ def metrics_report(record: Any, attempt: int | None = None, rank: int | None = N
         rank = default_rank(paths, attempts)
     elif rank < 0 or rank >= record.nnodes * record.nproc_per_node:
         raise UsageError(f"job {record.id} has no rank {rank}", f"ranks: 0..{record.nnodes * record.nproc_per_node - 1}")
-    records = [r for a in attempts for r in read_metrics(paths, a, rank)] if rank is not None else []
-    summary = summarize(records)
+    parts = [rank_series(paths, a, rank) for a in attempts] if rank is not None else []
+    summary = summarize_series(parts)
     for name, s in summary.items():
-        s["sparkline"] = sparkline([v for _, v in by_step(records, name)])
+        s["sparkline"] = sparkline(step_values(p[name] for p in parts if name in p))
     span = "attempt " + str(attempt) if attempt is not None else (
         f"attempts {known[0]}-{known[-1]}" if len(known) > 1 else f"attempt {known[0] if known else 0}")
     return {"job": record.id, "attempt": attempt, "rank": rank, "where": f"rank {rank}, {span}", "metrics": summary}
+
+
+def export_metrics(record: Any, out: Any, attempt: int | None = None, rank: int | None = None) -> int:
+    """``phalanx metrics JOB --jsonl``: every record of one attempt (default all) and rank
+    (default all) as JSON lines, oldest attempt first; returns how many."""
+    from ..errors import UsageError
+    from .readback import export_jsonl
+
+    paths = JobPaths(Path(record.job_dir))
+    known = paths.attempts()
+    if attempt is not None and attempt not in known:
+        raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, known)) or 'none yet'}")
+    if rank is not None and not 0 <= rank < record.nnodes * record.nproc_per_node:
+        raise UsageError(f"job {record.id} has no rank {rank}", f"ranks: 0..{record.nnodes * record.nproc_per_node - 1}")
+    return export_jsonl(paths, out, attempt, rank)
 
 
 def status_summary_lines(record: Any) -> list[str]:
@@ -91,7 +106,7 @@ def status_summary_lines(record: Any) -> list[str]:
     attempt = record.attempt
     lines: list[str] = []
     rank = default_rank(paths, [attempt])
-    summary = summarize(read_metrics(paths, attempt, rank)) if rank is not None else {}
+    summary = summarize_series([rank_series(paths, attempt, rank)]) if rank is not None else {}
     parts = []
     for name, s in summary.items():
         step = "" if s["last_step"] is None else f" (step {s['last_step']})"
@@ -107,4 +122,4 @@ def status_summary_lines(record: Any) -> list[str]:
 
 def recent_metrics(paths: JobPaths, attempt: int, max_bytes: int = 1 << 16) -> list[dict[str, Any]]:
     """The latest records of every rank (the end of each file): enough for rates, cheap."""
-    return [r for rank in paths.ranks(attempt) for r in tail_jsonl(paths.rank_metrics(attempt, rank), max_bytes)]
+    return [r for rank in paths.ranks(attempt) for r in recent_records(paths, attempt, rank, max_bytes)]

@@ -267,7 +267,7 @@ def rank_pids(paths: JobPaths, attempt: int, node_rank: int | None = None) -> di
 def read_resources(paths: JobPaths, attempt: int | None = None, node_rank: int | None = None) -> list[dict[str, Any]]:
     """Samples of one attempt (all attempts if None), every node, oldest first per node.
     Each sample gets an ``attempt`` key."""
-    from .metrics import read_jsonl
+    from .metricfile import read_jsonl
 
     out: list[dict[str, Any]] = []
     for a in paths.attempts() if attempt is None else [attempt]:
@@ -280,7 +280,7 @@ def read_resources(paths: JobPaths, attempt: int | None = None, node_rank: int |
 
 def recent_resources(paths: JobPaths, attempt: int, max_bytes: int = 1 << 18) -> list[dict[str, Any]]:
     """The latest samples of every node of an attempt (the end of each file): the hint window."""
-    from .metrics import tail_jsonl
+    from .metricfile import tail_jsonl
 
     out = []
     for node in node_ranks(paths, attempt):

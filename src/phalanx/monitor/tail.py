@@ -2,14 +2,26 @@
 
 Reads the files the bootstrap writes (one per rank), never a launcher's tee'd console
 copy, so lines from different ranks can never be glued together.
+
+Following waits for the files to change (``watch.Watch``: inotify) rather than reading them
+every 100 ms: a quiet job costs the follower nothing, and a line appears as soon as it is
+written. While output flows, reads are at most every ``interval`` (they batch what came).
+Where events cannot be trusted (a shared filesystem, no inotify) it polls every ``interval``.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TextIO
+import time
+from pathlib import Path
+from typing import Callable, Sequence, TextIO
 
 from ..core.paths import JobPaths
+from .watch import Watch
+
+# How often a follower of ``logs -f`` looks at the job's record although nothing changed: a
+# supervisor that vanished changes nothing, and is noticed (LOST) that way.
+LIVENESS_S = 2.0
 
 
 class RankTailer:
@@ -51,22 +63,122 @@ class RankTailer:
     def format(self, rank: int, line: str) -> str:
         return f"[{rank}] {line}" if self.prefix else line
 
+    def watch(self, watch: Watch) -> None:
+        """Have ``watch`` report new attempts, new ranks and writes to the followed ranks' logs.
+        Call before each ``poll``: a directory watched first and read second misses nothing."""
+        watch.add(self.paths.root, _directories)
+        watch.add(self.paths.attempt(self.attempt), _directories)
+        for rank in self.paths.ranks(self.attempt):
+            if self.ranks is None or rank in self.ranks:
+                log = self.paths.rank_log(self.attempt, rank)
+                watch.add(log.parent, _named(log.name))
+
+
+def _directories(name: str, is_dir: bool) -> bool:
+    return is_dir
+
+
+def _named(wanted: str, prefix: bool = False) -> Callable[[str, bool], bool]:
+    def matches(name: str, is_dir: bool) -> bool:
+        return name.startswith(wanted) if prefix else name == wanted
+
+    return matches
+
+
+class Stop(threading.Event):
+    """A ``threading.Event`` whose ``set`` also wakes the followers waiting for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hooks: list[Callable[[], None]] = []
+        self._hooks_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._hooks_lock:
+            hooks = list(self._hooks)
+        for hook in hooks:
+            hook()
+
+    def on_set(self, hook: Callable[[], None]) -> None:
+        with self._hooks_lock:
+            self._hooks.append(hook)
+        if self.is_set():
+            hook()
+
 
 def follow_attempts(
     paths: JobPaths, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
     interval: float = 0.1,
 ) -> None:
-    """Like ``stream``, but moves on to each new attempt (job-level retries) as it appears."""
+    """Print every new line of the followed ranks, moving on to each new attempt (job-level
+    retries) as it appears, until ``done`` is set; then print the rest. Blocking. With a
+    :class:`Stop` as ``done`` the follower sleeps until something happens; with a plain
+    ``threading.Event`` it also looks at ``done`` every ``interval``."""
     tailer = RankTailer(paths, attempt, ranks, prefix)
-    while True:
-        finished = done.wait(interval)
-        newer = [a for a in paths.attempts() if a > tailer.attempt]
-        lines = tailer.poll(final=finished or bool(newer))
-        if lines:
-            out.write("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
-            out.flush()
-        if newer:
-            tailer = RankTailer(paths, min(newer), ranks, prefix)
-            continue
-        if finished:
-            return
+    with Watch(fallback=interval) as watch:
+        event_driven = False
+        if isinstance(done, Stop):
+            done.on_set(watch.wake)
+            event_driven = True
+        finished, changed, read_at = done.is_set(), True, 0.0
+        while True:
+            if changed or finished:
+                tailer.watch(watch)
+                newer = [a for a in paths.attempts() if a > tailer.attempt]
+                read_at = time.monotonic()
+                lines = tailer.poll(final=finished or bool(newer))
+                if lines:
+                    out.write("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
+                    out.flush()
+                if newer:
+                    tailer = RankTailer(paths, min(newer), ranks, prefix)
+                    continue
+                if finished:
+                    return
+            # A plain Event cannot wake the watch: look at it every interval, read only on changes.
+            changed = done.is_set() or watch.wait(None if event_driven else interval)
+            finished = _settle(done, read_at, interval) if changed else done.is_set()
+
+
+def _settle(done: threading.Event, read_at: float, interval: float) -> bool:
+    """After a change, wait until ``interval`` has passed since the last read (a flood of
+    output is read in batches, not per write); True when ``done`` was set meanwhile."""
+    left = read_at + interval - time.monotonic()
+    return done.wait(left) if left > 0 else done.is_set()
+
+
+def follow_job(
+    paths: JobPaths, attempt: int, ranks: set[int] | None, prefix: bool, emit: Callable[[str], None],
+    refresh: Callable[[], tuple[int, bool]], follow: bool, latest: bool, also: Sequence[Path] = (),
+    interval: float = 0.2,
+) -> None:
+    """``phalanx logs [-f]``: emit an attempt's lines (all of them, then with ``follow`` every
+    new one until the job ends). ``refresh()`` returns the job's current attempt and whether it
+    has ended; it runs when the logs, the job's directories or the files in ``also`` (the
+    store) change, and every :data:`LIVENESS_S` seconds. With ``latest``, a new attempt is
+    followed as it starts."""
+    tailer = RankTailer(paths, attempt, ranks, prefix=prefix)
+    with Watch(fallback=interval) as watch:
+        for path in also if follow else ():
+            watch.add(path.parent, _named(path.name, prefix=True))  # the store and its -wal file
+        read_at = 0.0
+        while True:
+            if follow:
+                tailer.watch(watch)
+            current, ended = refresh()
+            moved_on = latest and follow and current != tailer.attempt
+            read_at = time.monotonic()
+            lines = tailer.poll(final=ended or not follow or moved_on)
+            if lines:
+                emit("".join(tailer.format(r, line) + "\n" for r, line in lines))
+            if moved_on:
+                emit(f"--- attempt {current} ---\n")
+                tailer = RankTailer(paths, current, tailer.ranks, prefix=prefix)
+                continue
+            if ended or not follow:
+                return
+            if watch.wait(LIVENESS_S):
+                left = read_at + interval - time.monotonic()
+                if left > 0:
+                    time.sleep(left)  # batch a flood of output; a quiet job never gets here

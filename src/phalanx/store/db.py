@@ -4,20 +4,27 @@ Concurrency: every process that writes (CLI, supervisors) opens its own connecti
 SQLite's WAL mode gives readers a consistent snapshot while one writer commits, and
 ``busy_timeout`` serialises writers. State changes are compare-and-set
 (``transition``), so a stop racing a finish cannot overwrite a terminal state.
+
+Scale: every read the CLI makes costs the same at a thousand jobs and at a million (an index
+seek, then the rows it returns; ``tests/unit/test_store_plans.py`` pins the plans). Listings
+page by key (``page``, ``iter``): each page is one short query, so a long listing holds
+neither memory nor a read transaction that would keep writers waiting.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
+from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .migrations import MIGRATIONS
 
 if TYPE_CHECKING:
@@ -79,6 +86,21 @@ class JobRecord:
         return data
 
 
+# 8 hex digits: short to type and read; collisions are excluded by checking (``new_id``), not
+# made unlikely by length.
+ID_BYTES = 4
+PAGE = 500  # rows per query when a listing is iterated
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing, newest first; ``next`` is the cursor of the following page
+    (None on the last one)."""
+
+    records: list[JobRecord]
+    next: str | None
+
+
 class Store:
     """Open (creating and migrating if needed) the store at ``path``."""
 
@@ -113,9 +135,8 @@ class Store:
                 # Re-read inside the write lock: another process may have migrated meanwhile.
                 version = self._conn.execute("PRAGMA user_version").fetchone()[0]
                 for number in range(version, len(MIGRATIONS)):
-                    for statement in MIGRATIONS[number].split(";"):
-                        if statement.strip():
-                            self._conn.execute(statement)
+                    for statement in _statements(MIGRATIONS[number]):
+                        self._conn.execute(statement)
                     self._conn.execute(f"PRAGMA user_version = {number + 1}")
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -129,12 +150,47 @@ class Store:
 
     # -- writes -----------------------------------------------------------------
 
+    def new_id(self) -> str:
+        """A job or sweep id no job or sweep of this store ever had: random, and checked.
+
+        The id is recorded (table ``ids``) in the same statement that checks it, so two
+        processes can never be handed the same one; a taken id is drawn again. An id handed
+        out but never used (a dry run, a submit that failed) stays taken.
+        """
+        for _ in range(64):  # even a store holding half of all ids finds a free one at once
+            candidate = secrets.token_hex(ID_BYTES)
+            try:
+                self._write("INSERT INTO ids (id) VALUES (?)", [candidate])
+                return candidate
+            except sqlite3.IntegrityError:
+                continue
+        raise StoreError(f"no free job id found in the store {self.path}", "move the store aside to start a new one")
+
     def insert_job(self, **fields: Any) -> None:
         fields.setdefault("created_at", time.time())
         fields.setdefault("state", JobState.PENDING.value)
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
         self._write(f"INSERT INTO jobs ({cols}) VALUES ({marks})", fields.values())
+
+    def insert_jobs(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Insert many jobs in one transaction (imports, benchmarks); every row has the same
+        keys. All or nothing; returns how many."""
+        it = iter(rows)
+        first = next(it, None)
+        if first is None:
+            return 0
+        cols = list(first)
+        sql = f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._conn.executemany(sql, (tuple(r[c] for c in cols) for r in _chain(first, it)))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return cur.rowcount
 
     def update(self, job_id: str, **fields: Any) -> None:
         """Set non-state fields (pid, attempt, ...)."""
@@ -205,7 +261,7 @@ class Store:
         exact = self._rows("WHERE id = ?", [ref])
         if exact:
             return exact[0]
-        by_prefix = self._rows("WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT 2", [_like_prefix(ref)])
+        by_prefix = self._by_prefix(ref)
         if len(by_prefix) == 1:
             return by_prefix[0]
         if len(by_prefix) > 1:
@@ -215,27 +271,94 @@ class Store:
             return by_name[0]
         raise JobNotFound(f"no job with id or name '{ref}'", "list jobs with: phalanx ps --all")
 
+    def _by_prefix(self, ref: str) -> list[JobRecord]:
+        """At most two jobs whose id starts with ``ref``; ``3F2A`` finds ``3f2a...`` as well
+        (ids are lower case, and the LIKE this range replaced ignored case)."""
+        for text in dict.fromkeys((ref, ref.lower())):
+            low, high = prefix_range(text)
+            rows = self._rows("WHERE id >= ? AND id < ? LIMIT 2", [low, high])
+            if rows:
+                return rows
+        return []
+
+    def latest(self, name: str, state: JobState | None = None, trials: bool = False) -> JobRecord | None:
+        """The newest job named ``name`` (in ``state`` if given; a sweep's trials count only
+        with ``trials=True``), or None."""
+        clauses, params = ["name = ?"], [name]
+        if not trials:
+            clauses.append("sweep_id IS NULL")
+        if state is not None:
+            clauses.append("state = ?")
+            params.append(state.value)
+        rows = self._rows(f"WHERE {' AND '.join(clauses)} ORDER BY created_at DESC LIMIT 1", params)
+        return rows[0] if rows else None
+
+    def explain(self, sql: str, params: Iterable[Any] = ()) -> list[str]:
+        """SQLite's plan for a read of this store (what tests pin)."""
+        return [row[3] for row in self._conn.execute(f"EXPLAIN QUERY PLAN {sql}", tuple(params))]
+
+    def page(self, limit: int = 50, after: str | None = None, active_only: bool = False,
+             trials: bool = False) -> Page:
+        """Jobs newest first, ``limit`` at a time: ``after`` is the ``next`` cursor of the
+        previous page (keyset paging: every page costs the same, however deep)."""
+        where, params = _listing(active_only, trials)
+        if after is not None:
+            where.append("(created_at, id) < (?, ?)")
+            params.extend(decode_cursor(after))
+        sql = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._rows(f"{sql} ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit + 1])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, encode_cursor(rows[-1].created_at, rows[-1].id) if more else None)
+
+    def iter(self, active_only: bool = False, limit: int | None = None, trials: bool = False) -> Iterator[JobRecord]:
+        """Like ``list``, one page at a time: memory stays flat however many jobs there are."""
+        after: str | None = None
+        left = limit
+        while left is None or left > 0:
+            page = self.page(PAGE if left is None else min(PAGE, left), after, active_only, trials)
+            yield from page.records
+            if page.next is None:
+                return
+            after = page.next
+            if left is not None:
+                left -= len(page.records)
+
     def list(self, active_only: bool = False, limit: int | None = None, trials: bool = False) -> list[JobRecord]:
         """Jobs, newest first; a sweep's trials only with ``trials=True`` (the sweep is listed instead)."""
-        clauses = [] if trials else ["sweep_id IS NULL"]
-        params: list[Any] = []
-        if active_only:
-            marks = ", ".join("?" for _ in TERMINAL)
-            clauses.append(f"state NOT IN ({marks})")
-            params = [s.value for s in TERMINAL]
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"{where} ORDER BY created_at DESC"
-        if limit:
-            sql += " LIMIT ?"
-            params.append(limit)
-        return self._rows(sql, params)
+        return list(self.iter(active_only, limit or None, trials))
 
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
 
 
-def _like_prefix(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+def _listing(active_only: bool, trials: bool) -> tuple[list[str], list[Any]]:
+    """WHERE terms of a listing. Active states are named (IN), not terminal ones excluded (NOT
+    IN): an IN seeks the few active rows in the state index; a NOT IN reads every row."""
+    where: list[str] = [] if trials else ["sweep_id IS NULL"]
+    params: list[Any] = []
+    if active_only:
+        where.append(f"state IN ({', '.join('?' for _ in ACTIVE)})")
+        params.extend(ACTIVE)
+    return where, params
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a migration script; ``;`` inside a trigger's body does not end one."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.replace(";", "").strip():
+                yield pending
+            pending = ""
+    if pending.replace(";", "").strip():
+        raise StoreError("a store migration ends inside a statement", "this is a bug in phalanx: report it")
+
+
+def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    yield first
+    yield from rest
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:

@@ -1,6 +1,8 @@
 """Numbered schema migrations; ``PRAGMA user_version`` records how many ran.
 
-Append only: never edit a migration that has shipped.
+Append only: never edit a migration that has shipped. A migration is a script of statements
+separated by ``;`` (a trigger's body may hold ``;`` too: statements are split where SQLite
+says one is complete).
 """
 
 MIGRATIONS: tuple[str, ...] = (
@@ -68,5 +70,26 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN params_json TEXT;
     ALTER TABLE jobs ADD COLUMN objective REAL;
     CREATE INDEX jobs_sweep ON jobs (sweep_id, trial);
+    """,
+    # 4: a store that stays flat at a million jobs (pinned by tests/unit/test_store_plans.py).
+    # - jobs_sweep (sweep_id, trial) also indexed the top-level jobs (sweep_id NULL), and the
+    #   planner took it for `ps --all`, then sorted every row: trials only now.
+    # - jobs_top: top-level jobs newest first, in the order listings page through them
+    #   (keyset on created_at, id).
+    # - sweeps by name (status/stop NAME) and by state (ps: the active ones).
+    # - ids: every id ever handed out (jobs and sweeps), so a new one is checked against all.
+    """
+    DROP INDEX jobs_sweep;
+    CREATE INDEX jobs_trials ON jobs (sweep_id, trial) WHERE sweep_id IS NOT NULL;
+    DROP INDEX jobs_created;
+    CREATE INDEX jobs_created ON jobs (created_at, id);
+    CREATE INDEX jobs_top ON jobs (created_at, id) WHERE sweep_id IS NULL;
+    CREATE INDEX sweeps_name ON sweeps (name, created_at);
+    CREATE INDEX sweeps_state ON sweeps (state);
+    CREATE TABLE ids (id TEXT PRIMARY KEY) WITHOUT ROWID;
+    INSERT OR IGNORE INTO ids (id) SELECT id FROM jobs;
+    INSERT OR IGNORE INTO ids (id) SELECT id FROM sweeps;
+    CREATE TRIGGER jobs_id AFTER INSERT ON jobs BEGIN INSERT OR IGNORE INTO ids (id) VALUES (new.id); END;
+    CREATE TRIGGER sweeps_id AFTER INSERT ON sweeps BEGIN INSERT OR IGNORE INTO ids (id) VALUES (new.id); END;
     """,
 )

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..core.state import TERMINAL, JobState
+from ..core.state import JobState
 from ..errors import JobNotFound
 
 if TYPE_CHECKING:
@@ -118,11 +118,12 @@ class SweepTable:
 
     def find(self, ref: str) -> SweepRecord | None:
         """By id, unique id prefix, or name (latest); None when nothing matches."""
-        from .db import _like_prefix
+        from .keys import prefix_range
 
-        for sql, arg in (("WHERE id = ?", ref), ("WHERE id LIKE ? ESCAPE '\\'", _like_prefix(ref)),
-                         ("WHERE name = ?", ref)):
-            rows = self._rows(f"{sql} ORDER BY created_at DESC LIMIT 2", [arg])
+        low, high = prefix_range(ref)
+        for sql, args in (("WHERE id = ?", [ref]), ("WHERE id >= ? AND id < ?", [low, high]),
+                          ("WHERE name = ?", [ref])):
+            rows = self._rows(f"{sql} ORDER BY created_at DESC LIMIT 2", args)
             if len(rows) == 1 or (rows and sql.startswith("WHERE name")):
                 return rows[0]
             if len(rows) > 1:
@@ -130,9 +131,11 @@ class SweepTable:
         return None
 
     def list(self, active_only: bool = False, limit: int | None = None) -> list[SweepRecord]:
+        from .keys import ACTIVE
+
         where, params = "", []
         if active_only:
-            where = f"WHERE state NOT IN ({', '.join('?' for _ in TERMINAL)})"
-            params = [s.value for s in TERMINAL]
+            where = f"WHERE state IN ({', '.join('?' for _ in ACTIVE)})"
+            params = list(ACTIVE)
         sql = f"{where} ORDER BY created_at DESC" + (" LIMIT ?" if limit else "")
         return self._rows(sql, [*params, limit] if limit else params)

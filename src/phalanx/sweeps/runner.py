@@ -234,12 +234,12 @@ class SweepRunner:
         name = self.settings.objective
         if not name:
             return
-        from ..monitor.metrics import read_jsonl
+        from ..monitor.readback import read_since
 
         attempt = trial.run.plan.attempt
         if attempt != trial.attempt:
             trial.attempt, trial.offset = attempt, 0
-        records, trial.offset = read_jsonl(trial.run.paths.rank_metrics(attempt, 0), trial.offset)
+        records, trial.offset = read_since(trial.run.paths, attempt, 0, trial.offset, [name])
         for rec in records:
             if rec.get("name") != name:
                 continue

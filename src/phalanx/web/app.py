@@ -102,8 +102,14 @@ def _json(payload: Any) -> JSONResponse:
 
 
 def api_jobs(request: Request) -> Response:
-    limit = _int(request, "limit", 500)
-    return _json([data.job_summary(r) for r in jobs.list_jobs(all_jobs=True, limit=limit)])
+    """The newest jobs, ``?limit=`` (default 500) at a time; the header ``X-Next-Page`` holds
+    the cursor of the next page (``?after=``) when there are more."""
+    limit = _int(request, "limit", 500) or 500
+    rows, after = data.jobs_page(limit, request.query_params.get("after") or None)
+    response = _json(rows)
+    if after is not None:
+        response.headers["X-Next-Page"] = after
+    return response
 
 
 def api_job(request: Request) -> Response:

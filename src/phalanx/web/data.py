@@ -12,13 +12,14 @@ import threading
 from array import array
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..core.paths import JobPaths, read_json
 from ..core.state import is_terminal
 from ..errors import PhalanxError, UsageError
 from ..monitor.hints import hints
-from ..monitor.metrics import read_jsonl
+from ..monitor.metricfile import NONE, read_series
+from ..monitor.readback import metric_file
 from ..monitor.report import recent_metrics
 from ..monitor.resources import node_ranks, read_resources, recent_resources
 from ..store import JobRecord
@@ -47,6 +48,17 @@ def job_summary(record: JobRecord) -> dict[str, Any]:
     data["world_size"] = record.nnodes * record.nproc_per_node
     data["duration"] = record.duration
     return data
+
+
+def jobs_page(limit: int, after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the job list (newest first, keyset-paged: page 1,000 costs what page 1
+    does) and the cursor of the next page, or None on the last one."""
+    from .. import jobs
+
+    store = jobs.open_store()
+    page = store.page(max(1, limit), after)
+    records = [r if is_terminal(r.state) else jobs.reconcile(store, r) for r in page.records]
+    return [job_summary(r) for r in records], page.next
 
 
 def job_detail(record: JobRecord) -> dict[str, Any]:
@@ -95,7 +107,8 @@ def attempts_timeline(record: JobRecord) -> list[dict[str, Any]]:
 
 
 class _Series:
-    """One metrics.jsonl as arrays per metric name (steps as float, NaN when there is none)."""
+    """One rank's metrics file as arrays per metric name (steps :data:`NONE` where a value has
+    none; ``loose`` names the metrics that have such values: they are charted by index)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -104,6 +117,7 @@ class _Series:
         self.offset = 0
         self.steps: dict[str, array] = {}
         self.values: dict[str, array] = {}
+        self.loose: set[str] = set()
 
     def update(self, path: Path) -> None:
         try:
@@ -111,16 +125,14 @@ class _Series:
                 self.reset()
         except OSError:
             return
-        records, self.offset = read_jsonl(path, self.offset)
-        for r in records:
-            name, value = r.get("name"), r.get("value")
-            if not isinstance(name, str) or not isinstance(value, (int, float)):
-                continue
+        series, self.offset = read_series(path, self.offset)
+        for name, new in series.items():
             if name not in self.values:
-                self.steps[name], self.values[name] = array("d"), array("d")
-            step = r.get("step")
-            self.steps[name].append(float(step) if isinstance(step, int) else math.nan)
-            self.values[name].append(float(value))
+                self.steps[name], self.values[name] = array("q"), array("d")
+            if NONE in new.steps:
+                self.loose.add(name)
+            self.steps[name].extend(new.steps)
+            self.values[name].extend(new.values)
 
 
 _cache: dict[Path, _Series] = {}
@@ -140,7 +152,7 @@ def _series(path: Path) -> _Series:
         return series
 
 
-def _thin(xs: array, ys: array, points: int) -> tuple[list[float | None], list[float]]:
+def _thin(xs: Sequence[int], ys: array, points: int) -> tuple[list[int], list[float]]:
     """At most ``points`` evenly spaced points, always keeping the last one."""
     n = len(ys)
     stride = max(1, math.ceil(n / points))
@@ -148,7 +160,7 @@ def _thin(xs: array, ys: array, points: int) -> tuple[list[float | None], list[f
     if n and (n - 1) % stride:
         x.append(xs[-1])
         y.append(ys[-1])
-    return [None if math.isnan(v) else v for v in x], y
+    return x, y
 
 
 def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int] | None = None,
@@ -164,16 +176,15 @@ def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int
             available.add(rank)
             if ranks is not None and rank not in ranks:
                 continue
-            path = job_file(record, paths.rank_metrics(a, rank))
-            series = _series(path)
+            found = metric_file(paths, a, rank)
+            if found is None:
+                continue
+            series = _series(job_file(record, found))
             for name, values in series.values.items():
-                steps = series.steps[name]
-                if any(math.isnan(s) for s in steps):
-                    steps = array("d", range(len(values)))
-                    kind = "index"
-                else:
-                    kind = "step"
+                loose = name in series.loose
+                steps: Sequence[int] = range(len(values)) if loose else series.steps[name]
                 x, y = _thin(steps, values, points)
+                kind = "index" if loose else "step"
                 traces.setdefault(name, []).append(
                     {"attempt": a, "rank": rank, "x": x, "y": y, "x_kind": kind, "count": len(values)})
     return {"job": record.id, "attempts": attempts, "ranks": sorted(available), "metrics": traces}
@@ -185,7 +196,7 @@ def compare_series(records: list[JobRecord], points: int = MAX_POINTS) -> dict[s
     for record in records:
         data = metric_series(record, None, [0], points)
         for name, traces in data["metrics"].items():
-            x: list[float | None] = []
+            x: list[int] = []
             y: list[float] = []
             for t in traces:
                 x.extend(t["x"])
