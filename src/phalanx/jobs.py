@@ -40,6 +40,9 @@ def new_job_id() -> str:
 
 def check_storage(spec: JobSpec) -> None:
     """Reach every store the job names before anything starts (a typo should not cost a run)."""
+    from .backends.registry import get_backend
+
+    get_backend(spec.backend).check(spec)
     if spec.state_uri:
         from .storage.state import StateSync
 

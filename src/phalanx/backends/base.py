@@ -67,6 +67,14 @@ class Backend(abc.ABC):
     # Trials of a sweep are packed onto this machine's GPUs or cores; a scheduler places
     # them itself (False), and only --parallel limits how many run at once.
     local_slots: bool = True
+    # The platform itself brings the input channels to the nodes and keeps the state directory
+    # in step with ``state_uri`` (SageMaker's channels and checkpoints): the supervisor then
+    # neither stages inputs here nor syncs the local state directory.
+    remote_data: bool = False
+
+    def check(self, spec: JobSpec) -> None:
+        """Checks that need the outside world (credentials, buckets), run once before the job
+        is recorded, so bad input fails with nothing created. Raises UsageError. Default: none."""
 
     def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, ports: PortSource = free_port) -> Plan:
         """The plan for one attempt of ``spec``. Pure apart from asking ``ports`` for free ports.
