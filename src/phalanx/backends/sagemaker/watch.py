@@ -40,8 +40,10 @@ TAKEN = {"MaxRuntimeExceeded", "MaxWaitTimeExceeded", "Stopped"}
 
 
 class TrainingJobWatch:
-    describe_every = float(os.environ.get("PHALANX_SM_DESCRIBE_EVERY", "10"))
-    logs_every = float(os.environ.get("PHALANX_SM_LOGS_EVERY", "2"))
+    # Seconds between DescribeTrainingJob calls and between log reads (the environment may say
+    # otherwise: tests against the fake plane ask more often).
+    describe_every = 10.0
+    logs_every = 2.0
     # After a kill (the supervisor's grace and margin are over) the job is given this long to end.
     abandon_after = 300.0
 
@@ -52,6 +54,8 @@ class TrainingJobWatch:
         self.attempt = attempt
         self.nnodes = nnodes
         self.s3 = s3
+        self.describe_every = float(os.environ.get("PHALANX_SM_DESCRIBE_EVERY", self.describe_every))
+        self.logs_every = float(os.environ.get("PHALANX_SM_LOGS_EVERY", self.logs_every))
         self.description: dict[str, Any] = {}
         self.results: dict[int, dict[str, Any]] | None = None  # set once, when the job has ended
         self.signalled: int | None = None

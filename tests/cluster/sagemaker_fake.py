@@ -1,0 +1,530 @@
+"""A small fake SageMaker control plane: OUR READING OF THE DOCUMENTATION, not SageMaker.
+
+No SageMaker service can run here, so this stands in for the few operations phalanx uses,
+speaking the real wire protocol (AWS JSON 1.1: ``POST /`` with ``X-Amz-Target:
+SageMaker.CreateTrainingJob`` ...), so phalanx's real boto3 client talks to it through
+``AWS_ENDPOINT_URL_SAGEMAKER``. What it does, and where each behaviour comes from:
+
+- CreateTrainingJob / DescribeTrainingJob / StopTrainingJob / ListTrainingJobs; every request is
+  checked with the strict service-model validator and names are unique (``ResourceInUse``);
+  an unknown name is ``ValidationException: Requested resource not found``;
+- status and secondary status follow API_DescribeTrainingJob and the "Managed Spot Training
+  Lifecycle" page: InProgress (Starting, Downloading, Training, Uploading) -> Completed;
+  Stopping -> Stopped (Stopped, MaxRuntimeExceeded, MaxWaitTimeExceeded); Failed with
+  FailureReason = the first 1024 characters of ``/opt/ml/output/failure``; a spot interruption
+  (``interrupt``, a test's hook) is Interrupted, then Starting, Downloading, Training again;
+- it *runs* each instance for real: the container's command (ContainerEntrypoint +
+  ContainerArguments) as processes in a network namespace of its own, hostname ``algo-<n>``,
+  ``algo-1..N`` resolvable, a private ``/opt/ml`` tree (``PHALANX_SM_ROOT``) with
+  ``resourceconfig.json``, the channels copied from (moto) S3, the checkpoints restored from
+  CheckpointConfig.S3Uri and synced back while it runs; stdout goes to (moto) CloudWatch Logs,
+  group ``/aws/sagemaker/TrainingJobs``, one stream per instance start ``<job>/algo-<n>-<epoch>``;
+- one instance exiting non-zero fails the job (the others get SIGTERM); all exiting 0 completes
+  it; /opt/ml/model and /opt/ml/output/data of every instance are merged into model.tar.gz and
+  output.tar.gz under ``S3OutputPath/<job>/output/``;
+- StopTrainingJob is SIGTERM, then SIGKILL after ``stop_timeout`` (120 s on SageMaker,
+  "docker stop -t120"; shorter in tests).
+
+What it is not: no image is pulled (the instance runs this machine's Python: the test puts
+its venv first on PATH), no IAM, no billing (BillableTimeInSeconds is the training wall time),
+no warm pools, no Pipe/FastFile modes, no service-side RetryStrategy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from phalanx.backends.sagemaker import schema
+from tests.cluster import netns
+
+GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Instance:
+    host: str
+    ns: str
+    root: Path
+    stream: str
+    proc: subprocess.Popen
+    log: Path
+    offset: int = 0
+
+
+@dataclass
+class Job:
+    request: dict[str, Any]
+    arn: str
+    created: float
+    status: str = "InProgress"
+    secondary: str = "Starting"
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    failure: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    trained: float = 0.0  # seconds instances ran, over every start
+    instances: list[Instance] = field(default_factory=list)
+    stop_asked: str | None = None  # the secondary status a stop ends in
+    interrupted: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return str(self.request["TrainingJobName"])
+
+
+class FakeSageMaker:
+    """Start with ``FakeSageMaker(...)``; ``url`` is its endpoint; ``close()`` stops everything."""
+
+    def __init__(self, work: Path, network: netns.Network, aws_endpoint: str, path_dirs: list[str],
+                 stop_timeout: float = 15.0, step: float = 0.3, region: str = "us-east-1") -> None:
+        self.work = work
+        self.network = network
+        self.free = list(zip(network.node_namespaces, network.node_addrs))
+        self.aws_endpoint = aws_endpoint
+        self.path_dirs = path_dirs
+        self.stop_timeout = stop_timeout
+        self.step = step
+        self.region = region
+        self.jobs: dict[str, Job] = {}
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        kwargs = dict(endpoint_url=aws_endpoint, region_name=region, aws_access_key_id="test", aws_secret_access_key="test")
+        self.s3 = boto3.client("s3", **kwargs)
+        self.logs = boto3.client("logs", **kwargs)
+        try:
+            self.logs.create_log_group(logGroupName=GROUP)
+        except self.logs.exceptions.ResourceAlreadyExistsException:
+            pass
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                target = self.headers.get("X-Amz-Target", "")
+                try:
+                    if not target.startswith("SageMaker."):
+                        raise ApiError("UnknownOperationException", f"unknown target {target}")
+                    answer = plane.call(target[len("SageMaker."):], json.loads(body or b"{}"))
+                    status, payload = 200, answer
+                except ApiError as exc:
+                    status, payload = 400, {"__type": exc.code, "message": exc.message}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    # -- the API ------------------------------------------------------------------------------------
+
+    def call(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
+        handler = {"CreateTrainingJob": self.create, "DescribeTrainingJob": self.describe,
+                   "StopTrainingJob": self.stop, "ListTrainingJobs": self.list}.get(operation)
+        if handler is None:
+            raise ApiError("UnknownOperationException", f"the fake plane does not implement {operation}")
+        try:
+            schema.check(operation, params)
+        except schema.Invalid as exc:
+            raise ApiError("ValidationException", str(exc)) from None
+        return handler(params)
+
+    def create(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request["TrainingJobName"]
+        with self.lock:
+            if name in self.jobs:
+                raise ApiError("ResourceInUse", f"Training job names must be unique within an AWS account and region, "
+                                                f"and a training job with this name already exists ({self._arn(name)})")
+            job = Job(request, self._arn(name), time.time())
+            self._move(job, "InProgress", "Starting", "Launching requested ML instances")
+            self.jobs[name] = job
+        threading.Thread(target=self._life, args=(job,), daemon=True, name=f"fake-sm-{name}").start()
+        return {"TrainingJobArn": job.arn}
+
+    def describe(self, params: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(params["TrainingJobName"])
+        r = job.request
+        with job.lock:
+            out: dict[str, Any] = {
+                "TrainingJobName": job.name, "TrainingJobArn": job.arn, "TrainingJobStatus": job.status,
+                "SecondaryStatus": job.secondary, "SecondaryStatusTransitions": [dict(t) for t in job.transitions],
+                "ModelArtifacts": {"S3ModelArtifacts": self._artifact(job, "model.tar.gz")},
+                "StoppingCondition": r["StoppingCondition"], "CreationTime": job.created, "LastModifiedTime": time.time(),
+                "AlgorithmSpecification": r["AlgorithmSpecification"], "RoleArn": r["RoleArn"],
+                "OutputDataConfig": r["OutputDataConfig"],
+                "ResourceConfig": r["ResourceConfig"], "EnableManagedSpotTraining": bool(r.get("EnableManagedSpotTraining")),
+                "TrainingTimeInSeconds": math.ceil(job.trained), "BillableTimeInSeconds": math.ceil(job.trained),
+            }
+            for key in ("InputDataConfig", "CheckpointConfig", "Environment", "VpcConfig"):
+                if key in r:
+                    out[key] = r[key]
+            if job.started:
+                out["TrainingStartTime"] = job.started
+            if job.ended:
+                out["TrainingEndTime"] = job.ended
+            if job.failure:
+                out["FailureReason"] = job.failure
+        schema.check("DescribeTrainingJob", out, output=True)  # our answer keeps to the real shape too
+        return out
+
+    def stop(self, params: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(params["TrainingJobName"])
+        with job.lock:
+            if job.status != "InProgress":
+                raise ApiError("ValidationException", f"The training job {job.name} is not in InProgress status")
+            job.stop_asked = "Stopped"
+            self._move(job, "Stopping", "Stopping", "Stopping the training job")
+        return {}
+
+    def list(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            jobs = sorted(self.jobs.values(), key=lambda j: j.created, reverse=True)
+        jobs = [j for j in jobs if params.get("NameContains", "") in j.name
+                and params.get("StatusEquals", j.status) == j.status]
+        start = int(params.get("NextToken") or 0)
+        page = jobs[start:start + int(params.get("MaxResults") or 10)]
+        out: dict[str, Any] = {"TrainingJobSummaries": [
+            {"TrainingJobName": j.name, "TrainingJobArn": j.arn, "CreationTime": j.created, "TrainingJobStatus": j.status,
+             "SecondaryStatus": j.secondary, "LastModifiedTime": time.time(), **({"TrainingEndTime": j.ended} if j.ended else {})}
+            for j in page]}
+        if start + len(page) < len(jobs):
+            out["NextToken"] = str(start + len(page))
+        return out
+
+    # -- a test's hook: what AWS does when it takes spot capacity back ---------------------------------
+
+    def interrupt(self, name: str) -> None:
+        job = self._job(name)
+        with job.lock:
+            job.interrupted = True
+        for inst in list(job.instances):
+            _kill(inst.proc, signal.SIGKILL)
+
+    # -- a job's life -----------------------------------------------------------------------------------
+
+    def _life(self, job: Job) -> None:
+        try:
+            while True:
+                outcome = self._run_once(job)
+                if outcome != "interrupted":
+                    break
+            self._finish(job, outcome)
+        except Exception as exc:  # noqa: BLE001 - a fake that breaks must say so in the job
+            with job.lock:
+                job.failure = f"InternalServerError: the fake plane failed: {type(exc).__name__}: {exc}"
+                self._move(job, "Failed", "Failed", job.failure)
+                job.ended = time.time()
+        finally:
+            self._release(job)
+
+    def _run_once(self, job: Job) -> str:
+        count = job.request["ResourceConfig"]["InstanceCount"]
+        slots = self._claim(job, count)
+        if slots is None:
+            return "stopped"
+        time.sleep(self.step)
+        if self._stopping(job):
+            return "stopped"
+        with job.lock:
+            self._move(job, "InProgress", "Downloading", "Downloading input data")
+        epoch = int(time.time())
+        hosts = [f"algo-{i + 1}" for i in range(count)]
+        names = {h: addr for h, (_, addr) in zip(hosts, slots)}
+        roots = []
+        for i, (host, (ns, _addr)) in enumerate(zip(hosts, slots)):
+            root = self.work / job.name / f"{host}-{epoch}-{len(job.transitions)}"
+            self._prepare(job, root, host, hosts)
+            netns.set_hosts(self.network, ns, names)
+            roots.append((host, ns, root))
+        with job.lock:
+            if job.stop_asked:
+                return "stopped"
+            self._move(job, "InProgress", "Training", "Training image download completed. Training in progress.")
+            job.started = job.started or time.time()
+            for host, ns, root in roots:
+                job.instances.append(self._spawn(job, host, ns, root, epoch))
+        return self._watch(job)
+
+    def _claim(self, job: Job, count: int) -> list[tuple[str, str]] | None:
+        while True:
+            with self.lock:
+                if len(self.free) >= count:
+                    taken, self.free = self.free[:count], self.free[count:]
+                    job_slots = taken
+                    break
+            if self._stopping(job) or self.closed.wait(0.2):
+                return None
+        setattr(job, "_slots", job_slots)
+        return job_slots
+
+    def _release(self, job: Job) -> None:
+        slots = getattr(job, "_slots", None)
+        if slots:
+            with self.lock:
+                self.free.extend(slots)
+            setattr(job, "_slots", None)
+
+    def _prepare(self, job: Job, root: Path, host: str, hosts: list[str]) -> None:
+        r = job.request
+        config = root / "opt/ml/input/config"
+        config.mkdir(parents=True)
+        (config / "resourceconfig.json").write_text(json.dumps({
+            "current_host": host, "current_instance_type": r["ResourceConfig"]["InstanceType"], "current_group_name": "homogeneousCluster",
+            "hosts": hosts, "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": r["ResourceConfig"]["InstanceType"], "hosts": hosts}],
+            "network_interface_name": "eth0"}))
+        (config / "hyperparameters.json").write_text(json.dumps(r.get("HyperParameters", {})))
+        (config / "inputdataconfig.json").write_text(json.dumps({c["ChannelName"]: {"TrainingInputMode": "File"} for c in r.get("InputDataConfig", [])}))
+        for channel in r.get("InputDataConfig", []):
+            self._copy_prefix(channel["DataSource"]["S3DataSource"]["S3Uri"], root / "opt/ml/input/data" / channel["ChannelName"])
+        for sub in ("model", "output/data", "checkpoints"):
+            (root / "opt/ml" / sub).mkdir(parents=True, exist_ok=True)
+        if "CheckpointConfig" in r:
+            self._copy_prefix(r["CheckpointConfig"]["S3Uri"], root / "opt/ml/checkpoints")
+
+    def _spawn(self, job: Job, host: str, ns: str, root: Path, epoch: int) -> Instance:
+        r = job.request
+        algo = r["AlgorithmSpecification"]
+        argv = [*algo.get("ContainerEntrypoint", []), *algo.get("ContainerArguments", [])]
+        env = {"PATH": os.pathsep.join([*self.path_dirs, "/usr/local/bin", "/usr/bin", "/bin"]), "HOME": str(root),
+               "LANG": "C.UTF-8", "PHALANX_SM_ROOT": str(root), "TRAINING_JOB_NAME": job.name, "TRAINING_JOB_ARN": job.arn,
+               **r.get("Environment", {})}
+        log = root / "stdout.log"
+        proc = netns.spawn(ns, argv, env, hostname=host, cwd=str(root), log=log)
+        stream = f"{job.name}/{host}-{epoch}"
+        self.logs.create_log_stream(logGroupName=GROUP, logStreamName=stream)
+        return Instance(host, ns, root, stream, proc, log)
+
+    def _watch(self, job: Job) -> str:
+        """Until the instances end: logs, checkpoints, limits, stops, failures."""
+        begun = time.monotonic()
+        synced: dict[str, tuple[int, int]] = {}
+        limits = job.request["StoppingCondition"]
+        while True:
+            self._pump(job)
+            synced = self._sync_checkpoints(job, synced)
+            codes = [i.proc.poll() for i in job.instances]
+            with job.lock:
+                if job.interrupted:
+                    return self._interrupted(job, begun)
+            if all(c is not None for c in codes):
+                self._account(job, begun)
+                return "ended"
+            failed = [i for i, c in zip(job.instances, codes) if c not in (None, 0)]
+            if failed and not job.stop_asked:
+                self._stop_instances(job)
+                self._account(job, begun)
+                return "ended"
+            elapsed = time.monotonic() - begun
+            if not job.stop_asked and elapsed > limits["MaxRuntimeInSeconds"]:
+                with job.lock:
+                    job.stop_asked = "MaxRuntimeExceeded"
+                    self._move(job, "Stopping", "Stopping", "Stopping: the job ran past MaxRuntimeInSeconds")
+            if not job.stop_asked and "MaxWaitTimeInSeconds" in limits and time.time() - job.created > limits["MaxWaitTimeInSeconds"]:
+                with job.lock:
+                    job.stop_asked = "MaxWaitTimeExceeded"
+                    self._move(job, "Stopping", "Stopping", "Stopping: the job waited and ran past MaxWaitTimeInSeconds")
+            if job.stop_asked:
+                self._stop_instances(job)
+                self._account(job, begun)
+                return "stopped"
+            time.sleep(0.2)
+
+    def _interrupted(self, job: Job, begun: float) -> str:
+        for inst in job.instances:
+            _kill(inst.proc, signal.SIGKILL)
+        self._pump(job)
+        job.trained += time.monotonic() - begun
+        job.instances = []
+        job.interrupted = False
+        self._move(job, "InProgress", "Interrupted", "Insufficient capacity: the spot instances were taken back")
+        self._release(job)
+        return "interrupted"
+
+    def _account(self, job: Job, begun: float) -> None:
+        with job.lock:
+            job.trained += time.monotonic() - begun
+
+    def _stop_instances(self, job: Job) -> None:
+        for inst in job.instances:
+            _kill(inst.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        while time.monotonic() < deadline and any(i.proc.poll() is None for i in job.instances):
+            self._pump(job)
+            time.sleep(0.1)
+        for inst in job.instances:
+            _kill(inst.proc, signal.SIGKILL)
+            inst.proc.wait()
+        self._pump(job)
+
+    def _stopping(self, job: Job) -> bool:
+        with job.lock:
+            return job.stop_asked is not None
+
+    def _finish(self, job: Job, outcome: str) -> None:
+        codes = [i.proc.returncode for i in job.instances]
+        self._pump(job)
+        if job.instances:
+            self._sync_checkpoints(job, {})
+        with job.lock:
+            if job.stop_asked:
+                stopped = job.stop_asked
+            elif any(codes):
+                bad = next(i for i, c in zip(job.instances, codes) if c)
+                failure = bad.root / "opt/ml/output/failure"
+                code = bad.proc.returncode
+                job.failure = (failure.read_text()[:1024] if failure.exists() else
+                               f"AlgorithmError: the container of {bad.host} exited with code {code}")
+                stopped = None
+            else:
+                stopped = None
+                self._move(job, "InProgress", "Uploading", "Uploading generated training model")
+        self._upload_artifacts(job)
+        with job.lock:
+            job.ended = time.time()
+            if stopped:
+                self._move(job, "Stopped", stopped, f"Training job ended: {stopped}")
+            elif job.failure:
+                self._move(job, "Failed", "Failed", f"Training job failed. Reason: {job.failure[:200]}")
+            else:
+                self._move(job, "Completed", "Completed", "Training job completed")
+
+    # -- data --------------------------------------------------------------------------------------------
+
+    def _copy_prefix(self, uri: str, dest: Path) -> None:
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        dest.mkdir(parents=True, exist_ok=True)
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix):].lstrip("/") or obj["Key"].rsplit("/", 1)[-1]
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.s3.download_file(bucket, obj["Key"], str(target))
+
+    def _sync_checkpoints(self, job: Job, synced: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """/opt/ml/checkpoints of every instance -> CheckpointConfig.S3Uri (changed files only)."""
+        config = job.request.get("CheckpointConfig")
+        if not config:
+            return synced
+        bucket, _, prefix = config["S3Uri"][len("s3://"):].partition("/")
+        for inst in job.instances:
+            base = inst.root / "opt/ml/checkpoints"
+            for path in sorted(base.rglob("*")) if base.exists() else []:
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                if not path.is_file() or ".tmp" in path.name or path.name.startswith("."):
+                    continue
+                rel = path.relative_to(base).as_posix()
+                if synced.get(rel) == (st.st_size, st.st_mtime_ns):
+                    continue
+                try:
+                    self.s3.upload_file(str(path), bucket, prefix.rstrip("/") + "/" + rel if prefix else rel)
+                except (OSError, FileNotFoundError):
+                    continue
+                synced[rel] = (st.st_size, st.st_mtime_ns)
+        return synced
+
+    def _upload_artifacts(self, job: Job) -> None:
+        for archive, sub in (("model.tar.gz", "opt/ml/model"), ("output.tar.gz", "opt/ml/output/data")):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+                for inst in job.instances:
+                    base = inst.root / sub
+                    for path in sorted(base.rglob("*")) if base.exists() else []:
+                        if path.is_file():
+                            tar.add(path, arcname=path.relative_to(base).as_posix())
+            bucket, _, key = self._artifact(job, archive)[len("s3://"):].partition("/")
+            self.s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+
+    def _pump(self, job: Job) -> None:
+        """What each instance printed since last time -> its CloudWatch stream, one event a line."""
+        for inst in job.instances:
+            try:
+                with open(inst.log, "rb") as fh:
+                    fh.seek(inst.offset)
+                    data = fh.read()
+            except OSError:
+                continue
+            cut = data.rfind(b"\n") + 1
+            if inst.proc.poll() is not None:
+                cut = len(data)
+            if not cut:
+                continue
+            inst.offset += cut
+            lines = data[:cut].decode(errors="replace").splitlines()
+            now = int(time.time() * 1000)
+            for start in range(0, len(lines), 500):
+                events = [{"timestamp": now, "message": line} for line in lines[start:start + 500]]
+                if events:
+                    self.logs.put_log_events(logGroupName=GROUP, logStreamName=inst.stream, logEvents=events)
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def _move(self, job: Job, status: str, secondary: str, message: str) -> None:
+        now = time.time()
+        if job.transitions and "EndTime" not in job.transitions[-1]:
+            job.transitions[-1]["EndTime"] = now
+        job.status, job.secondary = status, secondary
+        job.transitions.append({"Status": secondary, "StartTime": now, "StatusMessage": message})
+
+    def _job(self, name: str) -> Job:
+        with self.lock:
+            job = self.jobs.get(name)
+        if job is None:
+            raise ApiError("ValidationException", "Requested resource not found.")
+        return job
+
+    def _arn(self, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:123456789012:training-job/{name.lower()}"
+
+    @staticmethod
+    def _artifact(job: Job, archive: str) -> str:
+        return f"{job.request['OutputDataConfig']['S3OutputPath'].rstrip('/')}/{job.name}/output/{archive}"
+
+    def close(self) -> None:
+        self.closed.set()
+        self.server.shutdown()
+        self.server.server_close()
+        for job in list(self.jobs.values()):
+            for inst in job.instances:
+                _kill(inst.proc, signal.SIGKILL)
+
+
+def _kill(proc: subprocess.Popen, sig: int) -> None:
+    """SIGTERM to the container's main process, as ``docker stop`` does; SIGKILL to all of it."""
+    try:
+        if sig == signal.SIGKILL:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

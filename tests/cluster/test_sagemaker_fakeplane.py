@@ -1,0 +1,254 @@
+"""SageMaker end to end against the FAKE control plane (``sagemaker_fake.py``: our reading of the
+documentation, not SageMaker), moto in server mode for S3 and CloudWatch Logs, and instances run
+for real as processes in network namespaces (hostnames algo-1..N, a private /opt/ml each).
+
+What is real here: phalanx's CLI, its boto3 client and requests (strictly validated by the fake),
+the bundle and its unpacking by the container command, the in-container entry, torchrun and a
+gloo DDP training across two "instances", S3 and CloudWatch Logs (moto), checkpoints restored and
+synced. What is not: SageMaker itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.conftest import EXAMPLES, ROOT
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROLE = "arn:aws:iam::123456789012:role/sm"
+PROBE = '''
+import json, os, socket, sys
+data = os.environ["SM_CHANNEL_DATA"]
+print("probe " + json.dumps({"host": socket.gethostname(), "rank": os.environ.get("RANK"), "hosts": os.environ["SM_HOSTS"],
+      "current": os.environ["SM_CURRENT_HOST"], "state": os.environ["PHALANX_STATE_DIR"], "data": sorted(os.listdir(data)),
+      "gpus": os.environ.get("SM_NUM_GPUS"), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "argv": sys.argv[1:],
+      "channel": open(os.path.join(data, "a.txt")).read().strip()}), flush=True)
+if os.environ.get("RANK") == "1":
+    raise RuntimeError("rank one gives up: " + sys.argv[-1])
+'''
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory, s3_server):
+    from tests.cluster import netns
+    from tests.cluster.sagemaker_fake import FakeSageMaker
+
+    try:
+        network = netns.create(2)
+    except (netns.Unavailable, OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot run instances in network namespaces here (needs root and iproute2): {exc}")
+    fake = None
+    try:
+        fake = FakeSageMaker(tmp_path_factory.mktemp("sm-plane"), network, s3_server,
+                             [str(Path(sys.executable).parent)], stop_timeout=20.0, step=0.2)
+        yield fake
+    finally:
+        if fake is not None:
+            fake.close()
+        netns.destroy(network)
+
+
+@pytest.fixture
+def aws(plane, s3_server, phx_home, tmp_path):
+    """The environment phalanx runs in: standard AWS configuration pointing at moto and the fake."""
+    env = {
+        "AWS_ENDPOINT_URL": s3_server, "AWS_ENDPOINT_URL_SAGEMAKER": plane.url, "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "nocfg"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "nocred"), "PHALANX_SM_DESCRIBE_EVERY": "0.5",
+        "PHALANX_SM_LOGS_EVERY": "0.5", "PHALANX_HOME": str(phx_home),
+    }
+    bucket = f"phx-sm-{os.getpid()}-{time.monotonic_ns()}"
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="test",
+                 aws_secret_access_key="test").create_bucket(Bucket=bucket)
+    return env, bucket
+
+
+def _phalanx(env, *args, timeout=300, cwd=ROOT):
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env}
+    return subprocess.run([sys.executable, "-m", "phalanx", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full)
+
+
+def _sm(plane):
+    return boto3.client("sagemaker", endpoint_url=plane.url, region_name="us-east-1", aws_access_key_id="test",
+                        aws_secret_access_key="test")
+
+
+def _run_args(bucket, *more):
+    return ["run", "--backend", "sagemaker", "--role", ROLE, "--instance-type", "ml.c5.xlarge",
+            "--s3-prefix", f"s3://{bucket}/phx", "--image", "local/fake:1", *more]
+
+
+def _job_dir(env, job_id):
+    return Path(env["PHALANX_HOME"]) / "jobs" / job_id
+
+
+def _job_id(proc):
+    return json.loads(proc.stdout)["id"]
+
+
+def test_sagemaker_fakeplane_speaks_the_wire_protocol(plane, aws):
+    """The fake itself, through the real boto3 client: statuses, failure reason, names, logs."""
+    env, bucket = aws
+    sm = _sm(plane)
+    request = {
+        "TrainingJobName": "phx-proto-a0", "RoleArn": ROLE,
+        "AlgorithmSpecification": {"TrainingImage": "local/fake:1", "TrainingInputMode": "File",
+                                   "ContainerEntrypoint": ["/bin/bash", "-c"],
+                                   "ContainerArguments": ['echo "hello from $(hostname)"; echo "bad thing" > "$PHALANX_SM_ROOT/opt/ml/output/failure"; exit 3']},
+        "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/out"},
+        "ResourceConfig": {"InstanceType": "ml.c5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 600},
+    }
+    sm.create_training_job(**request)
+    with pytest.raises(sm.exceptions.ResourceInUse):
+        sm.create_training_job(**request)
+    with pytest.raises(sm.exceptions.ClientError, match="ValidationException"):
+        sm.create_training_job(**{**request, "TrainingJobName": "bad_name"})
+    with pytest.raises(sm.exceptions.ClientError, match="Requested resource not found"):
+        sm.describe_training_job(TrainingJobName="phx-nope-a0")
+    deadline = time.monotonic() + 120
+    while (found := sm.describe_training_job(TrainingJobName="phx-proto-a0"))["TrainingJobStatus"] == "InProgress":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert (found["TrainingJobStatus"], found["SecondaryStatus"], found["FailureReason"]) == ("Failed", "Failed", "bad thing\n")
+    assert [t["Status"] for t in found["SecondaryStatusTransitions"]] == ["Starting", "Downloading", "Training", "Failed"]
+    with pytest.raises(sm.exceptions.ClientError, match="not in InProgress"):
+        sm.stop_training_job(TrainingJobName="phx-proto-a0")
+    assert "phx-proto-a0" in [s["TrainingJobName"] for s in sm.list_training_jobs(NameContains="proto")["TrainingJobSummaries"]]
+    logs = boto3.client("logs", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
+    streams = logs.describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix="phx-proto-a0/")["logStreams"]
+    assert len(streams) == 1 and streams[0]["logStreamName"].split("/")[1].startswith("algo-1-")
+    events = logs.get_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=streams[0]["logStreamName"], startFromHead=True)
+    assert [e["message"] for e in events["events"]] == ["hello from algo-1"]
+
+
+def test_sagemaker_fakeplane_two_instance_ddp_training(plane, aws):
+    """A real 2-instance gloo DDP training: rank logs and metrics per rank here, the checkpoint in
+    S3, the model archive back in the job's outputs, SageMaker's status recorded."""
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "-n", "2x1", "--metric", "loss=loss=([0-9.]+)", "--json", "--workdir", str(EXAMPLES),
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "6", "--checkpoint-every", "3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(proc.stdout[proc.stdout.index("{\n"):])
+    job = _job_dir(env, record["id"])
+    for rank in (0, 1):
+        assert "epoch=1 step=6 loss=" in (job / "attempt_0" / f"rank_{rank}" / "output.log").read_text()
+        assert json.loads((job / "attempt_0" / f"rank_{rank}" / "proc.json").read_text())["host"] == f"algo-{rank + 1}"
+    metrics = [json.loads(line) for line in (job / "attempt_0" / "rank_0" / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("name") == "loss" or "loss" in m for m in metrics)
+    assert (job / "output" / "model.pt").is_file()  # model.tar.gz, merged from both instances, unpacked
+    scheduler = json.loads((job / "attempt_0" / "scheduler.json").read_text())
+    assert (scheduler["job_id"], scheduler["status"], scheduler["secondary"]) == (f"phx-{record['id']}-a0", "Completed", "Completed")
+    assert scheduler["billable_seconds"] >= 1 and scheduler["instance_count"] == 2
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="phx/state/train_ddp/").get("Contents", [])]
+    assert keys == ["phx/state/train_ddp/checkpoint.pt"]
+    status = _phalanx(env, "status", record["id"])
+    assert "Completed" in status.stdout and "instance-hours" in status.stdout, status.stdout
+
+
+def test_sagemaker_fakeplane_entry_environment_failure_and_unchanged_input(plane, aws, tmp_path):
+    """The in-container entry: what the script sees (channels, hosts, state dir, args); a rank
+    that raises fails the job with SageMaker's FailureReason naming it; the same local input is
+    uploaded once."""
+    env, bucket = aws
+    (tmp_path / "probe.py").write_text(PROBE)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("channel bytes\n")
+    args = _run_args(bucket, "-n", "2x1", "--input", f"data={data}", "--json", "probe.py", "--tag", "{node_rank}")
+    first = _phalanx(env, *args, cwd=tmp_path)
+    assert first.returncode == 1, first.stderr[-3000:]
+    record = json.loads(first.stdout[first.stdout.index("{\n"):])
+    job = _job_dir(env, record["id"])
+    seen = {}
+    for rank in (0, 1):
+        line = next(l for l in (job / "attempt_0" / f"rank_{rank}" / "output.log").read_text().splitlines() if l.startswith("probe "))
+        seen[rank] = json.loads(line[len("probe "):])
+    for rank, probe in seen.items():
+        assert probe["host"] == probe["current"] == f"algo-{rank + 1}"
+        assert json.loads(probe["hosts"]) == ["algo-1", "algo-2"]
+        assert probe["state"].endswith("/opt/ml/checkpoints") and probe["channel"] == "channel bytes"
+        assert probe["data"] == ["a.txt"] and probe["gpus"] == "0" and probe["ifname"] == "eth0"
+        assert probe["argv"] == ["--tag", str(rank)]
+    cause = record["root_cause"] if isinstance(record.get("root_cause"), dict) else json.loads(record["root_cause"])
+    assert cause["rank"] == 1 and "rank one gives up" in cause["message"]
+    scheduler = json.loads((job / "attempt_0" / "scheduler.json").read_text())
+    assert scheduler["status"] == "Failed" and scheduler["failure_reason"].startswith("rank 1 on node 1 (algo-2) failed: RuntimeError: rank one gives up")
+    assert "uploading input 'data'" in (job / "attempt_0" / "node_0" / "agent.log").read_text()
+    second = _phalanx(env, *args, cwd=tmp_path)
+    job2 = _job_dir(env, json.loads(second.stdout[second.stdout.index("{\n"):])["id"])
+    assert "uploading input 'data'" not in (job2 / "attempt_0" / "node_0" / "agent.log").read_text()
+
+
+def test_sagemaker_fakeplane_spot_interruption_resumes_from_checkpoint(plane, aws):
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "-n", "2x1", "--spot", "--max-run", "600", "-d", "--json", "--workdir", str(EXAMPLES),
+                                    "--name", "spotty", str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "40",
+                                    "--checkpoint-every", "2", "--sleep", "0.25"))
+    assert proc.returncode == 0, proc.stderr
+    job_id = _job_id(proc)
+    job, name = _job_dir(env, job_id), f"phx-{job_id}-a0"
+    log = job / "attempt_0" / "rank_0" / "output.log"
+    deadline = time.monotonic() + 240
+    while "step=6 " not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, (job / "attempt_0" / "node_0" / "agent.log").read_text()
+        time.sleep(0.5)
+    plane.interrupt(name)
+    done = _phalanx(env, "wait", job_id, "--timeout", "300", timeout=330)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = log.read_text()
+    resumed = [int(l.split("resumed from step=")[1]) for l in text.splitlines() if "resumed from step=" in l]
+    assert resumed and resumed[-1] >= 6, text[-2000:]
+    assert "epoch=1 step=40 loss=" in text
+    found = _sm(plane).describe_training_job(TrainingJobName=name)
+    steps = [t["Status"] for t in found["SecondaryStatusTransitions"]]
+    assert steps[:4] == ["Starting", "Downloading", "Training", "Interrupted"] and steps[-1] == "Completed"
+    assert found["TrainingJobStatus"] == "Completed"
+
+
+def test_sagemaker_fakeplane_stop_is_stoptrainingjob(plane, aws):
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "-n", "2x1", "-d", "--json", "--workdir", str(EXAMPLES), "--grace", "300",
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "500", "--sleep", "0.2"))
+    assert proc.returncode == 0, proc.stderr
+    job_id = _job_id(proc)
+    job = _job_dir(env, job_id)
+    log = job / "attempt_0" / "rank_0" / "output.log"
+    deadline = time.monotonic() + 240
+    while "step=3 " not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    stopped = _phalanx(env, "stop", job_id, "--timeout", "200", timeout=260)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "checkpoint saved" in log.read_text()  # the ranks got SIGTERM and their grace
+    found = _sm(plane).describe_training_job(TrainingJobName=f"phx-{job_id}-a0")
+    assert (found["TrainingJobStatus"], found["SecondaryStatus"]) == ("Stopped", "Stopped")
+    assert "capped to 110 s" in (job / "attempt_0" / "node_0" / "agent.log").read_text()
+    status = _phalanx(env, "status", job_id)
+    assert "CANCELLED" in status.stdout.upper(), status.stdout
+
+
+@pytest.mark.parametrize("what", ["missing input", "missing bucket"])
+def test_sagemaker_fakeplane_bad_input_creates_nothing(plane, aws, tmp_path, what):
+    env, bucket = aws
+    (tmp_path / "t.py").write_text("print(1)\n")
+    extra = ["--input", f"d=s3://{bucket}/no/such/prefix"] if what == "missing input" else []
+    prefix = f"s3://{bucket}/phx" if what == "missing input" else "s3://no-such-bucket-here/phx"
+    args = ["run", "--backend", "sagemaker", "--role", ROLE, "--s3-prefix", prefix, "--image", "local/fake:1", *extra, "t.py"]
+    before = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(MaxResults=100)["TrainingJobSummaries"]}
+    proc = _phalanx(env, *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and ("nothing at" in proc.stderr or "does not exist" in proc.stderr)
+    assert not (Path(env["PHALANX_HOME"]) / "jobs").exists() or not any((Path(env["PHALANX_HOME"]) / "jobs").iterdir())
+    after = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(MaxResults=100)["TrainingJobSummaries"]}
+    assert after == before
