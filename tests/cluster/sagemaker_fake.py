@@ -181,8 +181,9 @@ class FakeSageMaker:
                 "AlgorithmSpecification": r["AlgorithmSpecification"], "RoleArn": r["RoleArn"],
                 "OutputDataConfig": r["OutputDataConfig"],
                 "ResourceConfig": r["ResourceConfig"], "EnableManagedSpotTraining": bool(r.get("EnableManagedSpotTraining")),
-                "TrainingTimeInSeconds": math.ceil(job.trained), "BillableTimeInSeconds": math.ceil(job.trained),
             }
+            if job.trained:  # present once instances have run (the shape's minimum is 1)
+                out["TrainingTimeInSeconds"] = out["BillableTimeInSeconds"] = max(1, math.ceil(job.trained))
             for key in ("InputDataConfig", "CheckpointConfig", "Environment", "VpcConfig"):
                 if key in r:
                     out[key] = r[key]

@@ -251,20 +251,3 @@ def _append(path: Path, lines: list[str]) -> None:
     with open(path, "a") as fh:
         fh.write("".join(line + "\n" for line in lines))
 
-
-def usage(paths: JobPaths) -> dict[str, float]:
-    """Billable seconds and instance hours over every attempt of a job, from its scheduler.json files."""
-    billable = instance_seconds = 0.0
-    for attempt in paths.attempts():
-        record = read_json(paths.scheduler_job(attempt)) or {}
-        if record.get("scheduler") != "sagemaker" or not record.get("billable_seconds"):
-            continue
-        billable += float(record["billable_seconds"])
-        instance_seconds += float(record["billable_seconds"]) * int(record.get("instance_count") or 1)
-    return {"billable_seconds": billable, "instance_hours": instance_seconds / 3600.0}
-
-
-def described(paths: JobPaths, attempt: int) -> dict[str, Any]:
-    """What the attempt's ``scheduler.json`` says SageMaker last said (for ``ps``/``status``)."""
-    return dict(read_json(paths.scheduler_job(attempt)) or {})
-
