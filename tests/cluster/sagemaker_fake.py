@@ -87,6 +87,7 @@ class Job:
     instances: list[Instance] = field(default_factory=list)
     stop_asked: str | None = None  # the secondary status a stop ends in
     interrupted: bool = False
+    first_failed: Instance | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -340,6 +341,7 @@ class FakeSageMaker:
                 return "ended"
             failed = [i for i, c in zip(job.instances, codes) if c not in (None, 0)]
             if failed and not job.stop_asked:
+                job.first_failed = failed[0]  # the cause: the others are stopped because of it
                 self._stop_instances(job)
                 self._account(job, begun)
                 return "ended"
@@ -398,7 +400,7 @@ class FakeSageMaker:
             if job.stop_asked:
                 stopped = job.stop_asked
             elif any(codes):
-                bad = next(i for i, c in zip(job.instances, codes) if c)
+                bad = job.first_failed or next(i for i, c in zip(job.instances, codes) if c)
                 failure = bad.root / "opt/ml/output/failure"
                 code = bad.proc.returncode
                 job.failure = (failure.read_text()[:1024] if failure.exists() else

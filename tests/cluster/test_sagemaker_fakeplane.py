@@ -47,7 +47,7 @@ def plane(tmp_path_factory, s3_server):
     fake = None
     try:
         fake = FakeSageMaker(tmp_path_factory.mktemp("sm-plane"), network, s3_server,
-                             [str(Path(sys.executable).parent)], stop_timeout=20.0, step=0.2)
+                             [str(Path(sys.executable).parent)], stop_timeout=10.0, step=0.2)
         yield fake
     finally:
         if fake is not None:
