@@ -252,3 +252,50 @@ def test_sagemaker_fakeplane_bad_input_creates_nothing(plane, aws, tmp_path, wha
     assert not (Path(env["PHALANX_HOME"]) / "jobs").exists() or not any((Path(env["PHALANX_HOME"]) / "jobs").iterdir())
     after = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(MaxResults=100)["TrainingJobSummaries"]}
     assert after == before
+
+
+def test_sagemaker_fakeplane_retry_is_a_new_training_job_and_outputs_feed_the_next_job(plane, aws, tmp_path):
+    """--max-retries: attempt 1 is training job ...-a1 with the same checkpoint URI, so it resumes
+    past the failure; the model archive becomes the job's outputs, and ``--input x=job:ID`` hands
+    them to the next job as a channel."""
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "-n", "2x1", "--max-retries", "1", "--json", "--workdir", str(EXAMPLES), "--name", "retried",
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "6", "--checkpoint-every", "2",
+                                    "--fail-at-step", "4", "--fail-rank", "1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(proc.stdout[proc.stdout.index("{\n"):])
+    job = _job_dir(env, record["id"])
+    sm = _sm(plane)
+    first, second = (sm.describe_training_job(TrainingJobName=f"phx-{record['id']}-a{k}") for k in (0, 1))
+    assert (first["TrainingJobStatus"], second["TrainingJobStatus"]) == ("Failed", "Completed")
+    assert "rank 1" in first["FailureReason"] and first["CheckpointConfig"] == second["CheckpointConfig"]
+    assert "resumed from step=4" in (job / "attempt_1" / "rank_0" / "output.log").read_text()
+    assert (job / "output" / "model.pt").is_file()
+    (tmp_path / "check.py").write_text("import os\nprint('prev has', sorted(os.listdir(os.environ['SM_CHANNEL_PREV'])), flush=True)\n")
+    chained = _phalanx(env, *_run_args(bucket, "--input", f"prev=job:{record['id']}", "--json", "check.py"), cwd=tmp_path)
+    assert chained.returncode == 0, chained.stderr[-3000:]
+    chained_job = _job_dir(env, json.loads(chained.stdout[chained.stdout.index("{\n"):])["id"])
+    assert "prev has ['model.pt']" in (chained_job / "attempt_0" / "rank_0" / "output.log").read_text()
+
+
+def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_training_job(plane, aws):
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "-n", "2x1", "-d", "--json", "--workdir", str(EXAMPLES), "--name", "orphan",
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "30", "--sleep", "0.2"))
+    job_id = _job_id(proc)
+    job = _job_dir(env, job_id)
+    log = job / "attempt_0" / "rank_0" / "output.log"
+    deadline = time.monotonic() + 240
+    while "step=2 " not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    status = json.loads(_phalanx(env, "status", job_id, "--json").stdout)
+    os.kill(status["supervisor_pid"], 9)
+    lost = _phalanx(env, "status", job_id)
+    assert "LOST" in lost.stdout and f"SAGEMAKER job phx-{job_id}-a0" in lost.stdout, lost.stdout
+    resumed = _phalanx(env, "resume", job_id, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "epoch=1 step=30 loss=" in log.read_text()
+    assert not (job / "attempt_1").exists()
+    names = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(NameContains=job_id)["TrainingJobSummaries"]}
+    assert names == {f"phx-{job_id}-a0"}
