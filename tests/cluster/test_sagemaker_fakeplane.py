@@ -299,3 +299,17 @@ def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_trai
     assert not (job / "attempt_1").exists()
     names = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(NameContains=job_id)["TrainingJobSummaries"]}
     assert names == {f"phx-{job_id}-a0"}
+
+
+def test_sagemaker_fakeplane_sweep_is_one_training_job_per_trial(plane, aws):
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "--parallel", "2", "--workdir", str(EXAMPLES), "--name", "swept",
+                                    "--metric", "loss=loss=([0-9.]+)", "--objective", "loss:min",
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "4", "--lr", "[0.1, 0.01]"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from phalanx.store import Store
+
+    trials = [r for r in Store(Path(env["PHALANX_HOME"]) / "phalanx.db").list(trials=True) if r.sweep_id]
+    assert len(trials) == 2 and all(t.state.value == "SUCCEEDED" and t.backend == "sagemaker" for t in trials)
+    names = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(MaxResults=100)["TrainingJobSummaries"]}
+    assert {f"phx-{t.id}-a0" for t in trials} <= names
