@@ -70,6 +70,7 @@ class Instance:
     proc: subprocess.Popen
     log: Path
     offset: int = 0
+    spawned: float = 0.0  # time.time() when the instance's command was started (benchmarks read it)
 
 
 @dataclass
@@ -84,7 +85,8 @@ class Job:
     started: float | None = None
     ended: float | None = None
     trained: float = 0.0  # seconds instances ran, over every start
-    instances: list[Instance] = field(default_factory=list)
+    instances: list[Instance] = field(default_factory=list)  # of the current start
+    all_instances: list[Instance] = field(default_factory=list)  # of every start (spot restarts add more)
     stop_asked: str | None = None  # the secondary status a stop ends in
     interrupted: bool = False
     first_failed: Instance | None = None
@@ -230,6 +232,10 @@ class FakeSageMaker:
         for inst in list(job.instances):
             _kill(inst.proc, signal.SIGKILL)
 
+    def history(self, name: str) -> list[Instance]:
+        """Every instance a job has started so far (spot restarts add more)."""
+        return list(self._job(name).all_instances)
+
     # -- a job's life -----------------------------------------------------------------------------------
 
     def _life(self, job: Job) -> None:
@@ -273,6 +279,7 @@ class FakeSageMaker:
             job.started = job.started or time.time()
             for host, ns, root in roots:
                 job.instances.append(self._spawn(job, host, ns, root, epoch))
+            job.all_instances.extend(job.instances)
         return self._watch(job)
 
     def _claim(self, job: Job, count: int) -> list[tuple[str, str]] | None:
@@ -319,10 +326,11 @@ class FakeSageMaker:
                "LANG": "C.UTF-8", "PHALANX_SM_ROOT": str(root), "TRAINING_JOB_NAME": job.name, "TRAINING_JOB_ARN": job.arn,
                **r.get("Environment", {})}
         log = root / "stdout.log"
+        spawned = time.time()
         proc = netns.spawn(ns, argv, env, hostname=host, cwd=str(root), log=log)
         stream = f"{job.name}/{host}-{epoch}"
         self.logs.create_log_stream(logGroupName=GROUP, logStreamName=stream)
-        return Instance(host, ns, root, stream, proc, log)
+        return Instance(host, ns, root, stream, proc, log, spawned=spawned)
 
     def _watch(self, job: Job) -> str:
         """Until the instances end: logs, checkpoints, limits, stops, failures."""
