@@ -313,3 +313,33 @@ def test_sagemaker_fakeplane_sweep_is_one_training_job_per_trial(plane, aws):
     assert len(trials) == 2 and all(t.state.value == "SUCCEEDED" and t.backend == "sagemaker" for t in trials)
     names = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(MaxResults=100)["TrainingJobSummaries"]}
     assert {f"phx-{t.id}-a0" for t in trials} <= names
+
+
+def test_sagemaker_fakeplane_max_runtime_counts_as_preempted(plane, aws):
+    """SageMaker's own time limit (MaxRuntimeExceeded) stops the ranks with SIGTERM: the attempt was
+    taken, not broken, so it ends PREEMPTED and `phalanx resume` continues from the checkpoint."""
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "-n", "1x1", "--max-run", "8", "--json", "--workdir", str(EXAMPLES), "--name", "limited",
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "500", "--sleep", "0.2"))
+    record = json.loads(proc.stdout[proc.stdout.index("{\n"):])
+    assert record["state"] == "PREEMPTED" and proc.returncode == 143, proc.stdout[-2000:] + proc.stderr[-2000:]
+    found = _sm(plane).describe_training_job(TrainingJobName=f"phx-{record['id']}-a0")
+    assert (found["TrainingJobStatus"], found["SecondaryStatus"]) == ("Stopped", "MaxRuntimeExceeded")
+    assert "MaxRuntimeExceeded" in _phalanx(env, "status", record["id"]).stdout
+
+
+def test_sagemaker_fakeplane_an_attempt_that_cannot_start_leaves_no_uploads(plane, aws, tmp_path):
+    """SageMaker unreachable at CreateTrainingJob: the job fails saying so, and the attempt's code
+    upload is removed again (the content-addressed inputs stay: they are complete and reusable)."""
+    env, bucket = aws
+    with __import__("socket").socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there once closed
+    (tmp_path / "t.py").write_text("print(1)\n")
+    proc = _phalanx({**env, "AWS_ENDPOINT_URL_SAGEMAKER": dead}, *_run_args(bucket, "--json", "t.py"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    record = json.loads(proc.stdout[proc.stdout.index("{\n"):])
+    cause = record["root_cause"] if isinstance(record.get("root_cause"), dict) else json.loads(record["root_cause"])
+    assert "could not start" in cause["message"] and f"phx-{record['id']}-a0" in cause["message"]
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"phx/jobs/{record['id']}/").get("KeyCount") == 0

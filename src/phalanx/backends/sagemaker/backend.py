@@ -24,7 +24,7 @@ from typing import Any
 
 from ...core.paths import HomePaths, JobPaths, read_json, write_json
 from ...core.spec import JobSpec
-from ...errors import UsageError
+from ...errors import BackendError, PhalanxError, UsageError
 from ...launch.plan import Plan
 from ..base import Backend, NodeHandle, PortSource
 from ..options import validate
@@ -79,17 +79,20 @@ class SageMakerBackend(Backend):
         s3 = layout.JobS3(request["OutputDataConfig"]["S3OutputPath"].rsplit("/jobs/", 1)[0], plan.job_id)
         home = HomePaths(config.home())
         say = _say(paths, plan.attempt)
-        for channel in spec.channels:
-            if not channel.is_remote:
-                digest = uploads.local_digest(channel.source, home, remember=True)
-                uploads.upload_channel(aws, s3, channel.name, channel.source, digest, say)
-        code = paths.code_dir if spec.snapshot else Path(spec.workdir)
-        uploads.upload_code(aws, s3, plan.attempt, code, launch_data(plan, spec.sample_interval))
         try:
+            for channel in spec.channels:
+                if not channel.is_remote:
+                    digest = uploads.local_digest(channel.source, home, remember=True)
+                    uploads.upload_channel(aws, s3, channel.name, channel.source, digest, say)
+            code = paths.code_dir if spec.snapshot else Path(spec.workdir)
+            uploads.upload_code(aws, s3, plan.attempt, code, launch_data(plan, spec.sample_interval))
             arn = aws.create_training_job(request)
-        except Exception:
-            aws.delete_prefix(s3.code(plan.attempt))  # nothing of a refused attempt is left behind
-            raise
+        except Exception as exc:
+            _remove(aws, s3.code(plan.attempt))  # nothing of an attempt that did not start is left behind
+            if isinstance(exc, PhalanxError):
+                raise
+            raise BackendError(f"could not start training job {name}: {type(exc).__name__}: {exc}",
+                               "check the credentials, the bucket and the network, then `phalanx resume` the job") from None
         write_json(paths.scheduler_job(plan.attempt), {
             "scheduler": self.name, "job_id": name, "arn": arn, "region": aws.region, "submitted": time.time(),
             "s3_prefix": s3.prefix,
@@ -149,6 +152,13 @@ class SageMakerNode(NodeHandle):
 
     def running(self) -> bool:
         return bool(self.watch.running())
+
+
+def _remove(aws: Any, prefix: str) -> None:
+    try:
+        aws.delete_prefix(prefix)
+    except Exception:  # noqa: BLE001 - the cause of the failure matters more than this clean-up
+        pass
 
 
 def _say(paths: JobPaths, attempt: int) -> Any:

@@ -46,6 +46,8 @@ class TrainingJobWatch:
     logs_every = 2.0
     # After a kill (the supervisor's grace and margin are over) the job is given this long to end.
     abandon_after = 300.0
+    # How long DescribeTrainingJob may not know a job this process created before that is its end.
+    unknown_for = 120.0
 
     def __init__(self, aws: Aws, name: str, paths: JobPaths, attempt: int, nnodes: int, s3: JobS3) -> None:
         self.aws = aws
@@ -63,6 +65,7 @@ class TrainingJobWatch:
         self.reported: dict[int, tuple[str, dict[str, Any]]] = {}  # node -> (stream, last result frame)
         self.tokens: dict[str, str | None] = {}
         self.errors = 0
+        self.began = time.monotonic()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"phalanx-sm-{name}", daemon=True)
         self._thread.start()
@@ -77,7 +80,7 @@ class TrainingJobWatch:
         return int(self.results[node_rank]["exitcode"])
 
     def running(self) -> bool:
-        return self.description.get("SecondaryStatus") not in WAITING
+        return self.description.get("SecondaryStatus", "Starting") not in WAITING
 
     def stop(self, signum: int) -> None:
         """StopTrainingJob, once (SageMaker sends every container SIGTERM, SIGKILL 120 s later)."""
@@ -127,6 +130,9 @@ class TrainingJobWatch:
     def _describe(self) -> None:
         found = self.aws.describe(self.name)
         if found is None:
+            # Just created, a job may not be visible to Describe yet; only a lasting absence is an end.
+            if time.monotonic() - self.began < self.unknown_for:
+                return
             found = {"TrainingJobStatus": "Failed", "SecondaryStatus": "Failed",
                      "FailureReason": f"SageMaker does not know training job {self.name}"}
         self.description = found
