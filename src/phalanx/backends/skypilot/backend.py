@@ -110,30 +110,23 @@ class SkyRun:
                 if self.managed:
                     ids, _handle = sky.stream_and_get(sky.jobs.launch(task, name=self.cluster), output_stream=log)
                     self.job_id = ids[0] if ids else None
-                    write_json(self.paths.scheduler_job(self.plan.attempt), {"scheduler": "skypilot", "managed": True,
-                                                                             "job_id": self.job_id, "submitted": time.time()})
-                    sky.jobs.tail_logs(job_id=self.job_id, follow=True, output_stream=log)
-                    status = self._managed_status()
+                    self._record(managed=True)
+                    # Blocks until the job ends; its value is the job's exit code (SkyPilot's jobs SDK).
+                    code = sky.jobs.tail_logs(job_id=self.job_id, follow=True, output_stream=log)
                 else:
                     self.job_id, _handle = sky.stream_and_get(sky.launch(task, cluster_name=self.cluster, down=True), output_stream=log)
-                    write_json(self.paths.scheduler_job(self.plan.attempt), {"scheduler": "skypilot", "cluster": self.cluster,
-                                                                             "job_id": self.job_id, "submitted": time.time()})
-                    sky.tail_logs(self.cluster, self.job_id, follow=True, output_stream=log)
-                    status = str(sky.get(sky.job_status(self.cluster, [self.job_id])).get(self.job_id))
-                log.write(f"phalanx: SkyPilot job {self.job_id} on {self.cluster} ended {status}\n")
-            self.code = 0 if status.endswith("SUCCEEDED") else (128 + signal.SIGTERM if self.stopped_by else 1)
+                    self._record(cluster=self.cluster)
+                    code = sky.tail_logs(self.cluster, self.job_id, follow=True, output_stream=log)
+                log.write(f"phalanx: SkyPilot job {self.job_id} ({self.cluster}) ended with exit code {code}\n")
+            self.code = 0 if code == 0 else (128 + signal.SIGTERM if self.stopped_by else int(code or 1))
         except Exception as exc:  # noqa: BLE001 - whatever SkyPilot raised is the node's end, said in its log
             with self._log() as log:
                 log.write(f"phalanx: SkyPilot: {type(exc).__name__}: {exc}\n")
             self.code = 128 + signal.SIGTERM if self.stopped_by else 1
 
-    def _managed_status(self) -> str:
-        sky = self.sky
-        records = sky.get(sky.jobs.queue(refresh=True, job_ids=[self.job_id]))
-        for record in records if isinstance(records, list) else []:
-            if record.get("job_id") == self.job_id:
-                return str(record.get("status"))
-        return "UNKNOWN"
+    def _record(self, **fields: Any) -> None:
+        write_json(self.paths.scheduler_job(self.plan.attempt),
+                   {"scheduler": "skypilot", "job_id": self.job_id, "submitted": time.time(), **fields})
 
     def result(self, node_rank: int) -> int | None:
         if self.code is None:
