@@ -154,6 +154,8 @@ def test_sagemaker_fakeplane_two_instance_ddp_training(plane, aws):
     assert keys == ["phx/state/train_ddp/checkpoint.pt"]
     status = _phalanx(env, "status", record["id"])
     assert "Completed" in status.stdout and "instance-hours" in status.stdout, status.stdout
+    fetched = _phalanx(env, "download", record["id"], "-o", str(job.parent.parent / "fetched"))
+    assert fetched.returncode == 0 and (job.parent.parent / "fetched" / "output" / "model.pt").is_file(), fetched.stdout
 
 
 def test_sagemaker_fakeplane_entry_environment_failure_and_unchanged_input(plane, aws, tmp_path):
@@ -228,6 +230,8 @@ def test_sagemaker_fakeplane_stop_is_stoptrainingjob(plane, aws):
     while "step=3 " not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline
         time.sleep(0.5)
+    ps = _phalanx(env, "ps")
+    assert f"RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
     stopped = _phalanx(env, "stop", job_id, "--timeout", "200", timeout=260)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "checkpoint saved" in log.read_text()  # the ranks got SIGTERM and their grace
