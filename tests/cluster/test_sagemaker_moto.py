@@ -3,7 +3,6 @@ incremental CloudWatch tail with nextForwardToken, and local inputs uploaded onc
 
 import time
 
-import boto3
 import pytest
 
 from phalanx.backends.sagemaker.client import Aws
