@@ -25,14 +25,34 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROLE = "arn:aws:iam::123456789012:role/sm"
 PROBE = '''
 import json, os, socket, sys
+try:
+    import psutil  # noqa: F401 - not in a framework image (the plane's python3 blocks it)
+    image_like = False
+except ImportError:
+    image_like = True
 data = os.environ["SM_CHANNEL_DATA"]
 print("probe " + json.dumps({"host": socket.gethostname(), "rank": os.environ.get("RANK"), "hosts": os.environ["SM_HOSTS"],
       "current": os.environ["SM_CURRENT_HOST"], "state": os.environ["PHALANX_STATE_DIR"], "data": sorted(os.listdir(data)),
       "gpus": os.environ.get("SM_NUM_GPUS"), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "argv": sys.argv[1:],
-      "channel": open(os.path.join(data, "a.txt")).read().strip()}), flush=True)
+      "channel": open(os.path.join(data, "a.txt")).read().strip(), "image_like": image_like}), flush=True)
 if os.environ.get("RANK") == "1":
     raise RuntimeError("rank one gives up: " + sys.argv[-1])
 '''
+
+
+def image_python(root: Path) -> Path:
+    """A directory with the ``python3`` of a framework image: this venv's Python (it has torch),
+    but without what AWS's images lack and phalanx's own CLI needs (psutil, yaml, typer, rich,
+    boto3): importing those fails on the instances, as it would there."""
+    blocked = root / "blocked"
+    blocked.mkdir()
+    for name in ("psutil", "yaml", "typer", "rich", "boto3", "botocore"):
+        (blocked / f"{name}.py").write_text(f"raise ImportError('{name} is not in the training image')\n")
+    shim = root / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{blocked}" exec {sys.executable} "$@"\n')
+    (shim / "python3").chmod(0o755)
+    return shim
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +67,7 @@ def plane(tmp_path_factory, s3_server):
     fake = None
     try:
         fake = FakeSageMaker(tmp_path_factory.mktemp("sm-plane"), network, s3_server,
-                             [str(Path(sys.executable).parent)], stop_timeout=10.0, step=0.2)
+                             [str(image_python(tmp_path_factory.mktemp("image")))], stop_timeout=10.0, step=0.2)
         yield fake
     finally:
         if fake is not None:
@@ -181,7 +201,7 @@ def test_sagemaker_fakeplane_entry_environment_failure_and_unchanged_input(plane
         assert json.loads(probe["hosts"]) == ["algo-1", "algo-2"]
         assert probe["state"].endswith("/opt/ml/checkpoints") and probe["channel"] == "channel bytes"
         assert probe["data"] == ["a.txt"] and probe["gpus"] == "0" and probe["ifname"] == "eth0"
-        assert probe["argv"] == ["--tag", str(rank)]
+        assert probe["argv"] == ["--tag", str(rank)] and probe["image_like"] is True
     cause = record["root_cause"] if isinstance(record.get("root_cause"), dict) else json.loads(record["root_cause"])
     assert cause["rank"] == 1 and "rank one gives up" in cause["message"]
     scheduler = json.loads((job / "attempt_0" / "scheduler.json").read_text())
