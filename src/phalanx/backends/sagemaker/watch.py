@@ -64,6 +64,7 @@ class TrainingJobWatch:
         self.killed_at: float | None = None
         self.reported: dict[int, tuple[str, dict[str, Any]]] = {}  # node -> (stream, last result frame)
         self.tokens: dict[str, str | None] = {}
+        self.streams: list[str] = []
         self.errors = 0
         self.began = time.monotonic()
         self._wake = threading.Event()
@@ -116,7 +117,7 @@ class TrainingJobWatch:
                     described = now
                     self._describe()
                 ended = self.description.get("TrainingJobStatus") in TERMINAL
-                self._tail(final=ended)
+                self._tail(final=ended, relist=due or ended or len(self.tokens) < self.nnodes)
                 if ended:
                     self._finish()
                     return
@@ -146,9 +147,12 @@ class TrainingJobWatch:
         )
         write_json(self.paths.scheduler_job(self.attempt), record)
 
-    def _tail(self, final: bool) -> None:
-        streams = self.aws.log_streams(LOG_GROUP, log_stream_prefix(self.name))
-        for stream in streams:
+    def _tail(self, final: bool, relist: bool) -> None:
+        # DescribeLogStreams has a low request rate per account: the streams are listed again only
+        # with each describe (a spot restart adds streams) or while some instance has none yet.
+        if relist:
+            self.streams = self.aws.log_streams(LOG_GROUP, log_stream_prefix(self.name))
+        for stream in self.streams:
             node = host_of_stream(self.name, stream)
             if node is None or node >= self.nnodes:
                 continue
