@@ -367,3 +367,16 @@ def test_sagemaker_fakeplane_an_attempt_that_cannot_start_leaves_no_uploads(plan
     assert "could not start" in cause["message"] and f"phx-{record['id']}-a0" in cause["message"]
     s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test")
     assert s3.list_objects_v2(Bucket=bucket, Prefix=f"phx/jobs/{record['id']}/").get("KeyCount") == 0
+
+
+def test_sagemaker_fakeplane_jax_runs_one_process_per_node(plane, aws):
+    """--framework jax: no torchrun; the node agent starts one process per rank, with the JAX
+    coordinator on algo-1 (an image of your own: AWS publishes no JAX training image)."""
+    env, bucket = aws
+    proc = _phalanx(env, *_run_args(bucket, "--framework", "jax", "-n", "2x1", "--json", "--workdir", str(EXAMPLES),
+                                    str(EXAMPLES / "jax_hello.py")))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job = _job_dir(env, json.loads(proc.stdout[proc.stdout.index("{\n"):])["id"])
+    for rank in (0, 1):
+        text = (job / "attempt_0" / f"rank_{rank}" / "output.log").read_text()
+        assert f"jax process_index={rank} process_count=2" in text and "allgather=[0, 1]" in text

@@ -268,3 +268,18 @@ def test_cli_bad_input_is_one_line_and_exit_2_with_nothing_created(tmp_path, arg
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expect in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+def test_default_images_follow_framework_instance_and_region(tmp_path):
+    from phalanx.backends.sagemaker.images import default_image
+
+    assert default_image("torch", None, "ml.p4d.24xlarge", "us-west-2").startswith("763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:")
+    assert "-gpu-" in default_image("torch", "2.9", "ml.g5.xlarge", "eu-west-1")
+    assert ":2.9.0-cpu-" in default_image("torch", "2.9", "ml.c5.xlarge", "eu-west-1")
+    assert default_image("tf", None, "ml.m5.large", "ap-east-1").startswith("871362719292.dkr.ecr.ap-east-1.amazonaws.com/tensorflow-training:")
+    for args, expect in ((("jax", None, "ml.g5.xlarge", "us-east-1"), "no SageMaker training image for --framework jax"),
+                         (("torch", "1.0", "ml.g5.xlarge", "us-east-1"), "no torch training image of version 1.0"),
+                         (("torch", None, "ml.trn1.2xlarge", "us-east-1"), "no default torch image for ml.trn1.2xlarge"),
+                         (("torch", None, "ml.g5.xlarge", "xx-nowhere-1"), "no registry phalanx knows for region xx-nowhere-1")):
+        with pytest.raises(UsageError, match=expect):
+            default_image(*args)
