@@ -339,7 +339,9 @@ def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] |
         os.kill(record.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:
         return _stop_leftover(store, reconcile(store, record), events)
-    limit = timeout if timeout is not None else spec.grace + 15
+    from .backends.registry import get_backend
+
+    limit = timeout if timeout is not None else spec.grace + get_backend(spec.backend).stop_margin
     deadline = time.monotonic() + limit
     saving = False
     while True:

@@ -71,6 +71,9 @@ class Backend(abc.ABC):
     # in step with ``state_uri`` (SageMaker's channels and checkpoints): the supervisor then
     # neither stages inputs here nor syncs the local state directory.
     remote_data: bool = False
+    # Seconds ``phalanx stop`` waits, beyond the grace period, for the ranks to end: a platform that
+    # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
+    stop_margin: float = 15.0
 
     def check(self, spec: JobSpec) -> None:
         """Checks that need the outside world (credentials, buckets), run once before the job

@@ -38,6 +38,7 @@ class SageMakerBackend(Backend):
     options = OPTIONS
     local_slots = False  # SageMaker places each trial on its own instances
     remote_data = True  # SageMaker stages the channels and syncs the checkpoints itself
+    stop_margin = float(STOP_TIMEOUT) + 240.0  # SIGKILL after 120 s, then the upload and the final status
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
         from . import client, uploads
