@@ -55,6 +55,7 @@ FILE_KEYS = {
     "skip_if_done": "do nothing if the last successful run of this name had the same inputs",
     "snapshot": "run from a copy of the working directory taken at submit time (default true)",
     "backend_options": "options of the backend (mapping), e.g. {hosts: 'gpu1,gpu2'} for ssh",
+    "sagemaker": "SageMaker settings: role, instance_type, vpc, volume_size, tags, kms, max_run, max_wait... (mapping)",
     "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
 }
 SWEEP_KEYS = ("strategy", "trials", "seed", "objective", "early_stop", "parallel", "fail_fast")
@@ -204,6 +205,10 @@ def build_spec(opts: RunOptions) -> JobSpec:
     file_opts = file.get("backend_options") or {}
     if not isinstance(file_opts, dict):
         raise UsageError("the job file's 'backend_options' must be a mapping", "e.g. backend_options: {hosts: 'gpu1,gpu2'}")
+    if "sagemaker" in file:
+        from .backends.sagemaker.options import section_options
+
+        file_opts = {**section_options(file["sagemaker"]), **file_opts}
     spec = spec.with_(backend_options={**file_opts, **given})
     if spec.max_restarts < 0 or spec.grace < 0 or spec.max_retries < 0:
         raise UsageError("--max-restarts, --max-retries and --grace must not be negative", "use 0 or more")

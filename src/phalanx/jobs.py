@@ -46,6 +46,9 @@ def new_job_id() -> str:
 
 def check_storage(spec: JobSpec) -> None:
     """Reach every store the job names before anything starts (a typo should not cost a run)."""
+    from .backends.registry import get_backend
+
+    get_backend(spec.backend).check(spec)
     if spec.state_uri:
         from .storage.state import StateSync
 
@@ -376,7 +379,9 @@ def stop(ref: str, timeout: float | None = None, events: Callable[[str], None] |
         os.kill(record.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:
         return _stop_leftover(store, reconcile(store, record), events)
-    limit = timeout if timeout is not None else spec.grace + 15
+    from .backends.registry import get_backend
+
+    limit = timeout if timeout is not None else spec.grace + get_backend(spec.backend).stop_margin
     deadline = time.monotonic() + limit
     saving = False
     while True:

@@ -67,6 +67,17 @@ class Backend(abc.ABC):
     # Trials of a sweep are packed onto this machine's GPUs or cores; a scheduler places
     # them itself (False), and only --parallel limits how many run at once.
     local_slots: bool = True
+    # The platform itself brings the input channels to the nodes and keeps the state directory
+    # in step with ``state_uri`` (SageMaker's channels and checkpoints): the supervisor then
+    # neither stages inputs here nor syncs the local state directory.
+    remote_data: bool = False
+    # Seconds ``phalanx stop`` waits, beyond the grace period, for the ranks to end: a platform that
+    # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
+    stop_margin: float = 15.0
+
+    def check(self, spec: JobSpec) -> None:
+        """Checks that need the outside world (credentials, buckets), run once before the job
+        is recorded, so bad input fails with nothing created. Raises UsageError. Default: none."""
 
     def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, ports: PortSource = free_port) -> Plan:
         """The plan for one attempt of ``spec``. Pure apart from asking ``ports`` for free ports.

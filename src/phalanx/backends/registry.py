@@ -15,6 +15,8 @@ BUILTIN: dict[str, str] = {
     "local": "phalanx.backends.local:LocalBackend",
     "ssh": "phalanx.backends.ssh:SshBackend",
     "slurm": "phalanx.backends.slurm:SlurmBackend",
+    "sagemaker": "phalanx.backends.sagemaker.backend:SageMakerBackend",
+    "skypilot": "phalanx.backends.skypilot.backend:SkyPilotBackend",
 }
 
 

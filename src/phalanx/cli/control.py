@@ -8,6 +8,7 @@ Registered on the main app by ``register(app)``; ``run`` shares ``event``, ``par
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -131,6 +132,11 @@ def status_cmd(
     if left:
         out.write(f"left      {left} still runs without a supervisor: `phalanx resume {record.id}` watches it "
                   f"again, `phalanx stop {record.id}` stops it\n")
+    if record.backend == "sagemaker":
+        from ..backends.sagemaker.report import status_lines
+        from ..core.paths import JobPaths
+
+        out.writelines(line + "\n" for line in status_lines(JobPaths(Path(record.job_dir)), record.attempt))
     spec = jobs.read_spec(record)
     if spec.state_uri:
         synced = ago(record.state_synced_at) if record.state_synced_at else "never"

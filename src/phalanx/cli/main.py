@@ -50,6 +50,15 @@ RUN_HELP = """Run SCRIPT (or -m MODULE, or any COMMAND) like `python SCRIPT ARGS
 Everything after the script is passed to it unchanged."""
 
 
+def _help(backend: str, name: str) -> str:
+    """A SageMaker or SkyPilot flag's help, from its one declaration (a light module: no SDK import)."""
+    if backend == "sagemaker":
+        from ..backends.sagemaker.options import OPTIONS
+    else:
+        from ..backends.skypilot.options import OPTIONS
+    return f"{backend} backend: " + next(o.help for o in OPTIONS if o.name == name)
+
+
 def _slurm_help(name: str) -> str:
     """A SLURM flag's help, from its one declaration (``backends/sbatch.py``)."""
     from ..backends.sbatch import OPTIONS
@@ -109,6 +118,30 @@ def run_cmd(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=_slurm_help("gpus_per_node")),
     signal_lead: Optional[int] = typer.Option(None, "--signal-lead", help=_slurm_help("signal_lead")),
     sbatch_lines: List[str] = typer.Option([], "--sbatch", help=_slurm_help("sbatch")),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", help=_help("sagemaker", "instance_type") + " Also skypilot."),
+    role: Optional[str] = typer.Option(None, "--role", help=_help("sagemaker", "role")),
+    region: Optional[str] = typer.Option(None, "--region", help=_help("sagemaker", "region")),
+    profile: Optional[str] = typer.Option(None, "--profile", help=_help("sagemaker", "profile")),
+    s3_prefix: Optional[str] = typer.Option(None, "--s3-prefix", help=_help("sagemaker", "s3_prefix")),
+    image: Optional[str] = typer.Option(None, "--image", help=_help("sagemaker", "image") + " Also skypilot."),
+    framework_version: Optional[str] = typer.Option(None, "--framework-version", help=_help("sagemaker", "framework_version")),
+    spot: bool = typer.Option(False, "--spot", help=_help("sagemaker", "spot") + " Also skypilot."),
+    max_run: Optional[int] = typer.Option(None, "--max-run", help=_help("sagemaker", "max_run")),
+    max_wait: Optional[int] = typer.Option(None, "--max-wait", help=_help("sagemaker", "max_wait")),
+    volume_size: Optional[int] = typer.Option(None, "--volume-size", help=_help("sagemaker", "volume_size")),
+    subnets: Optional[str] = typer.Option(None, "--subnets", help=_help("sagemaker", "subnets")),
+    security_groups: Optional[str] = typer.Option(None, "--security-groups", help=_help("sagemaker", "security_groups")),
+    tags: List[str] = typer.Option([], "--tag", help=_help("sagemaker", "tag")),
+    volume_kms_key: Optional[str] = typer.Option(None, "--volume-kms-key", help=_help("sagemaker", "volume_kms_key")),
+    output_kms_key: Optional[str] = typer.Option(None, "--output-kms-key", help=_help("sagemaker", "output_kms_key")),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help=_help("skypilot", "gpus")),
+    infra: Optional[str] = typer.Option(None, "--infra", help=_help("skypilot", "infra")),
+    disk_size: Optional[int] = typer.Option(None, "--disk-size", help=_help("skypilot", "disk_size")),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help=_help("skypilot", "cpus")),
+    memory: Optional[str] = typer.Option(None, "--memory", help=_help("skypilot", "memory")),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help=_help("skypilot", "cluster")),
+    managed: bool = typer.Option(False, "--managed", help=_help("skypilot", "managed")),
+    setup: Optional[str] = typer.Option(None, "--setup", help=_help("skypilot", "setup")),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -136,7 +169,13 @@ def run_cmd(
             backend_options={"hosts": hosts, "hostfile": hostfile, "shared_fs": shared_fs, "remote_python": remote_python,
                              "ssh_config": ssh_config, "remote_home": remote_home,
                              "partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
-                             "signal_lead": signal_lead, "sbatch": sbatch_lines},
+                             "signal_lead": signal_lead, "sbatch": sbatch_lines,
+                             "instance_type": instance_type, "role": role, "region": region, "profile": profile,
+                             "s3_prefix": s3_prefix, "image": image, "framework_version": framework_version, "spot": spot,
+                             "max_run": max_run, "max_wait": max_wait, "volume_size": volume_size, "subnets": subnets,
+                             "security_groups": security_groups, "tag": tags, "volume_kms_key": volume_kms_key,
+                             "output_kms_key": output_kms_key, "gpus": gpus, "infra": infra, "disk_size": disk_size,
+                             "cpus": cpus, "memory": memory, "cluster": cluster, "managed": managed, "setup": setup},
         )
     )
     spec, sweep = build_sweep(options, build_spec(options))

@@ -131,10 +131,11 @@ class JobRun:
             self.say(f"attempt {left.plan.attempt} still runs as {left.where}, started by a supervisor that vanished; "
                      "watching it instead of starting another copy")
             # Its inputs are staged and its state directory is in use: no staging, no pull.
-            sync = _state_sync(self.store, self.home, self.record, self.spec, self.say, pull=False)
+            sync = None if self.backend.remote_data else _state_sync(self.store, self.home, self.record, self.spec, self.say, pull=False)
         else:
             # inputs first: a failed Outcome when one cannot be staged, so nothing else starts
-            sync = _stage_inputs(self.home, self.spec, self.say) or _state_sync(self.store, self.home, self.record, self.spec, self.say)
+            sync = None if self.backend.remote_data else (
+                _stage_inputs(self.home, self.spec, self.say) or _state_sync(self.store, self.home, self.record, self.spec, self.say))
         if isinstance(sync, Outcome):
             self._finish(sync)
             return

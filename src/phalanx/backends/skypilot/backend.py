@@ -1,0 +1,176 @@
+"""The SkyPilot backend: cloud VMs of any provider, provisioned by SkyPilot's SDK.
+
+``phalanx run --backend skypilot --gpus H100:8 -n 2x8 --spot train.py``. A thin adapter; the
+translation is ``task`` (pure, golden-tested), the node side ``entry``. SkyPilot (the optional
+``skypilot`` extra) is imported only when a job starts. Its SDK is asynchronous: every call gives
+a request id that ``sky.get`` (or ``sky.stream_and_get``) waits for; that waiting happens in a
+thread of the handle, never in ``poll``.
+
+- ``sky.launch(task, cluster_name=phx-JOB, down=True)``: a cluster of ``num_nodes`` VMs for the
+  attempt, torn down after it; phalanx's ``--max-retries`` retries a failed or preempted attempt;
+- ``--managed``: ``sky.jobs.launch``; SkyPilot's managed-job recovery restarts preempted jobs,
+  so phalanx does not retry (``--max-retries`` must be 0);
+- stop: ``sky.cancel`` / ``sky.jobs.cancel``, then ``sky.down``; the output of the job (all nodes,
+  as ``sky logs`` shows it) is kept in node 0's ``agent.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ...core.paths import HomePaths, JobPaths, write_json
+from ...core.spec import JobSpec
+from ...errors import MissingDependency
+from ...launch.plan import Plan
+from ..base import Backend, NodeHandle, PortSource
+from ..options import validate
+from .options import OPTIONS
+from .task import nodes, task_config, task_name
+
+
+def staging_dir(paths: JobPaths, attempt: int) -> Path:
+    """The local directory SkyPilot syncs to ``~/sky_workdir`` for one attempt."""
+    return paths.attempt(attempt) / "skypilot-workdir"
+
+
+class SkyPilotBackend(Backend):
+    name = "skypilot"
+    options = OPTIONS
+    local_slots = False
+
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
+        import yaml
+
+        opts = dict(spec.backend_options)
+        config = task_config(spec, job_id, attempt, str(staging_dir(paths, attempt)), opts)
+        return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes(spec, job_id, attempt), grace=spec.grace,
+                    submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True))
+
+    def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+        import yaml
+
+        spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
+        opts = validate(self.name, self.options, spec.backend_options)
+        config = yaml.safe_load("\n".join(line for line in plan.submission.splitlines() if not line.startswith("#")))
+        stage(plan, paths, Path(spec.workdir) if not spec.snapshot else paths.code_dir, spec.sample_interval)
+        run = SkyRun(config, opts, paths, plan)
+        return [SkyNode(run, node.node_rank) for node in plan.nodes]
+
+
+def stage(plan: Plan, paths: JobPaths, code_dir: Path, sample_interval: float) -> Path:
+    """The workdir: the bundle (code/, lib/) unpacked, and launch.json with every node's part."""
+    from ...storage.bundle import build, code_files, unpack
+
+    dest = staging_dir(paths, plan.attempt)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="phalanx-sky-") as tmp:
+        unpack(build(code_files(code_dir), Path(tmp) / "bundle.tar.gz").path, dest)
+    write_json(dest / "launch.json", {"job_dir": "@SKY_WORKDIR@/job", "attempt": plan.attempt, "grace": plan.grace,
+                                      "sample_interval": sample_interval, "nodes": [n.to_dict() for n in plan.nodes]})
+    return dest
+
+
+def _sky() -> Any:
+    try:
+        import sky
+    except ImportError:
+        raise MissingDependency("skypilot", "skypilot") from None
+    return sky
+
+
+class SkyRun:
+    """One attempt on SkyPilot, driven from a thread: launch, follow, report."""
+
+    def __init__(self, config: dict[str, Any], opts: dict[str, Any], paths: JobPaths, plan: Plan) -> None:
+        self.config, self.opts, self.paths, self.plan = config, opts, paths, plan
+        self.managed = bool(opts.get("managed"))
+        self.cluster = opts.get("cluster") or task_name(plan.job_id, plan.attempt)
+        self.job_id: int | None = None
+        self.code: int | None = None
+        self.stopped_by: str | None = None
+        self.sky = _sky()  # fails now, in start, when the extra is missing
+        threading.Thread(target=self._run, daemon=True, name=f"phalanx-sky-{self.cluster}").start()
+
+    def _log(self) -> Any:
+        path = self.paths.agent_log(self.plan.attempt, 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a")
+
+    def _run(self) -> None:
+        sky = self.sky
+        try:
+            task = sky.Task.from_yaml_config(self.config)
+            with self._log() as log:
+                if self.managed:
+                    ids, _handle = sky.stream_and_get(sky.jobs.launch(task, name=self.cluster), output_stream=log)
+                    self.job_id = ids[0] if ids else None
+                    self._record(managed=True)
+                    # Blocks until the job ends; its value is the job's exit code (SkyPilot's jobs SDK).
+                    code = sky.jobs.tail_logs(job_id=self.job_id, follow=True, output_stream=log)
+                else:
+                    self.job_id, _handle = sky.stream_and_get(sky.launch(task, cluster_name=self.cluster, down=True), output_stream=log)
+                    self._record(cluster=self.cluster)
+                    code = sky.tail_logs(self.cluster, self.job_id, follow=True, output_stream=log)
+                log.write(f"phalanx: SkyPilot job {self.job_id} ({self.cluster}) ended with exit code {code}\n")
+            self.code = 0 if code == 0 else (128 + signal.SIGTERM if self.stopped_by else int(code or 1))
+        except Exception as exc:  # noqa: BLE001 - whatever SkyPilot raised is the node's end, said in its log
+            with self._log() as log:
+                log.write(f"phalanx: SkyPilot: {type(exc).__name__}: {exc}\n")
+            self.code = 128 + signal.SIGTERM if self.stopped_by else 1
+
+    def _record(self, **fields: Any) -> None:
+        write_json(self.paths.scheduler_job(self.plan.attempt),
+                   {"scheduler": "skypilot", "job_id": self.job_id, "submitted": time.time(), **fields})
+
+    def result(self, node_rank: int) -> int | None:
+        if self.code is None:
+            return None
+        path = self.paths.node_result(self.plan.attempt, node_rank)
+        if not path.exists():
+            result: dict[str, Any] = {"node_rank": node_rank, "exitcode": self.code, "failures": [], "skypilot_job": self.job_id}
+            if self.stopped_by:
+                result["stopped_by"] = self.stopped_by
+            write_json(path, result)
+        return self.code
+
+    def stop(self, signum: int) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = signal.Signals(signum).name
+            threading.Thread(target=self._cancel, daemon=True).start()
+
+    def _cancel(self) -> None:
+        sky = self.sky
+        try:
+            if self.managed:
+                sky.get(sky.jobs.cancel(job_ids=[self.job_id] if self.job_id is not None else None, name=None if self.job_id else self.cluster))
+            else:
+                if self.job_id is not None:
+                    sky.get(sky.cancel(self.cluster, job_ids=[self.job_id]))
+                sky.get(sky.down(self.cluster))
+        except Exception as exc:  # noqa: BLE001
+            with self._log() as log:
+                log.write(f"phalanx: cancelling on SkyPilot failed: {exc}; check `sky status` / `sky jobs queue`\n")
+
+
+class SkyNode(NodeHandle):
+    kill_margin = 120.0  # cancelling and tearing down VMs takes a while
+
+    def __init__(self, run: SkyRun, node_rank: int) -> None:
+        self.run = run
+        self.node_rank = node_rank
+
+    def poll(self) -> int | None:
+        return self.run.result(self.node_rank)
+
+    def signal(self, signum: int) -> None:
+        self.run.stop(signum)
+
+    def kill(self) -> None:
+        self.run.stop(signal.SIGKILL)
+

@@ -1,0 +1,20 @@
+"""The SkyPilot backend's options, declared once as data (standard library only: no ``sky`` import)."""
+
+from __future__ import annotations
+
+from ..options import BackendOption
+
+OPTIONS: tuple[BackendOption, ...] = (
+    BackendOption("gpus", str, None, "Accelerators per node, as SkyPilot writes them: H100:8, A100-80GB:4, {L4:1, A10G:1}."),
+    BackendOption("infra", str, None, "Where to run: aws, gcp/us-central1, k8s/CONTEXT... (default: wherever SkyPilot finds it cheapest)."),
+    BackendOption("instance_type", str, None, "Cloud instance type of every node (default: SkyPilot picks one that fits)."),
+    BackendOption("spot", bool, False, "Spot (preemptible) instances."),
+    BackendOption("image", str, None, "Image of the nodes: a cloud image id, or docker:IMAGE."),
+    BackendOption("disk_size", int, None, "Disk per node in GB."),
+    BackendOption("cpus", str, None, "vCPUs per node, e.g. 8 or 8+."),
+    BackendOption("memory", str, None, "Memory per node in GB, e.g. 32+."),
+    BackendOption("cluster", str, None, "Cluster name for sky.launch (default: phx-JOB); ignored with --managed."),
+    BackendOption("managed", bool, False,
+                  "A SkyPilot managed job (sky.jobs.launch): SkyPilot recovers preemptions itself and phalanx's --max-retries must be 0."),
+    BackendOption("setup", str, None, "Shell commands SkyPilot runs on every node before the job (e.g. pip install -r requirements.txt)."),
+)

@@ -1,0 +1,131 @@
+"""The SkyPilot adapter against a FAKE ``sky`` module (SkyPilot cannot be installed here: see
+data/README.md). The fake keeps to the SDK's shapes in skypilot 0.14.1 (sky/client/sdk.py,
+sky/jobs/client/sdk.py): calls return request ids, ``get``/``stream_and_get`` resolve them,
+``launch`` gives (job id, handle), ``jobs.launch`` (job ids, handle), ``tail_logs`` blocks until the
+job ends and returns its exit code. It proves what phalanx asks SkyPilot for, not what SkyPilot does."""
+
+import json
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from phalanx.backends.registry import get_backend
+from phalanx.core.paths import HomePaths, JobPaths, write_json
+from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
+
+
+class FakeSky(types.ModuleType):
+    def __init__(self, exit_code=0):
+        super().__init__("sky")
+        self.calls, self.exit_code, self.ended = [], exit_code, threading.Event()
+        fake = self
+
+        class Task:
+            @staticmethod
+            def from_yaml_config(config):
+                fake.calls.append(("Task", config))
+                return ("task", config["name"])
+
+        self.Task = Task
+        self.jobs = types.SimpleNamespace(
+            launch=lambda task, name: self._req(("jobs.launch", name), ([7], None)),
+            tail_logs=lambda job_id, follow, output_stream: self._tail(("jobs.tail_logs", job_id), output_stream),
+            cancel=lambda job_ids=None, name=None: self._req(("jobs.cancel", job_ids), None, end=True))
+
+    def _req(self, call, value, end=False):
+        self.calls.append(call)
+        if end:
+            self.ended.set()
+        return ("request", value)
+
+    def _tail(self, call, stream):
+        self.calls.append(call)
+        stream.write("hello from the nodes\n")
+        self.ended.wait(30)
+        return 143 if any(c[0] in ("cancel", "jobs.cancel") for c in self.calls) else self.exit_code
+
+    def launch(self, task, cluster_name, down):
+        return self._req(("launch", cluster_name, down), (3, "handle"))
+
+    def tail_logs(self, cluster, job_id, follow, output_stream):
+        return self._tail(("tail_logs", cluster, job_id), output_stream)
+
+    def cancel(self, cluster, job_ids):
+        return self._req(("cancel", cluster, job_ids), None, end=True)
+
+    def down(self, cluster):
+        return self._req(("down", cluster), None)
+
+    def get(self, request):
+        return request[1]
+
+    def stream_and_get(self, request, output_stream=None):
+        return request[1]
+
+
+def _start(tmp_path, monkeypatch, fake, **options):
+    monkeypatch.setitem(sys.modules, "sky", fake)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print(1)\n")
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(code / "train.py")), Resources(2, 1), name="t", backend="skypilot",
+                   workdir=str(code), backend_options={"gpus": "L4:1", **options})
+    backend = get_backend("skypilot")
+    paths = JobPaths(tmp_path / "jobs" / "sky1")
+    plan = backend.plan(spec, "sky1", 0, HomePaths(tmp_path))
+    paths.root.mkdir(parents=True)
+    write_json(paths.spec, spec.to_dict())
+    return backend.start(plan, paths), paths
+
+
+def _wait(handles):
+    deadline = time.monotonic() + 30
+    while any(h.poll() is None for h in handles):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return [h.poll() for h in handles]
+
+
+def test_launch_tail_and_report(tmp_path, monkeypatch):
+    fake = FakeSky(exit_code=0)
+    handles, paths = _start(tmp_path, monkeypatch, fake)
+    fake.ended.set()
+    assert _wait(handles) == [0, 0]
+    assert ("launch", "phx-sky1-a0", True) in fake.calls and ("tail_logs", "phx-sky1-a0", 3) in fake.calls
+    config = next(c[1] for c in fake.calls if c[0] == "Task")
+    workdir = Path(config["workdir"])
+    assert (workdir / "code" / "train.py").is_file() and (workdir / "lib" / "phalanx" / "launch" / "agent.py").is_file()
+    assert len(json.loads((workdir / "launch.json").read_text())["nodes"]) == 2
+    assert "hello from the nodes" in paths.agent_log(0, 0).read_text()
+    assert json.loads(paths.scheduler_job(0).read_text())["job_id"] == 3
+
+
+def test_stop_cancels_and_tears_down(tmp_path, monkeypatch):
+    fake = FakeSky()
+    handles, paths = _start(tmp_path, monkeypatch, fake)
+    while not any(c[0] == "tail_logs" for c in fake.calls):
+        time.sleep(0.05)
+    handles[0].signal(15)
+    assert _wait(handles) == [143, 143]
+    assert ("cancel", "phx-sky1-a0", [3]) in fake.calls and ("down", "phx-sky1-a0") in fake.calls
+    assert json.loads(paths.node_result(0, 1).read_text())["stopped_by"] == "SIGTERM"
+
+
+def test_managed_jobs_go_through_sky_jobs(tmp_path, monkeypatch):
+    fake = FakeSky(exit_code=1)
+    handles, _paths = _start(tmp_path, monkeypatch, fake, managed=True)
+    fake.ended.set()
+    assert _wait(handles) == [1, 1]
+    assert ("jobs.launch", "phx-sky1-a0") in fake.calls and ("jobs.tail_logs", 7) in fake.calls
+
+
+def test_without_skypilot_the_start_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sky", None)
+    from phalanx.errors import MissingDependency
+
+    with pytest.raises(MissingDependency, match="phalanx\\[skypilot\\]"):
+        _start(tmp_path, monkeypatch, None)
