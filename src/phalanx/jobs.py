@@ -39,7 +39,13 @@ def new_job_id() -> str:
 
 
 def check_storage(spec: JobSpec) -> None:
-    """Reach every store the job names before anything starts (a typo should not cost a run)."""
+    """Reach every store the job names before anything starts (a typo should not cost a run),
+    and the backend's cluster when it has a preflight (a wrong address or token is bad input)."""
+    from .backends.registry import get_backend
+
+    preflight = getattr(get_backend(spec.backend), "preflight", None)
+    if preflight is not None:
+        preflight(spec)
     if spec.state_uri:
         from .storage.state import StateSync
 
@@ -478,6 +484,13 @@ def follow_logs(
         if ended or not follow:
             return record
         time.sleep(poll)
+
+
+def scheduler_job(record: JobRecord) -> dict[str, Any] | None:
+    """The scheduler's record of the job's current attempt (``scheduler.json``: its SLURM or Ray
+    job id, ...), or None when the backend has none."""
+    data = read_json(JobPaths(Path(record.job_dir)).scheduler_job(record.attempt))
+    return data if isinstance(data, dict) else None
 
 
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:

@@ -57,6 +57,13 @@ def _slurm_help(name: str) -> str:
     return "slurm backend: " + next(o.help for o in OPTIONS if o.name == name)
 
 
+def _ray_help(name: str) -> str:
+    """A Ray flag's help, from its one declaration (``backends/ray/options.py``, no Ray import)."""
+    from ..backends.ray.options import OPTIONS
+
+    return "ray backend: " + next(o.help for o in OPTIONS if o.name == name)
+
+
 @app.command(
     "run",
     help=RUN_HELP,
@@ -109,6 +116,10 @@ def run_cmd(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=_slurm_help("gpus_per_node")),
     signal_lead: Optional[int] = typer.Option(None, "--signal-lead", help=_slurm_help("signal_lead")),
     sbatch_lines: List[str] = typer.Option([], "--sbatch", help=_slurm_help("sbatch")),
+    address: Optional[str] = typer.Option(None, "--address", help=_ray_help("address")),
+    token_file: Optional[str] = typer.Option(None, "--token-file", help=_ray_help("token_file")),
+    pending_timeout: Optional[float] = typer.Option(None, "--pending-timeout", help=_ray_help("pending_timeout")),
+    cpus_per_node: Optional[float] = typer.Option(None, "--cpus-per-node", help=_ray_help("cpus_per_node")),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -136,7 +147,8 @@ def run_cmd(
             backend_options={"hosts": hosts, "hostfile": hostfile, "shared_fs": shared_fs, "remote_python": remote_python,
                              "ssh_config": ssh_config, "remote_home": remote_home,
                              "partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
-                             "signal_lead": signal_lead, "sbatch": sbatch_lines},
+                             "signal_lead": signal_lead, "sbatch": sbatch_lines, "address": address,
+                             "token_file": token_file, "pending_timeout": pending_timeout, "cpus_per_node": cpus_per_node},
         )
     )
     spec, sweep = build_sweep(options, build_spec(options))
