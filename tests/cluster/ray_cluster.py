@@ -183,6 +183,6 @@ def start(root: Path) -> RayCluster:
 def stop(cluster: RayCluster) -> None:
     """Every process of both nodes, by pid (``netns.destroy``), then the network. Idempotent."""
     for proc in cluster.procs.values():
-        netns.stop_group(proc, grace=5)
+        netns.stop_group(proc, grace=2)
     netns.destroy(cluster.network)
     shutil.rmtree(cluster.temp, ignore_errors=True)

@@ -41,8 +41,6 @@ class RayBackend(Backend):
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
         opts = spec.backend_options
         section = validate_section(opts.get("ray"))
-        if not spec.snapshot:
-            raise UsageError("the ray backend ships the code snapshot to the cluster", "drop --no-snapshot")
         if spec.channels:
             raise UsageError("--input is not shipped to a Ray cluster yet",
                              "read the data from a URI the nodes reach (pass it as a script argument)")
@@ -123,7 +121,9 @@ class RayBackend(Backend):
         job = submission.driver_job(plan, request, spec.sample_interval)
         with tempfile.TemporaryDirectory(prefix="phalanx-ray-") as staging:
             try:
-                submission.stage(Path(staging), paths.code_dir, home.state_dir(spec.name), job)
+                # The snapshot, or the directory a sweep's trials share (or --no-snapshot's workdir).
+                code = paths.code_dir if spec.snapshot else Path(spec.workdir)
+                submission.stage(Path(staging), code, home.state_dir(spec.name), job)
             except UsageError as exc:
                 raise BackendError(exc.message, exc.hint) from None
             client.submit(submission.entrypoint(request.get("python")),

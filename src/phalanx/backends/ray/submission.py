@@ -5,7 +5,7 @@ The ``working_dir`` Ray uploads holds the code snapshot, phalanx itself (so the 
 Python, Ray and the user's framework), the state directory to start from and ``job.json``. Ray
 caps a working_dir at its GCS message size (500 MiB, ``GCS_STORAGE_MAX_SIZE`` in Ray's
 ``packaging.py``); phalanx snapshots hold at most 100 MB (``storage/snapshot.py``), so the code
-always fits, and ``--no-snapshot`` is refused. A large state directory (checkpoints) travels the
+always fits (a ``--no-snapshot`` working directory is shipped as it is, and refused when too large). A large state directory (checkpoints) travels the
 same way: it is checked against the cap before anything is submitted.
 """
 
