@@ -213,3 +213,26 @@ def test_sweep_trials_run_as_ray_jobs(ray_env, phx_home):
         assert _scheduler(status)["job_id"] == f"phalanx-{trial['id']}-0"
         assert ray_env.job_status(f"phalanx-{trial['id']}-0") == "SUCCEEDED"
         assert "final loss=" in phalanx("logs", trial["id"]).stdout
+
+
+def test_the_job_outlives_its_supervisor_and_resume_watches_it(ray_env, phx_home, tmp_path):
+    """The driver runs on the cluster: a supervisor killed -9 leaves the Ray job running (LOST);
+    `phalanx resume` watches that same Ray job to its end instead of submitting another."""
+    import os
+    import signal
+
+    job_id = _detached("-n", "2x1", TRAIN, "--epochs", "1", "--steps-per-epoch", "150", "--sleep", "0.2")
+    deadline = time.monotonic() + 90
+    while "step=3 " not in phalanx("logs", job_id, "--rank", "0").stdout and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.kill(_status(job_id)["supervisor_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _status(job_id)["state"] != "LOST" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    shown = phalanx("status", job_id).stdout
+    assert f"RAY job phalanx-{job_id}-0" in shown and "still runs without a supervisor" in shown, shown
+    resumed = phalanx("resume", job_id, timeout=180)
+    status = _status(job_id)
+    assert resumed.returncode == 0 and status["state"] == "SUCCEEDED", (resumed.stderr, status)
+    assert status["attempt"] == 0 and not Path(status["job_dir"], "attempt_1").exists()  # watched, not resubmitted
+    assert "final loss=" in phalanx("logs", job_id, "--rank", "0").stdout
