@@ -158,8 +158,9 @@ def status_cmd(
     cause = record.root_cause_dict()
     if cause:
         where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
-        where += f" ({cause['host']})" if cause.get("host") else ""
         out.write(f"\nroot cause: {where}: {cause.get('message')}\n")
+        if cause.get("host"):
+            out.write(f"  host: {cause['host']}\n")
         detail = cause.get("traceback") or cause.get("log_tail")
         if detail:
             out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")
