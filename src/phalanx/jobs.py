@@ -519,6 +519,13 @@ def follow_logs(
     return record
 
 
+def scheduler_job(record: JobRecord) -> dict[str, Any] | None:
+    """The scheduler's record of the job's current attempt (``scheduler.json``: its SLURM or Ray
+    job id, ...), or None when the backend has none."""
+    data = read_json(JobPaths(Path(record.job_dir)).scheduler_job(record.attempt))
+    return data if isinstance(data, dict) else None
+
+
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
     """One entry per finished attempt (outcome, exit code, retry decision), oldest first."""
     path = JobPaths(Path(record.job_dir)).attempts_log

@@ -125,3 +125,27 @@ def netns_hosts(tmp_path_factory):
         yield hosts
     finally:
         netns.stop(hosts)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A real Ray cluster: head and worker, each in its own network namespace with its own home;
+    one per test session (bring-up costs ~10-15 s); yields ray_cluster.RayCluster."""
+    from tests.cluster import netns, ray_cluster
+
+    try:
+        cluster = ray_cluster.start(tmp_path_factory.mktemp("ray"))
+    except (ray_cluster.Unavailable, netns.Unavailable, OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot run a Ray cluster here (needs root, iproute2 and the ray extra): {exc}")
+    try:
+        yield cluster
+    finally:
+        ray_cluster.stop(cluster)
+
+
+@pytest.fixture
+def ray_env(ray_cluster, phx_home, monkeypatch):
+    """This machine as a user of the cluster: RAY_ADDRESS and RAY_AUTH_TOKEN set, a fresh home."""
+    for key, value in ray_cluster.client_env.items():
+        monkeypatch.setenv(key, value)
+    return ray_cluster

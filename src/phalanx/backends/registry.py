@@ -17,6 +17,7 @@ BUILTIN: dict[str, str] = {
     "slurm": "phalanx.backends.slurm:SlurmBackend",
     "sagemaker": "phalanx.backends.sagemaker.backend:SageMakerBackend",
     "skypilot": "phalanx.backends.skypilot.backend:SkyPilotBackend",
+    "ray": "phalanx.backends.ray.backend:RayBackend",
 }
 
 

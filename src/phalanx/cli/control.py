@@ -115,7 +115,8 @@ def status_cmd(
     record = jobs.get_job(job)
     ranks = jobs.rank_statuses(record)
     if as_json:
-        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": jobs.attempt_history(record)}, sys.stdout)
+        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": jobs.attempt_history(record),
+                   "scheduler": jobs.scheduler_job(record)}, sys.stdout)
         return
     out = sys.stdout
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
@@ -128,6 +129,10 @@ def status_cmd(
     if record.supervisor_pid:
         alive = "running" if not is_terminal(record.state) else "ended"
         out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
+    scheduled = jobs.scheduler_job(record)
+    if scheduled and scheduled.get("job_id"):
+        at = f" at {scheduled['address']}" if scheduled.get("address") else ""
+        out.write(f"scheduler {str(scheduled.get('scheduler', '')).upper()} job {scheduled['job_id']}{at}\n")
     left = jobs.left_running(record)
     if left:
         out.write(f"left      {left} still runs without a supervisor: `phalanx resume {record.id}` watches it "
@@ -164,6 +169,8 @@ def status_cmd(
     if cause:
         where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
         out.write(f"\nroot cause: {where}: {cause.get('message')}\n")
+        if cause.get("host"):
+            out.write(f"  host: {cause['host']}\n")
         detail = cause.get("traceback") or cause.get("log_tail")
         if detail:
             out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")

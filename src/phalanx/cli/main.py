@@ -66,6 +66,13 @@ def _slurm_help(name: str) -> str:
     return "slurm backend: " + next(o.help for o in OPTIONS if o.name == name)
 
 
+def _ray_help(name: str) -> str:
+    """A Ray flag's help, from its one declaration (``backends/ray/options.py``, no Ray import)."""
+    from ..backends.ray.options import OPTIONS
+
+    return "ray backend: " + next(o.help for o in OPTIONS if o.name == name)
+
+
 @app.command(
     "run",
     help=RUN_HELP,
@@ -142,6 +149,10 @@ def run_cmd(
     cluster: Optional[str] = typer.Option(None, "--cluster", help=_help("skypilot", "cluster")),
     managed: bool = typer.Option(False, "--managed", help=_help("skypilot", "managed")),
     setup: Optional[str] = typer.Option(None, "--setup", help=_help("skypilot", "setup")),
+    address: Optional[str] = typer.Option(None, "--address", help=_ray_help("address")),
+    token_file: Optional[str] = typer.Option(None, "--token-file", help=_ray_help("token_file")),
+    pending_timeout: Optional[float] = typer.Option(None, "--pending-timeout", help=_ray_help("pending_timeout")),
+    cpus_per_node: Optional[float] = typer.Option(None, "--cpus-per-node", help=_ray_help("cpus_per_node")),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -175,7 +186,8 @@ def run_cmd(
                              "max_run": max_run, "max_wait": max_wait, "volume_size": volume_size, "subnets": subnets,
                              "security_groups": security_groups, "tag": tags, "volume_kms_key": volume_kms_key,
                              "output_kms_key": output_kms_key, "gpus": gpus, "infra": infra, "disk_size": disk_size,
-                             "cpus": cpus, "memory": memory, "cluster": cluster, "managed": managed, "setup": setup},
+                             "cpus": cpus, "memory": memory, "cluster": cluster, "managed": managed, "setup": setup,
+                             "address": address, "token_file": token_file, "pending_timeout": pending_timeout, "cpus_per_node": cpus_per_node},
         )
     )
     spec, sweep = build_sweep(options, build_spec(options))

@@ -1,0 +1,230 @@
+"""The supervisor's side of one attempt on Ray: the Ray job's status and log -> node results and the
+job directory's files.
+
+:class:`RayJob` follows the Ray job's log (the driver relays each node's frames there, see
+:mod:`.relay`) and writes every node's files into the local job directory as they come, through
+the same ``Receiver`` the ssh backend uses: rank logs, results, metrics, and what the ranks write
+to the state and output directories. So ``phalanx logs``, metrics and ``status`` work while the
+job runs and after the cluster is gone. :class:`RayNode` is one node's handle on it.
+
+A node's exit code is the one its stream ended with. When the Ray job ends without a node's
+(the driver failed before the nodes started, the placement group timed out, the job was stopped
+before a node reported), its result is written here in the node's place, saying why, in
+``result.json`` and ``agent.log``; the driver's own output is in the attempt's ``batch.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from ...core.paths import JobPaths, read_json, write_json
+from ...errors import BackendError
+from ...launch.remote import Receiver
+from ..base import NodeHandle
+from . import relay
+from .client import TERMINAL, RayClient
+
+
+class RayJob:
+    """One attempt's Ray job, shared by its node handles. Thread-safe where the tail thread and the
+    supervisor meet (the results and the events)."""
+
+    status_every = 2.0  # seconds between status requests (a sweep may watch many jobs)
+
+    def __init__(self, client: RayClient, submission_id: str, paths: JobPaths, attempt: int, nnodes: int,
+                 trees: dict[str, Path]) -> None:
+        self.client = client
+        self.submission_id = submission_id
+        self.paths = paths
+        self.attempt = attempt
+        self.nnodes = nnodes
+        self.codes: dict[int, int | None] = {}  # node -> exit code, once its stream ended
+        self.placed = False
+        self.error: str | None = None  # the driver's one-line reason, when it gave up
+        self.signalled: int | None = None
+        self.killed_at: float | None = None
+        self._status: tuple[str, str] = ("PENDING", "")
+        self._asked_at = float("-inf")
+        self._pipes: dict[int, IO[bytes]] = {}
+        self._receivers: dict[int, threading.Thread] = {}
+        self._trees = trees
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.followed = threading.Event()  # the tail saw the job's whole log
+        self._tail = threading.Thread(target=self._follow, daemon=True, name=f"ray-tail-{submission_id}")
+        self._tail.start()
+
+    # -- the log ------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Follow the job's log until it ends; re-read from the start when the stream breaks
+        (frames are idempotent, and what was fed already is skipped)."""
+        demux = relay.Demux(self._data, self._end, self._event, self._other)
+        while not self._stop.is_set():
+            skip = demux.consumed
+            seen = 0
+            try:
+                for chunk in self.client.tail(self.submission_id, self._stop):
+                    if seen + len(chunk) <= skip:
+                        seen += len(chunk)
+                        continue
+                    start = max(0, skip - seen)
+                    seen += len(chunk)
+                    demux.feed(chunk[start:])
+                demux.close()
+                break
+            except BackendError:
+                if self._ended():
+                    # The job is over and its log may be gone with the cluster: read what there is.
+                    try:
+                        demux.feed(self.client.logs(self.submission_id)[demux.consumed:])
+                        demux.close()
+                    except Exception:  # noqa: BLE001 - nothing more to read
+                        pass
+                    break
+                time.sleep(1.0)
+        for node in list(self._pipes):
+            self._end(node)
+        for thread in list(self._receivers.values()):
+            thread.join(timeout=30)
+        self.followed.set()
+
+    def _data(self, node: int, data: bytes) -> None:
+        pipe = self._pipes.get(node)
+        if pipe is None:
+            if node in self._receivers or not 0 <= node < self.nnodes:
+                return  # after its end, or not a node of this job
+            read_fd, write_fd = os.pipe()
+            pipe = self._pipes[node] = os.fdopen(write_fd, "wb")
+            receiver = Receiver(self.paths.attempt(self.attempt), dict(self._trees), tag=str(node))
+            thread = threading.Thread(target=self._receive, args=(node, receiver, os.fdopen(read_fd, "rb")), daemon=True)
+            self._receivers[node] = thread
+            thread.start()
+        try:
+            pipe.write(data)
+            pipe.flush()
+        except OSError:
+            pass
+
+    def _receive(self, node: int, receiver: Receiver, stream: IO[bytes]) -> None:
+        code = receiver.receive(stream)
+        stream.close()
+        with self._lock:
+            self.codes[node] = code
+
+    def _end(self, node: int) -> None:
+        pipe = self._pipes.pop(node, None)
+        if pipe is not None:
+            pipe.close()
+
+    def _event(self, event: dict[str, Any]) -> None:
+        if "placed" in event:
+            self.placed = True
+            record = read_json(self.paths.scheduler_job(self.attempt)) or {}
+            write_json(self.paths.scheduler_job(self.attempt), {**record, "nodes": event["placed"]})
+        if "error" in event:
+            self.error = str(event["error"])
+        self._other(relay.event_line(event).rstrip("\n"))
+
+    def _other(self, line: str) -> None:
+        with open(self.paths.batch_log(self.attempt), "a") as fh:
+            fh.write(line + "\n")
+
+    # -- status -------------------------------------------------------------------------
+
+    def state(self) -> tuple[str, str]:
+        if self._status[0] not in TERMINAL and time.monotonic() - self._asked_at >= self.status_every:
+            self._asked_at = time.monotonic()
+            self._status = self.client.status(self.submission_id)
+        return self._status
+
+    def _ended(self) -> bool:
+        return self.state()[0] in TERMINAL | {"GONE"}
+
+    def poll(self, node_rank: int) -> int | None:
+        """The node's exit code, once its stream ended and its files were written; a result
+        written here in its place when the job ended without it. None while it runs."""
+        with self._lock:
+            if node_rank in self.codes and self.codes[node_rank] is not None:
+                return self.codes[node_rank]
+        ended = self._ended()
+        if not ended and not self._given_up():
+            return None
+        if not self.followed.is_set() and not self._given_up():
+            return None  # the last frames are still arriving
+        with self._lock:
+            code = self.codes.get(node_rank)
+        return code if code is not None else self._report_for(node_rank)
+
+    def _given_up(self) -> bool:
+        """Killed, and the cluster has not confirmed the end for a while: stop waiting for it."""
+        return self.killed_at is not None and time.monotonic() - self.killed_at > 60
+
+    def running(self) -> bool:
+        return self.placed or self.state()[0] in TERMINAL
+
+    def _report_for(self, node_rank: int) -> int:
+        state, message = self.state()
+        stopped_by = None
+        if self.killed_at is not None:
+            code, stopped_by = 128 + signal.SIGKILL, "SIGKILL"
+        elif self.signalled is not None:
+            code, stopped_by = 128 + self.signalled, signal.Signals(self.signalled).name
+        else:
+            code = 1
+        why = self.error or (message.strip().splitlines() or [""])[-1] or f"the Ray job ended {state}"
+        text = f"Ray job {self.submission_id} ended {state} before node {node_rank} reported: {why}"
+        log = self.paths.agent_log(self.attempt, node_rank)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as fh:
+            fh.write(f"phalanx: {text}\nphalanx: the driver's output: {self.paths.batch_log(self.attempt)}\n")
+        result: dict[str, Any] = {"node_rank": node_rank, "host": None, "exitcode": code, "failures": [], "error": text,
+                                  "ray_job": self.submission_id, "ray_state": state, "finished": time.time()}
+        if stopped_by:
+            result["stopped_by"] = stopped_by
+        write_json(self.paths.node_result(self.attempt, node_rank), result)
+        with self._lock:
+            self.codes[node_rank] = code
+        return code
+
+    # -- control ------------------------------------------------------------------------
+
+    def signal(self, signum: int) -> None:
+        """Once per job: ``ray job stop``; the driver gives every node the grace period."""
+        if self.signalled is not None or self.killed_at is not None:
+            return
+        self.signalled = signum
+        self.client.stop(self.submission_id)
+
+    def kill(self) -> None:
+        """Stop the Ray job (Ray escalates to SIGKILL after the job's stop wait). Idempotent."""
+        if self.killed_at is None:
+            self.killed_at = time.monotonic()
+            self.client.stop(self.submission_id)
+
+
+class RayNode(NodeHandle):
+    """One node of a Ray job, as the supervisor sees it."""
+
+    kill_margin = 20.0  # the driver's own escalation and Ray's stop wait
+
+    def __init__(self, job: RayJob, node_rank: int) -> None:
+        self.job = job
+        self.node_rank = node_rank
+
+    def poll(self) -> int | None:
+        return self.job.poll(self.node_rank)
+
+    def signal(self, signum: int) -> None:
+        self.job.signal(signum)
+
+    def kill(self) -> None:
+        self.job.kill()
+
+    def running(self) -> bool:
+        return self.job.running()
