@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths, JobPaths
 from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, JobSpec, in_snapshot, parse_channel
 from phalanx.errors import UsageError
 from phalanx.storage import channels, snapshot, transfer
 from phalanx.storage.transfer import Item, TransferError
+from phalanx.launch.host import HostFacts
+
+FACTS = Facts(HostFacts(), ports=(29500,))  # plans are pure: what they know of the world is given
 
 
 def _spec(**kw) -> JobSpec:
@@ -41,7 +45,7 @@ def test_plan_exposes_channels_local_in_place_remote_in_cache():
     spec = _spec(channels=(Channel("train-a", "s3://b/t", "s3://b/t"), Channel("val", "./v", "/data/v"),
                            Channel("arc", "/data/a.zip", "/data/a.zip", extract=True)))
     home = HomePaths(Path("/h"))
-    plan = get_backend("local").plan(spec, "j1", 0, home, ports=lambda: 29500)
+    plan = get_backend("local").plan(spec, "j1", 0, home, FACTS)
     env = plan.nodes[0].env
     cache = home.channel_cache("s3://b/t").data
     assert str(cache).startswith("/h/cache/channels/") and cache == home.channel_path(spec.channels[0])
@@ -54,7 +58,7 @@ def test_plan_exposes_channels_local_in_place_remote_in_cache():
 def test_unresolved_job_reference_cannot_be_planned():
     spec = _spec(channels=(Channel("d", "job:prep"),))
     with pytest.raises(UsageError, match="never resolved"):
-        get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+        get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), FACTS)
 
 
 def test_snapshot_moves_cwd_and_script_into_the_job():
@@ -63,7 +67,7 @@ def test_snapshot_moves_cwd_and_script_into_the_job():
     assert moved.workdir == "/h/jobs/j1/code" and moved.entrypoint.target == "/h/jobs/j1/code/train.py"
     outside = spec.with_(entrypoint=Entrypoint(EntrypointKind.SCRIPT, "/elsewhere/t.py"))
     assert in_snapshot(outside, "/c").entrypoint.target == "/elsewhere/t.py"
-    plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+    plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), FACTS)
     assert plan.nodes[0].cwd == "/h/jobs/j1/code"
     assert "/h/jobs/j1/code/train.py" in plan.nodes[0].processes[0].argv
 

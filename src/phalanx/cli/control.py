@@ -1,5 +1,5 @@
 """``phalanx ps | status | logs | wait | stop | resume``: look after jobs once they run. Thin:
-parse, call the library (``phalanx.jobs``), render.
+parse, call the library (``phalanx.jobs`` to act, ``phalanx.query`` to look), render.
 
 Registered on the main app by ``register(app)``; ``run`` shares ``event``, ``parse_ranks`` and
 ``report_end`` with ``resume``.
@@ -75,14 +75,14 @@ def ps_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List jobs and sweeps: running ones, or all with --all (newest first). A sweep is one row."""
-    from .. import config, jobs
+    from .. import config, query
     from .render import PS_HEADERS, dump_json, job_rows, sweep_row, table
 
     if limit is None and all_jobs:
         limit = int(config.get("ps_limit"))
-    store = jobs.open_store()
-    records = jobs.list_jobs(all_jobs=all_jobs, limit=limit, store=store)
-    sweeps = jobs.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
+    store = query.open_store()
+    records = query.list_jobs(all_jobs=all_jobs, limit=limit, store=store)
+    sweeps = query.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
     if as_json:
         dump_json([r.to_dict() for r in records] + [{**s.to_dict(), "kind": "sweep"} for s in sweeps], sys.stdout)
         return
@@ -103,14 +103,14 @@ def status_cmd(
     import socket
     from dataclasses import asdict
 
-    from .. import jobs
+    from .. import query
     from ..core.state import is_terminal
     from .render import ago, dump_json, duration, table
 
-    record = jobs.get_job(job)
-    ranks = jobs.rank_statuses(record)
+    record = query.get_job(job)
+    ranks = query.rank_statuses(record)
     if as_json:
-        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": jobs.attempt_history(record)}, sys.stdout)
+        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": query.attempt_history(record)}, sys.stdout)
         return
     out = sys.stdout
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
@@ -123,20 +123,21 @@ def status_cmd(
     if record.supervisor_pid:
         alive = "running" if not is_terminal(record.state) else "ended"
         out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
-    left = jobs.left_running(record)
+    left = query.left_running(record)
     if left:
         out.write(f"left      {left} still runs without a supervisor: `phalanx resume {record.id}` watches it "
                   f"again, `phalanx stop {record.id}` stops it\n")
-    spec = jobs.read_spec(record)
+    spec = query.read_spec(record)
     if spec.state_uri:
         synced = ago(record.state_synced_at) if record.state_synced_at else "never"
         out.write(f"state     {spec.state_uri}  (last upload: {synced})\n")
-    attempts = jobs.attempt_history(record)
+    attempts = query.attempt_history(record)
     if len(attempts) > 1 or record.retries:
         out.write("\nattempts:\n")
         for a in attempts:
             retry = "retried" if a["retry"] else a["reason"]
-            out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {a['exit_code']:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
+            code = "-" if a["exit_code"] is None else str(a["exit_code"])
+            out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
     if ranks:
         out.write("\n")
         rows = [
@@ -145,7 +146,7 @@ def status_cmd(
             for r in ranks
         ]
         table(rows, ("RANK", "NODE", "HOST", "PID", "EXIT", "STATE"), out)
-    from ..monitor.metrics import status_summary_lines
+    from ..monitor.report import status_summary_lines
 
     summary = status_summary_lines(record)
     if summary:
@@ -168,15 +169,15 @@ def logs_cmd(
     attempt: Optional[int] = typer.Option(None, "--attempt", help="Attempt number (default: the latest)."),
 ) -> None:
     """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank)."""
-    from .. import jobs
+    from .. import query
 
-    record = jobs.get_job(job)
+    record = query.get_job(job)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    jobs.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow)
+    query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow)
 
 
 def wait_cmd(
@@ -199,9 +200,9 @@ def stop_cmd(
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
     with all its running trials."""
-    from .. import jobs
+    from .. import jobs, query
 
-    sweep = jobs.find_sweep(job)
+    sweep = query.find_sweep(job)
     if sweep is not None:
         sweep = jobs.stop_sweep(sweep, timeout=timeout)
         typer.echo(f"{sweep.id} {sweep.state.value}")
@@ -217,9 +218,9 @@ def resume_cmd(
 ) -> None:
     """Continue a failed, cancelled, preempted or lost job from its state directory (a new
     attempt), or a sweep: only the trials that did not finish run."""
-    from .. import jobs
+    from .. import jobs, query
 
-    sweep = jobs.find_sweep(job)
+    sweep = query.find_sweep(job)
     if sweep is not None:
         sweep, code = jobs.resume_sweep(sweep, detach=detach, events=event)
         typer.echo(sweep.id if detach else f"phalanx: sweep {sweep.id} {sweep.state.value.lower()}: {sweep.progress} trials",

@@ -454,10 +454,3 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if value > s["max"]:
             s["max"] = value
     return out
-
-
-def status_summary_lines(record: Any) -> list[str]:
-    """Lines for ``phalanx status`` (metrics of rank 0, then hints); see ``report``."""
-    from .report import status_summary_lines as lines
-
-    return lines(record)

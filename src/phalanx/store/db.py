@@ -13,15 +13,17 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
+from ..core.paths import JobPaths
+from ..core.spec import JobSpec
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
 from .migrations import MIGRATIONS
-
-if TYPE_CHECKING:
-    from .sweeps import SweepTable
+from .sql import like_prefix as _like_prefix
+from .sweeps import SweepTable
 
 _COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
@@ -68,6 +70,15 @@ class JobRecord:
 
     def root_cause_dict(self) -> dict[str, Any] | None:
         return json.loads(self.root_cause) if self.root_cause else None
+
+    @cached_property
+    def spec(self) -> JobSpec:
+        """The job's spec, parsed once per record (the one way to get it from a record)."""
+        return JobSpec.from_dict(json.loads(self.spec_json))
+
+    @property
+    def paths(self) -> JobPaths:
+        return JobPaths(Path(self.job_dir))
 
     def to_dict(self) -> dict[str, Any]:
         data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "root_cause")}
@@ -167,9 +178,7 @@ class Store:
         return changed == 1
 
     @property
-    def sweeps(self) -> "SweepTable":
-        from .sweeps import SweepTable
-
+    def sweeps(self) -> SweepTable:
         return SweepTable(self)
 
     def trials(self, sweep_id: str) -> list[JobRecord]:
@@ -232,10 +241,6 @@ class Store:
 
     def count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
-
-
-def _like_prefix(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
-from ..core.state import TERMINAL, JobState
+from ..core.spec import JobSpec
+from ..core.state import RESUMABLE, TERMINAL, JobState
 from ..errors import JobNotFound
-
-if TYPE_CHECKING:
-    from .db import Store
+from .sql import Writer, like_prefix
 
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
@@ -58,6 +58,11 @@ class SweepRecord:
             return None
         return (self.ended_at or time.time()) - self.started_at
 
+    @cached_property
+    def spec(self) -> JobSpec:
+        """The spec its trials are made from, parsed once per record."""
+        return JobSpec.from_dict(json.loads(self.spec_json))
+
     def to_dict(self) -> dict[str, Any]:
         data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "settings_json", "best_params")}
         data["state"] = self.state.value
@@ -68,7 +73,7 @@ class SweepRecord:
 
 
 class SweepTable:
-    def __init__(self, store: "Store") -> None:
+    def __init__(self, store: Writer) -> None:
         self._store = store
 
     def insert(self, **fields: Any) -> None:
@@ -91,8 +96,6 @@ class SweepTable:
         return self._store._transition("sweeps", sweep_id, new, fields)
 
     def reopen(self, sweep_id: str, **fields: Any) -> bool:
-        from ..core.state import RESUMABLE
-
         marks = ", ".join("?" for _ in RESUMABLE)
         sets = ", ".join(["state = ?", "ended_at = NULL", *(f"{k} = ?" for k in fields)])
         changed = self._store._write(
@@ -118,9 +121,7 @@ class SweepTable:
 
     def find(self, ref: str) -> SweepRecord | None:
         """By id, unique id prefix, or name (latest); None when nothing matches."""
-        from .db import _like_prefix
-
-        for sql, arg in (("WHERE id = ?", ref), ("WHERE id LIKE ? ESCAPE '\\'", _like_prefix(ref)),
+        for sql, arg in (("WHERE id = ?", ref), ("WHERE id LIKE ? ESCAPE '\\'", like_prefix(ref)),
                          ("WHERE name = ?", ref)):
             rows = self._rows(f"{sql} ORDER BY created_at DESC LIMIT 2", [arg])
             if len(rows) == 1 or (rows and sql.startswith("WHERE name")):
