@@ -108,3 +108,39 @@ def test_missing_files_are_none_not_errors(tmp_path):
 
 def test_stop_reasons_are_outcomes():
     assert [r.outcome for r in StopReason] == [OutcomeKind.CANCELLED, OutcomeKind.PREEMPTED, OutcomeKind.PRUNED]
+
+
+def test_a_job_directory_written_before_the_versions_shows_in_ps_and_status(tmp_path, monkeypatch):
+    """Files as phalanx wrote them before core/contracts existed, in a store of that time."""
+    from typer.testing import CliRunner
+
+    from phalanx.cli.main import app
+    from phalanx.core.paths import HomePaths
+    from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
+    from phalanx.store import Store
+
+    monkeypatch.setenv("PHALANX_HOME", str(tmp_path))
+    home = HomePaths(tmp_path)
+    paths = home.job("0ld0ld00")
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/w/t.py"), Resources(1, 2), name="old")
+    for attempt in (0, 1):
+        paths.node_dir(attempt, 0).mkdir(parents=True)
+        paths.node_launch(attempt, 0).write_text(json.dumps({**OLD_LAUNCH, "attempt": attempt}))
+        paths.node_result(attempt, 0).write_text(json.dumps(OLD_RESULT))
+        for rank in (0, 1):
+            paths.rank_dir(attempt, rank).mkdir()
+            paths.rank_proc(attempt, rank).write_text(json.dumps({"pid": 40 + rank, "rank": rank, "node_rank": 0,
+                                                                  "host": "h", "started": 1.0}))
+        paths.rank_error(attempt, 1).write_text(json.dumps(OLD_ERROR))
+    paths.attempts_log.write_text(json.dumps(OLD_ATTEMPT) + "\n" + json.dumps(
+        {**OLD_ATTEMPT, "attempt": 1, "retry": False, "reason": "no retries left (1/1 used)"}) + "\n")
+    store = Store(home.db)
+    store.insert_job(id="0ld0ld00", name="old", backend="local", nnodes=1, nproc_per_node=2, command="t.py",
+                     job_dir=str(paths.root), spec_json=json.dumps(spec.to_dict()), state="FAILED", exit_code=1,
+                     attempt=1, root_cause=json.dumps({"rank": 1, "node_rank": 0, "message": "bad", "exitcode": 1}))
+    ps = CliRunner().invoke(app, ["ps", "--all"])
+    assert "0ld0ld00  old   FAILED(1)" in ps.output, ps.output
+    status = CliRunner().invoke(app, ["status", "old"])
+    assert status.exit_code == 0, status.output
+    assert "  0  failed    exit 1" in status.output and "  1  failed    exit 1" in status.output
+    assert "1     0     h     41   1     failed" in status.output and "root cause: rank 1 on node 0: bad" in status.output

@@ -200,6 +200,11 @@ class JobPaths:
     def artifacts(self) -> Path:
         return self.root / "artifacts.json"
 
+    def not_logs(self) -> frozenset[str]:
+        """Names at the top of the job directory that are not its records: the outputs (uploaded
+        on their own), the code snapshot and its manifest, the upload manifest."""
+        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts))
+
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"
 
