@@ -30,7 +30,7 @@ from ..core.contracts import LaunchFile, NodeResult, read_launch, read_rank_erro
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, bind_addresses
 from ..errors import ContractError
-from .procs import ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
+from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 
 
 def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
@@ -138,6 +138,7 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> d
             if failures or all_done() or watcher.stop_requests:
                 break
             watcher.wait(1.0)
+        failures = _not_stopped(failures, watcher)
         if watcher.stop_requests and not failures:
             stopped_by = watcher.stop_requests[0]
 
@@ -157,6 +158,19 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> d
     if failures:
         return {"exitcode": min(failures, key=lambda f: f["timestamp"])["exitcode"], "failures": failures, "ranks": ranks}
     return {"exitcode": 0, "failures": [], "ranks": ranks}
+
+
+def _not_stopped(failures: list[dict[str, Any]], watcher: ChildWatcher) -> list[dict[str, Any]]:
+    """The failures that are not this node's stop. A scheduler (SLURM's time limit, a
+    preemption) signals every process of the node at once: a rank may die of that SIGTERM before
+    this agent hears its own copy. A moment is given for that copy; ranks that died of the signal
+    the agent got were stopped with it, not broken."""
+    stop_names = {signal.Signals(s).name for s in STOP_SIGNALS}
+    if not failures or not all(f["signal"] in stop_names for f in failures):
+        return failures
+    wait_until(lambda: bool(watcher.stop_requests), watcher, time.monotonic() + 1.0)
+    got = {signal.Signals(s).name for s in watcher.stop_requests}
+    return [f for f in failures if f["signal"] not in got]
 
 
 def _start_sampler(paths: JobPaths, attempt: int, node_rank: int, interval: float) -> Any:
