@@ -20,7 +20,6 @@ from .core.state import JobState, is_terminal
 from .errors import UsageError
 from .store import JobRecord, Store
 from .store.sweeps import SweepRecord
-from .supervise import history, leftover
 from .supervise.liveness import effective
 
 
@@ -76,6 +75,8 @@ def left_running(record: JobRecord) -> str | None:
     or None. Asks the scheduler once; other states answer None without asking."""
     if record.state is not JobState.LOST:
         return None
+    from .supervise import leftover  # asks the backend: only for a LOST job
+
     left = leftover.find(record)
     return left.where if left is not None else None
 
@@ -117,6 +118,8 @@ def artifacts(record: JobRecord) -> Any:
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
     """One entry per ended attempt (outcome, exit code, retry decision), oldest first. An
     attempt that ended unseen (the job is LOST) shows as lost before anyone records it."""
+    from .supervise import history
+
     paths = record.paths
     entries: list[AttemptRecord] = read_attempts(paths.attempts_log)
     if record.state is JobState.LOST and record.attempt not in {e.attempt for e in entries} \
