@@ -10,17 +10,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import config
-from .core.contracts import AttemptRecord, read_attempts, read_node_result
 from .core.paths import HomePaths, read_json
-from .core.spec import JobSpec
 from .core.state import JobState, is_terminal
 from .errors import UsageError
 from .store import JobRecord, Store
 from .store.sweeps import SweepRecord
 from .supervise.liveness import effective
+
+if TYPE_CHECKING:
+    from .core.spec import JobSpec
 
 
 def home() -> HomePaths:
@@ -66,7 +67,7 @@ def trials(sweep: SweepRecord, store: Store | None = None) -> list[JobRecord]:
     return [effective(t) for t in store.trials(sweep.id)]
 
 
-def read_spec(record: JobRecord) -> JobSpec:
+def read_spec(record: JobRecord) -> "JobSpec":
     return record.spec
 
 
@@ -118,10 +119,11 @@ def artifacts(record: JobRecord) -> Any:
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
     """One entry per ended attempt (outcome, exit code, retry decision), oldest first. An
     attempt that ended unseen (the job is LOST) shows as lost before anyone records it."""
+    from .core.contracts import read_attempts
     from .supervise import history
 
     paths = record.paths
-    entries: list[AttemptRecord] = read_attempts(paths.attempts_log)
+    entries = read_attempts(paths.attempts_log)
     if record.state is JobState.LOST and record.attempt not in {e.attempt for e in entries} \
             and paths.attempt(record.attempt).exists():
         entries.append(history.lost_record(paths, record.attempt))
@@ -141,6 +143,8 @@ class RankStatus:
 
 def rank_statuses(record: JobRecord, attempt: int | None = None) -> list[RankStatus]:
     """Per-rank outcome of an attempt, read from the job directory."""
+    from .core.contracts import read_node_result
+
     paths = record.paths
     attempt = record.attempt if attempt is None else attempt
     failures: dict[int, tuple[int, str | None]] = {}

@@ -15,15 +15,17 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from ..core.paths import JobPaths
-from ..core.spec import JobSpec
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
 from .migrations import MIGRATIONS
 from .sql import like_prefix as _like_prefix
-from .sweeps import SweepTable
+
+if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
+    from ..core.paths import JobPaths
+    from ..core.spec import JobSpec
+    from .sweeps import SweepTable
 
 _COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
@@ -72,12 +74,16 @@ class JobRecord:
         return json.loads(self.root_cause) if self.root_cause else None
 
     @cached_property
-    def spec(self) -> JobSpec:
+    def spec(self) -> "JobSpec":
         """The job's spec, parsed once per record (the one way to get it from a record)."""
+        from ..core.spec import JobSpec
+
         return JobSpec.from_dict(json.loads(self.spec_json))
 
     @property
-    def paths(self) -> JobPaths:
+    def paths(self) -> "JobPaths":
+        from ..core.paths import JobPaths
+
         return JobPaths(Path(self.job_dir))
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,7 +184,9 @@ class Store:
         return changed == 1
 
     @property
-    def sweeps(self) -> SweepTable:
+    def sweeps(self) -> "SweepTable":
+        from .sweeps import SweepTable
+
         return SweepTable(self)
 
     def trials(self, sweep_id: str) -> list[JobRecord]:

@@ -7,12 +7,14 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.spec import JobSpec
 from ..core.state import RESUMABLE, TERMINAL, JobState
 from ..errors import JobNotFound
 from .sql import Writer, like_prefix
+
+if TYPE_CHECKING:
+    from ..core.spec import JobSpec
 
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
@@ -59,8 +61,10 @@ class SweepRecord:
         return (self.ended_at or time.time()) - self.started_at
 
     @cached_property
-    def spec(self) -> JobSpec:
+    def spec(self) -> "JobSpec":
         """The spec its trials are made from, parsed once per record."""
+        from ..core.spec import JobSpec
+
         return JobSpec.from_dict(json.loads(self.spec_json))
 
     def to_dict(self) -> dict[str, Any]:
