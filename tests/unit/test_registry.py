@@ -62,3 +62,12 @@ def test_backend_modules_are_imported_only_when_used():
     import subprocess
 
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_built_ins_are_registered_as_entry_points_too():
+    """pyproject.toml registers them as any package would; BUILTIN only serves a checkout run uninstalled."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["phalanx.backends"] == registry.BUILTIN
