@@ -5,12 +5,12 @@ terminal and the CLI process that started them."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ..backends import commands
 from ..core.paths import HomePaths, read_json
 from ..core.plan import Plan
 from ..store import JobRecord, Store
@@ -21,12 +21,7 @@ def spawn(module_args: list[str], log_path: Path, cwd: str) -> dict[str, Any]:
     columns ``liveness`` checks). Non-blocking."""
     import psutil
 
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", *module_args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=cwd,
-        )
+    proc = commands.spawn([sys.executable, "-m", *module_args], {}, log_path, cwd=cwd)
     try:
         started = psutil.Process(proc.pid).create_time()
     except psutil.NoSuchProcess:
