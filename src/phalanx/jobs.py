@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from .core.paths import write_atomic
 from .core.plan import Plan
@@ -20,9 +20,11 @@ from .core.state import JobState, can_resume, is_terminal
 from .errors import PhalanxError, UsageError
 from .query import get_job, home, open_store
 from .store import JobRecord, Store
-from .store.sweeps import SweepRecord
 from .supervise import detached, leftover, liveness, submit
 from .supervise.liveness import effective
+
+if TYPE_CHECKING:
+    from .store.sweeps import SweepRecord
 
 Events = Callable[[str], None]
 

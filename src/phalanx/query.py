@@ -17,11 +17,11 @@ from .core.paths import HomePaths, read_json
 from .core.state import JobState, is_terminal
 from .errors import UsageError
 from .store import JobRecord, Store
-from .store.sweeps import SweepRecord
 from .supervise.liveness import effective
 
 if TYPE_CHECKING:
     from .core.spec import JobSpec
+    from .store.sweeps import SweepRecord
 
 
 def home() -> HomePaths:

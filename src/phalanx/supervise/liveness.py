@@ -14,17 +14,19 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.state import JobState, is_terminal
 from ..store import JobRecord, Store
-from ..store.sweeps import SweepRecord
+
+if TYPE_CHECKING:
+    from ..store.sweeps import SweepRecord
 
 # A supervisor that has not written its identity yet (a detached one starting) is given this
 # long before its job counts as LOST.
 START_GRACE = 60.0
 
-Row = TypeVar("Row", JobRecord, SweepRecord)
+Row = TypeVar("Row", JobRecord, "SweepRecord")
 
 
 def identity() -> dict[str, Any]:
