@@ -83,7 +83,8 @@ def measure_in(
 
 def populate(home: Path) -> Callable[[], None]:
     """1,000 finished jobs plus a few RUNNING ones whose supervisor is dead; returns a reset
-    function that puts those back to RUNNING (reconcile marks them LOST on every ps)."""
+    function that puts those back to RUNNING (every ps checks their supervisor and shows them LOST;
+    since the liveness change ps no longer writes that, so the reset keeps the older phalanx honest)."""
     sys.path.insert(0, str(ROOT / "src"))
     from phalanx.store import Store
 

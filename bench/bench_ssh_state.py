@@ -164,7 +164,7 @@ def scp_push(hosts, local: Path, remotes: list[str]) -> float:
 MIRROR_SENDER = """\
 import sys
 from pathlib import Path
-from phalanx.launch.remote import Mirror
+from phalanx.launch.frames import Mirror
 mirror = Mirror(Path(sys.argv[1]), 0, sys.stdout.buffer, {"state": Path(sys.argv[2])})
 mirror.trees[0].known = {}  # as if the file had been written after the start
 mirror.scan(final=True)
@@ -185,7 +185,7 @@ def ship_state(hosts, local: Path, name: str) -> float:
 def mirror_pull(hosts, host: str, remote_dir: str, local_dir: Path) -> float:
     """phalanx's mirror alone: the remote end's Mirror/TreeMirror sending a directory's files as
     frames over one ssh session, read here as SshNode does (Receiver.receive)."""
-    from phalanx.launch.remote import Receiver
+    from phalanx.launch.frames import Receiver
 
     receiver = Receiver(local_dir.parent / "attempt", {"state": local_dir}, tag="0")
     cmd = f"cd {shlex.quote(str(ROOT))} && exec {PY} -c {shlex.quote(MIRROR_SENDER)} /nonexistent {shlex.quote(remote_dir)}"

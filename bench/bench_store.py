@@ -161,14 +161,23 @@ def worker(src: str, home: Path, n: int, repeats: int, bulk: bool) -> None:
         shutil.rmtree(home, ignore_errors=True)
         populated = populate(home, n, bulk)
     keep_running(home)
-    from phalanx import jobs
+    try:  # the layered tree: reads are query's, ids are allocated where jobs are submitted
+        from phalanx import query as jobs
+        from phalanx.supervise.submit import new_job_id as allocate
+
+        def new_job_id() -> str:
+            return allocate(jobs.home())
+    except ImportError:  # a tree from before the layers (main's, compared against)
+        from phalanx import jobs  # type: ignore[no-redef]
+
+        new_job_id = jobs.new_job_id  # type: ignore[attr-defined]
 
     ref = refs(home, n)
     store = jobs.open_store()
     counter = iter(range(10**9))
 
     def submit() -> None:
-        job_id = jobs.new_job_id()
+        job_id = new_job_id()
         jobs.open_store().insert_job(id=job_id, name=f"bench-{next(counter)}", backend="local", nnodes=1,
                                      nproc_per_node=1, command="t.py", job_dir=str(home / "jobs" / job_id),
                                      spec_json="{}", state="SUCCEEDED")

@@ -48,9 +48,9 @@ def child(mode: str, times: str, n: int, extra: list[str]) -> None:
     import textwrap
 
     os.environ["SWEEP_BENCH_TIMES"] = times
-    from phalanx import jobs
-    from phalanx.launch import procs, supervisor
+    from phalanx.launch import procs
     from phalanx.store import Store
+    from phalanx.supervise import job, watch
     from phalanx.sweeps import runner
 
     acc: dict[str, list[float]] = collections.defaultdict(list)
@@ -72,8 +72,8 @@ def child(mode: str, times: str, n: int, extra: list[str]) -> None:
         setattr(owner, name, inner)
 
     wrap(runner.SweepRunner, "_launch", "SweepRunner._launch (all of a launch)")
-    wrap(jobs, "plan_job", "  jobs.plan_job")
-    wrap(jobs, "create_job", "  jobs.create_job")
+    wrap(runner, "plan_job", "  supervise.submit.plan_job")
+    wrap(runner, "create_job", "  supervise.submit.create_job")
     try:
         from phalanx.storage import snapshot
 
@@ -81,11 +81,11 @@ def child(mode: str, times: str, n: int, extra: list[str]) -> None:
     except ImportError:
         pass
     wrap(Store, "insert_job", "    Store.insert_job")
-    wrap(supervisor.JobRun, "start", "  JobRun.start")
-    wrap(supervisor, "write_launch_files", "    write_launch_files")
-    wrap(supervisor.JobRun, "_sampler", "    JobRun._sampler (thread start)")
-    wrap(supervisor.JobRun, "tick", "JobRun.tick (all ticks)")
-    wrap(supervisor.JobRun, "_attempt_over", "  JobRun._attempt_over")
+    wrap(job.JobRun, "start", "  JobRun.start")
+    wrap(job, "write_launch_files", "    write_launch_files")
+    wrap(watch.Watch, "_sampler", "    Watch._sampler (thread start)")
+    wrap(job.JobRun, "tick", "JobRun.tick (all ticks)")
+    wrap(job.JobRun, "_attempt_over", "  JobRun._attempt_over")
     wrap(runner.SweepRunner, "_ended", "SweepRunner._ended")
     wrap(runner.SweepRunner, "_follow_metrics", "SweepRunner._follow_metrics")
     wrap(Store, "transition", "Store.transition")

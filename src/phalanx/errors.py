@@ -50,3 +50,8 @@ class MissingDependency(PhalanxError):
             f"this needs the Python package '{module}', which is not installed",
             f"install it with: pip install 'phalanx[{extra}]'",
         )
+
+
+class ContractError(PhalanxError):
+    """A file that crosses a process or machine boundary does not match its model
+    (``core/contracts.py``): written by another phalanx version, or edited."""

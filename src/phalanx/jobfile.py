@@ -284,7 +284,7 @@ def _data(opts: RunOptions, file: dict[str, Any], base_dir: Path, workdir: Path,
     for text, base in texts:
         channel = parse_channel(text)
         if channel.uri.startswith("job:"):
-            from .jobs import resolve_job_input
+            from .query import resolve_job_input
 
             source = resolve_job_input(channel.uri)
         else:
@@ -386,7 +386,7 @@ def build_sweep(opts: RunOptions, spec: JobSpec) -> tuple[JobSpec, Any]:
             raise UsageError(f"--{next(iter(asked)).replace('_', '-')} needs a search space in the script arguments",
                              'e.g. --lr "[0.001, 0.01]" or --lr "loguniform(1e-5, 1e-1)"')
         return spec, None
-    from .sweeps.runner import SweepSettings, check, parse_objective
+    from .sweeps.settings import SweepSettings, check, parse_objective
 
     objective, direction = parse_objective(merged.get("objective"))
     strategy = merged.get("strategy") or ("grid" if space.all_discrete else "random")

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
 from phalanx.errors import UsageError
+from phalanx.launch.host import HostFacts
 
 from .golden_files import assert_golden
 
@@ -49,9 +51,10 @@ def _stable_env(monkeypatch):
 
 
 def _plan(spec):
-    ports = itertools.count(29500)
+    # Plans are pure: the host facts and free ports are given, so golden files are the same everywhere.
+    facts = Facts(HostFacts(gpus=0, cpus=2, env={}), ports=tuple(itertools.islice(itertools.count(29500), 16)))
     spec = spec.with_(python="python3", workdir="/work")
-    return get_backend("local").plan(spec, "job1234", 0, HomePaths(Path("/home/u/.phalanx")), ports=lambda: next(ports))
+    return get_backend("local").plan(spec, "job1234", 0, HomePaths(Path("/home/u/.phalanx")), facts)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -88,7 +91,7 @@ def test_plan_render_shows_argv_and_env():
 
 
 def test_plan_round_trips():
-    from phalanx.launch.plan import Plan
+    from phalanx.core.plan import Plan
 
     plan = _plan(CASES["tf_2x1"])
     assert Plan.from_dict(json.loads(plan.to_json())) == plan

@@ -19,7 +19,7 @@ from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 from phalanx.errors import UsageError
-from phalanx.launch.remote import Receiver
+from phalanx.launch.frames import Receiver
 
 
 def _spec(tmp_path: Path, **opts) -> JobSpec:
@@ -27,6 +27,11 @@ def _spec(tmp_path: Path, **opts) -> JobSpec:
     return JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(tmp_path / "train.py"), ("--lr", "0.1")),
                    Resources(nnodes=2, nproc_per_node=4), name="train", workdir=str(tmp_path), backend="ray",
                    snapshot=True, backend_options={"address": "http://head:8265", **opts})
+
+
+def _plan(spec: JobSpec, job_id: str, attempt: int, home: HomePaths):
+    backend = get_backend("ray")
+    return backend.plan(spec, job_id, attempt, home, backend.facts(spec))
 
 
 def test_relay_round_trip_under_any_chunking(tmp_path):
@@ -67,7 +72,7 @@ def test_lost_node_frames_read_as_a_preemption(tmp_path):
 
 def test_plan_is_what_dry_run_prints(tmp_path):
     spec = _spec(tmp_path, gpus_per_node=4, pending_timeout=60)
-    plan = get_backend("ray").plan(spec, "abcd1234", 0, HomePaths(tmp_path / "home"))
+    plan = _plan(spec, "abcd1234", 0, HomePaths(tmp_path / "home"))
     assert [n.host for n in plan.nodes] == ["@NODE_ADDR_0@", "@NODE_ADDR_1@"]  # the placement group decides
     assert plan.nodes[0].agent_argv[0] == relay.PYTHON  # the node's own Ray interpreter
     assert plan.nodes[0].cwd == "~/.phalanx/ray/jobs/abcd1234/code"
@@ -85,7 +90,7 @@ def test_plan_is_what_dry_run_prints(tmp_path):
 
 def test_runtime_env_and_interpreter_from_the_job_file_section(tmp_path):
     section = {"pip": ["einops==0.8.0"], "env_vars": {"NCCL_DEBUG": "INFO"}, "py_executable": "/opt/py/bin/python"}
-    plan = get_backend("ray").plan(_spec(tmp_path, ray=section), "abcd1234", 1, HomePaths(tmp_path))
+    plan = _plan(_spec(tmp_path, ray=section), "abcd1234", 1, HomePaths(tmp_path))
     request = ray_backend._request(plan)
     env = submission.runtime_env(request, "/stage", 30.0)
     assert env["pip"] == ["einops==0.8.0"] and env["py_executable"] == "/opt/py/bin/python"

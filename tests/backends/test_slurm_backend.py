@@ -9,15 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import jobs
+from phalanx import jobs, query
 from phalanx.backends import commands, slurm
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths, JobPaths, read_json, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 from phalanx.core.state import JobState
 from phalanx.errors import BackendError
-from phalanx.launch.supervisor import JobRun, resume_plan, write_launch_files
-from phalanx.monitor.metrics import read_metrics
+from phalanx.monitor.readback import read_metrics
+from phalanx.supervise.attempt import write_launch_files
+from phalanx.supervise.job import JobRun
+from phalanx.supervise.leftover import resume_plan
+from phalanx.supervise.submit import create_job
 
 from .fake_slurm import FakeSlurm
 
@@ -40,10 +43,15 @@ def started(fake, tmp_path):
     """A submitted 2-node job: (fake, its FakeJob, the handles, the job's paths)."""
     backend = get_backend("slurm")
     paths = JobPaths(tmp_path / "jobs" / "j1")
-    plan = backend.plan(SPEC, "j1", 0, HomePaths(tmp_path))
+    plan = backend.plan(SPEC, "j1", 0, HomePaths(tmp_path), backend.facts(SPEC))
     write_launch_files(plan, paths)
     handles = backend.start(plan, paths)
     return fake, fake.jobs["41"], handles, paths
+
+
+def _code(result):
+    """What a node handle's poll says, as an exit code (None while the node runs)."""
+    return None if result is None else result.exitcode
 
 
 def _report(paths: JobPaths, node_rank: int, code: int, **extra) -> None:
@@ -60,14 +68,14 @@ def test_start_submits_the_planned_script(started):
 
 def test_status_follows_the_nodes_then_the_job(started):
     fake, job, handles, paths = started
-    assert [h.poll() for h in handles] == [None, None]  # pending
+    assert [_code(h.poll()) for h in handles] == [None, None]  # pending
     job.state = "RUNNING"
     _report(paths, 1, 1)
-    assert [h.poll() for h in handles] == [None, 1]  # a failed node shows at once: fail fast
+    assert [_code(h.poll()) for h in handles] == [None, 1]  # a failed node shows at once: fail fast
     _report(paths, 0, 143)
-    assert [h.poll() for h in handles] == [None, None]  # all reported; the job is still ending
+    assert [_code(h.poll()) for h in handles] == [None, None]  # all reported; the job is still ending
     job.state = "COMPLETED"
-    assert [h.poll() for h in handles] == [143, 1]
+    assert [_code(h.poll()) for h in handles] == [143, 1]
 
 
 def test_one_squeue_answers_for_every_job(fake, tmp_path):
@@ -75,13 +83,13 @@ def test_one_squeue_answers_for_every_job(fake, tmp_path):
     handles = []
     for job_id in ("a", "b"):
         paths = JobPaths(tmp_path / job_id)
-        plan = backend.plan(SPEC, job_id, 0, HomePaths(tmp_path))
+        plan = backend.plan(SPEC, job_id, 0, HomePaths(tmp_path), backend.facts(SPEC))
         write_launch_files(plan, paths)
         handles += backend.start(plan, paths)
     fake.calls.clear()
     slurm.QUEUE.every = 60.0
     slurm.QUEUE.refresh()
-    assert [h.poll() for h in handles] == [None] * 4
+    assert [_code(h.poll()) for h in handles] == [None] * 4
     assert fake.calls == [["squeue", "--noheader", "--states=all", "--jobs=41,42", "--format=%i|%T|%r"]]
 
 
@@ -96,7 +104,7 @@ def test_stop_signals_once_then_kills(started):
     assert fake.calls_to("scancel") == [["scancel", "--signal=TERM", "41"], ["scancel", "--full", "--signal=KILL", "41"],
                                         ["scancel", "41"]]
     assert job.state == "CANCELLED"
-    assert [h.poll() for h in handles] == [137, 137]
+    assert [_code(h.poll()) for h in handles] == [137, 137]
     result = read_json(paths.node_result(0, 1))
     assert result["stopped_by"] == "SIGKILL" and result["slurm_state"] == "CANCELLED"
 
@@ -105,14 +113,14 @@ def test_stopping_a_pending_job_cancels_it(started):
     fake, job, handles, paths = started
     handles[0].signal(signal.SIGTERM)
     assert job.state == "CANCELLED" and job.signals == []
-    assert [h.poll() for h in handles] == [143, 143]
+    assert [_code(h.poll()) for h in handles] == [143, 143]
 
 
 def test_a_job_that_ends_without_its_agents_says_why(started):
     fake, job, handles, paths = started
     paths.batch_log(0).write_text("srun: error: Unable to create step for job 41: Invalid generic resource\n")
     job.state, job.exit_code = "FAILED", "1:0"
-    assert [h.poll() for h in handles] == [1, 1]
+    assert [_code(h.poll()) for h in handles] == [1, 1]
     log = paths.agent_log(0, 0).read_text()
     assert "batch.log: srun: error: Unable to create step" in log
     assert "SLURM job 41 ended FAILED before node agent 0 reported" in log
@@ -122,17 +130,17 @@ def test_a_job_that_ends_without_its_agents_says_why(started):
 def test_a_job_that_can_never_start_is_cancelled(started):
     fake, job, handles, paths = started
     job.reason = "PartitionNodeLimit"
-    assert handles[0].poll() is None
+    assert _code(handles[0].poll()) is None
     assert job.state == "CANCELLED"
     assert "can never start as asked (PartitionNodeLimit)" in paths.agent_log(0, 1).read_text()
-    assert [h.poll() for h in handles] == [1, 1]
+    assert [_code(h.poll()) for h in handles] == [1, 1]
     assert "stopped_by" not in read_json(paths.node_result(0, 0)), "not a preemption: retrying cannot help"
 
 
 def test_refused_submission_is_a_backend_error(fake, tmp_path):
     fake.refuse = "invalid partition specified: gpu"
     backend = get_backend("slurm")
-    plan = backend.plan(SPEC, "j1", 0, HomePaths(tmp_path))
+    plan = backend.plan(SPEC, "j1", 0, HomePaths(tmp_path), backend.facts(SPEC))
     with pytest.raises(BackendError, match="sbatch did not take the job: .*Invalid partition name specified"):
         backend.start(plan, JobPaths(tmp_path / "jobs" / "j1"))
 
@@ -221,13 +229,13 @@ def test_the_agent_finds_its_part_by_the_schedulers_node_rank(tmp_path, monkeypa
 
     backend = get_backend("slurm")
     paths = JobPaths(tmp_path / "jobs" / "j1")
-    plan = backend.plan(SPEC, "j1", 0, HomePaths(tmp_path))
+    plan = backend.plan(SPEC, "j1", 0, HomePaths(tmp_path), backend.facts(SPEC))
     write_launch_files(plan, paths)
     template = str(paths.node_launch(0, "{node_rank}"))
     monkeypatch.setenv("SLURM_NODEID", "1")
     monkeypatch.setenv("PHALANX_NODE_ADDRS", "10.1.0.7,10.1.0.8")
     node, data = agent._load(template, "SLURM_NODEID")
-    assert node.node_rank == 1 and data["attempt"] == 0
+    assert node.node_rank == 1 and data.attempt == 0
     assert "--local-addr=10.1.0.8" in node.torchrun_argv and "--rdzv-endpoint=10.1.0.7:" in " ".join(node.torchrun_argv)
     monkeypatch.setenv("PHALANX_NODE_ADDRS", "")
     with pytest.raises(SystemExit) as exc:
@@ -292,7 +300,7 @@ def _lost(fake: FakeSlurm, home: HomePaths, state: str = "RUNNING"):
     """A job whose supervisor submitted attempt 0 (SLURM job 41), then vanished: LOST."""
     store = jobs.open_store()
     plan = jobs.plan_job(SPEC)
-    record = jobs.create_job(store, SPEC, plan)
+    record = create_job(store, jobs.home(), SPEC, plan)
     JobRun(store, home, record, plan).start()
     fake.jobs["41"].state = state
     assert store.transition(record.id, JobState.LOST)
@@ -321,7 +329,7 @@ def test_resume_watches_the_attempt_a_lost_supervisor_left_running(fake, home):
     assert code == 0 and record.state is JobState.SUCCEEDED and record.attempt == 0
     assert len(fake.calls_to("sbatch")) == 1, "no second copy of a job that still runs"
     assert any("attempt 0 still runs as SLURM job 41" in line for line in said), said
-    assert [(a["attempt"], a["outcome"]) for a in jobs.attempt_history(record)] == [(0, "succeeded")]
+    assert [(a["attempt"], a["outcome"]) for a in query.attempt_history(record)] == [(0, "succeeded")]
     assert not paths.attempt(1).exists()
     metrics = read_metrics(paths, 0, 0)
     assert not paths.rank_metrics_jsonl(0, 0).exists()
@@ -347,7 +355,7 @@ def test_stop_of_a_lost_job_stops_what_slurm_still_runs(fake, home, state, signa
     assert after.state is JobState.LOST and job.signals == signals and job.state in ("FAILED", "CANCELLED")
     assert "phalanx stop stopped SLURM job 41 (attempt 0)" in after.root_cause_dict()["message"]
     assert any("still runs; stopping it" in line for line in said), said
-    assert [(a["attempt"], a["outcome"]) for a in jobs.attempt_history(after)] == [(0, "cancelled")]
+    assert [(a["attempt"], a["outcome"]) for a in query.attempt_history(after)] == [(0, "cancelled")]
     scancels = len(fake.calls_to("scancel"))
     assert jobs.stop(record.id).state is JobState.LOST  # idempotent
     assert len(fake.calls_to("scancel")) == scancels

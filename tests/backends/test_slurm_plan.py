@@ -15,11 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phalanx.backends import sbatch
+from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
 from phalanx.errors import UsageError
-from phalanx.launch.plan import Plan, bind_addresses
+from phalanx.core.plan import Plan, bind_addresses
+from phalanx.launch.host import HostFacts
 
 from .golden_files import assert_golden
 
@@ -44,9 +46,9 @@ def _stable_env(monkeypatch):
 
 
 def _plan(spec: JobSpec, attempt: int = 0) -> Plan:
-    ports = itertools.count(29500)
+    facts = Facts(HostFacts(gpus=0, cpus=2, env={}), ports=tuple(itertools.islice(itertools.count(29500), 16)))
     spec = spec.with_(python="python3", workdir="/work")
-    return get_backend("slurm").plan(spec, "job1234", attempt, HomePaths(Path("/home/u/.phalanx")), ports=lambda: next(ports))
+    return get_backend("slurm").plan(spec, "job1234", attempt, HomePaths(Path("/home/u/.phalanx")), facts)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -114,7 +116,8 @@ def test_bad_options_are_refused_before_anything_runs(options, message):
 
 def test_slurm_options_do_not_apply_to_the_local_backend():
     with pytest.raises(UsageError, match="partition do not apply to the local backend"):
-        get_backend("local").plan(JobSpec(TRAIN, backend_options={"partition": "gpu"}), "j", 0, HomePaths(Path("/h")))
+        get_backend("local").plan(JobSpec(TRAIN, backend_options={"partition": "gpu"}), "j", 0, HomePaths(Path("/h")),
+                                  Facts(HostFacts(), (29500,)))
 
 
 def test_dry_run_prints_the_batch_script(tmp_path):

@@ -148,7 +148,7 @@ def test_lost_node_is_preempted_and_the_retry_resumes_from_the_checkpoint(ray_en
 
     job_id = _detached("-n", "2x1", "--max-retries", "1", TRAIN, "--epochs", "1", "--steps-per-epoch", "40",
                        "--checkpoint-every", "5", "--sleep", "0.3")
-    state = phx_home / "state" / "train_ddp" / "checkpoint.pt"
+    state = phx_home / "state" / f"train_ddp-{job_id}" / "checkpoint.pt"  # the job's own (storage/statedir.py)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not (state.exists() and "step=12" in phalanx("logs", job_id, "--rank", "0").stdout):
         time.sleep(0.5)

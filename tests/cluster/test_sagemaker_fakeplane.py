@@ -163,7 +163,10 @@ def test_sagemaker_fakeplane_two_instance_ddp_training(plane, aws):
     assert "epoch=1 step=6 loss=" in (job / "attempt_0" / "rank_0" / "output.log").read_text()  # rank 0 prints
     for rank in (0, 1):
         assert json.loads((job / "attempt_0" / f"rank_{rank}" / "proc.json").read_text())["host"] == f"algo-{rank + 1}"
-    metrics = [json.loads(line) for line in (job / "attempt_0" / "rank_0" / "metrics.jsonl").read_text().splitlines()]
+    from phalanx.core.paths import JobPaths
+    from phalanx.monitor.readback import read_metrics
+
+    metrics = read_metrics(JobPaths(job), 0, 0)  # metrics.bin (monitor/metricfile.py)
     assert any(m.get("name") == "loss" or "loss" in m for m in metrics)
     assert (job / "output" / "model.pt").is_file()  # model.tar.gz, merged from both instances, unpacked
     scheduler = json.loads((job / "attempt_0" / "scheduler.json").read_text())

@@ -44,7 +44,8 @@ def test_skypilot_nodes_read_skypilots_environment(tmp_path):
     spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(code / "probe.py")), Resources(2, 1), name="probe",
                    backend="skypilot", workdir=str(code), snapshot=False)
     paths = JobPaths(tmp_path / "job")
-    plan = get_backend("skypilot").plan(spec, "sky0001", 0, HomePaths(tmp_path))
+    backend = get_backend("skypilot")
+    plan = backend.plan(spec, "sky0001", 0, HomePaths(tmp_path), backend.facts(spec))
     task = yaml.safe_load("\n".join(l for l in plan.submission.splitlines() if not l.startswith("#")))
     staged = stage(plan, paths, code, 5.0)
     try:

@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths, JobPaths
 from phalanx.core.spec import Channel, Entrypoint, EntrypointKind, JobSpec, code_root, in_snapshot, parse_channel
 from phalanx.errors import UsageError
 from phalanx.storage import channels, snapshot, transfer
 from phalanx.storage.transfer import Item, TransferError
+from phalanx.launch.host import HostFacts
+
+FACTS = Facts(HostFacts(), ports=(29500,))  # plans are pure: what they know of the world is given
 
 
 def _spec(**kw) -> JobSpec:
@@ -41,7 +45,7 @@ def test_plan_exposes_channels_local_in_place_remote_in_cache():
     spec = _spec(channels=(Channel("train-a", "s3://b/t", "s3://b/t"), Channel("val", "./v", "/data/v"),
                            Channel("arc", "/data/a.zip", "/data/a.zip", extract=True)))
     home = HomePaths(Path("/h"))
-    plan = get_backend("local").plan(spec, "j1", 0, home, ports=lambda: 29500)
+    plan = get_backend("local").plan(spec, "j1", 0, home, FACTS)
     env = plan.nodes[0].env
     cache = home.channel_cache("s3://b/t").data
     assert str(cache).startswith("/h/cache/channels/") and cache == home.channel_path(spec.channels[0])
@@ -54,14 +58,14 @@ def test_plan_exposes_channels_local_in_place_remote_in_cache():
 def test_unresolved_job_reference_cannot_be_planned():
     spec = _spec(channels=(Channel("d", "job:prep"),))
     with pytest.raises(UsageError, match="never resolved"):
-        get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+        get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), FACTS)
 
 
 def test_snapshot_freezes_the_code_but_keeps_the_users_cwd_and_names():
     spec = _spec(snapshot=True)
     frozen = in_snapshot(spec, "/h/jobs/j1/code")
     assert frozen.workdir == "/src/proj" and frozen.entrypoint == spec.entrypoint and frozen.code_dir == "/h/jobs/j1/code"
-    plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+    plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), FACTS)
     assert plan.nodes[0].cwd == "/src/proj"
     argv = plan.nodes[0].processes[0].argv
     assert argv[argv.index("--frozen"):] == ("--frozen", "/h/jobs/j1/code", "/src/proj", "--script", "/src/proj/train.py", "--x", "1")

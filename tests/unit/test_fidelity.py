@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.env import TORCHRUN_VARS, Topology, process_env, runs_as_python
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
 from phalanx.launch.explain import infer, relative_path_warnings, warnings
+from phalanx.launch.host import HostFacts
 from phalanx.launch.imports import infer_framework, module_file, read_imports
 from phalanx.storage import statedir
 
@@ -23,6 +25,7 @@ def _spec(res=Resources(), **kw) -> JobSpec:
     return JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/w/t.py", (), "t.py"), res, name="t", workdir="/w", **kw)
 
 
+FACTS = Facts(HostFacts(), ports=(29500,))  # plans are pure: what they know of the world is given
 TOPO = Topology("jid", 0, ("10.0.0.1",), 29500, (), "/s", "/o", "/j")
 
 
@@ -39,13 +42,13 @@ def test_no_topology_is_python_an_explicit_one_is_torchrun():
 
 
 def test_plain_plan_sets_no_launcher_or_network_variables():
-    plan = get_backend("local").plan(_spec(), "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+    plan = get_backend("local").plan(_spec(), "j1", 0, HomePaths(Path("/h")), FACTS)
     node = plan.nodes[0]
     env = {**node.env, **node.processes[0].env}
     assert not set(env) & {*TORCHRUN_VARS, "NODE_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
                            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "JAX_COORDINATOR_ADDRESS", "TF_CONFIG"}
     assert any("started as python starts it" in n for n in plan.notes)
-    explicit = get_backend("local").plan(_spec(Resources(1, 1, explicit=True)), "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+    explicit = get_backend("local").plan(_spec(Resources(1, 1, explicit=True)), "j1", 0, HomePaths(Path("/h")), FACTS)
     assert explicit.nodes[0].processes[0].env["LOCAL_RANK"] == "0"
     assert any("like torchrun --nproc-per-node 1" in n for n in explicit.notes)
     assert "# process: one, with torchrun's variables" in explicit.render()
@@ -167,14 +170,13 @@ def test_relative_paths_that_a_shipped_copy_lacks_are_warned_about(tmp_path):
 
 def test_dry_run_notes_say_cwd_code_and_state(tmp_path):
     spec = _spec(snapshot=True, state_name="t-j1")
-    plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), ports=lambda: 29500)
+    plan = get_backend("local").plan(spec, "j1", 0, HomePaths(Path("/h")), FACTS)
     text = "\n".join(plan.notes)
     assert "cwd: /w: relative paths and files written to cwd behave as under python" in text
     assert "code: frozen at submit in /h/jobs/j1/code, a copy of /w" in text
     assert "state: PHALANX_STATE_DIR=/h/state/t-j1, this job's own" in text
     assert warnings(plan) == []
-    named = get_backend("local").plan(spec.with_(state_name="resnet", snapshot=False), "j1", 0, HomePaths(Path("/h")),
-                                      ports=lambda: 29500)
+    named = get_backend("local").plan(spec.with_(state_name="resnet", snapshot=False), "j1", 0, HomePaths(Path("/h")), FACTS)
     assert any("shared by every run named 'resnet'" in n for n in named.notes)
     assert any("code: read live from /w" in n for n in named.notes)
 

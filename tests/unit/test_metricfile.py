@@ -99,8 +99,10 @@ def test_the_dashboard_charts_both_formats_alike(paths):
     log(paths, "val=3\nstep=1 loss=0.9\nstep=2 loss=0.5\n")
     MetricsCollector(paths, 0).poll()
 
-    class Record:
-        id, job_dir, nnodes, nproc_per_node, attempt = "abc", str(paths.root), 1, 1, 0
+    job = paths
+
+    class Record:  # what the dashboard reads of a JobRecord (``paths``: its job directory)
+        id, job_dir, nnodes, nproc_per_node, attempt, paths = "abc", str(job.root), 1, 1, 0, job
 
     chart = data.metric_series(Record())
     assert chart["metrics"]["loss"][0]["x"] == [1.0, 2.0] and chart["metrics"]["loss"][0]["y"] == [0.9, 0.5]

@@ -1,4 +1,4 @@
-"""The ssh node's file mirror (phalanx.launch.remote): Mirror/TreeMirror frames into a Receiver, no ssh."""
+"""The ssh node's file mirror (phalanx.launch.frames): Mirror/TreeMirror frames into a Receiver, no ssh."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from phalanx.backends import ssh
+from phalanx.backends import commands, ssh
 from phalanx.errors import BackendError
-from phalanx.launch import remote
-from phalanx.launch.remote import Mirror, Receiver
+from phalanx.launch import frames as link_frames
+from phalanx.launch.frames import Mirror, Receiver
 
 
 def parse(stream: bytes) -> list[tuple[dict, bytes]]:
@@ -98,7 +98,7 @@ def _sent(frames: list[dict]) -> list[str]:
 
 
 def test_a_big_file_goes_in_bounded_chunks_then_replaces_the_old_one(tmp_path, trees, monkeypatch):
-    monkeypatch.setattr(remote, "CHUNK", 1000)
+    monkeypatch.setattr(link_frames, "CHUNK", 1000)
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
     data = os.urandom(4500)
@@ -165,7 +165,7 @@ def test_a_removed_file_is_removed_locally(tmp_path, trees):
 
 
 def test_a_file_that_changes_while_read_is_dropped_and_sent_again(tmp_path, trees, monkeypatch):
-    monkeypatch.setattr(remote, "CHUNK", 4)
+    monkeypatch.setattr(link_frames, "CHUNK", 4)
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
     path = host / "pushed.pt"
@@ -278,7 +278,7 @@ def test_attempt_files_still_mirror_and_the_link_going_away_stops_the_frames(tmp
 
 
 def test_a_flood_of_log_output_goes_in_bounded_frames(tmp_path, trees, monkeypatch):
-    monkeypatch.setattr(remote, "CHUNK", 1000)
+    monkeypatch.setattr(link_frames, "CHUNK", 1000)
     link = Link(tmp_path, {}, {})
     text = "".join(f"line {i}\n" for i in range(400))
     link.node_files(text.encode(), result=None)
@@ -304,7 +304,7 @@ class Trickle:
 
 
 def test_bytes_that_come_in_small_pieces_are_read_until_complete(tmp_path, trees, monkeypatch):
-    monkeypatch.setattr(remote, "CHUNK", 1000)
+    monkeypatch.setattr(link_frames, "CHUNK", 1000)
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
     link.node_files(b"log\n" * 600)
@@ -325,7 +325,7 @@ def test_frames_through_a_pipe_larger_than_its_buffer(tmp_path, trees):
     """A real pipe, read unbuffered: a frame's bytes (1 MiB) come in many short reads."""
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
-    data = os.urandom(3 * remote.CHUNK // 2)
+    data = os.urandom(3 * link_frames.CHUNK // 2)
     (host / "ckpt.pt").write_bytes(data)
     r, w = os.pipe()
     with os.fdopen(r, "rb", buffering=0) as reader, os.fdopen(w, "wb") as writer:
@@ -344,7 +344,7 @@ def test_frames_through_a_pipe_larger_than_its_buffer(tmp_path, trees):
 
 
 def test_a_stream_cut_off_within_a_frame_s_bytes_leaves_no_partial_file(tmp_path, trees, monkeypatch):
-    monkeypatch.setattr(remote, "CHUNK", 1000)
+    monkeypatch.setattr(link_frames, "CHUNK", 1000)
     host, local = trees
     link = Link(tmp_path, {"state": host}, {"state": local})
     link.node_files(b"a" * 1500)
@@ -387,14 +387,14 @@ def test_the_preflight_refuses_a_host_with_another_link_protocol(monkeypatch):
     reported = {"protocol": ssh.PROTOCOL}
     run = subprocess.run
 
-    def fake_run(argv, **kwargs):  # the preflight script run here, as if on the host
+    def fake_run(argv, env=None, timeout=60.0):  # the preflight script run here, as if on the host
         proc = run([sys.executable, "-c", ssh.PREFLIGHT, "0"], capture_output=True, text=True, check=True)
         info = json.loads(proc.stdout)
         assert info["phalanx"] and info["phalanx_version"] == ours and info["protocol"] == ssh.PROTOCOL
         info["protocol"] = reported["protocol"]
         return SimpleNamespace(returncode=0, stdout=json.dumps(info) + "\n", stderr="")
 
-    monkeypatch.setattr(ssh.subprocess, "run", fake_run)
+    monkeypatch.setattr(commands, "run", fake_run)
     node = SimpleNamespace(torchrun_argv=(), processes=(), agent_argv=(sys.executable,))
     plan = SimpleNamespace(nodes=[node])
     backend = ssh.SshBackend()

@@ -118,10 +118,10 @@ def _cli(monkeypatch, record, *args: str):
     import typer
     from typer.testing import CliRunner
 
-    from phalanx import jobs
+    from phalanx import query
     from phalanx.cli.observe import register
 
-    monkeypatch.setattr(jobs, "get_job", lambda ref, store=None: record)
+    monkeypatch.setattr(query, "get_job", lambda ref, store=None: record)
     app = typer.Typer()
     register(app)
     return CliRunner().invoke(app, list(args))

@@ -192,11 +192,12 @@ def test_json_listing_streams_the_same_text_as_one_dump():
 
 def test_job_ids_skip_directories_a_moved_store_left(tmp_path, monkeypatch):
     import phalanx.store.db as db
-    from phalanx import jobs
+    from phalanx import query
+    from phalanx.supervise.submit import new_job_id
 
     monkeypatch.setenv("PHALANX_HOME", str(tmp_path / "home"))
     (tmp_path / "home" / "jobs" / "0000aaaa").mkdir(parents=True)  # the store was moved aside, its jobs stayed
     (tmp_path / "home" / "sweeps" / "0000bbbb").mkdir(parents=True)
     draws = iter(["0000aaaa", "0000bbbb", "0000cccc"])
     monkeypatch.setattr(db.secrets, "token_hex", lambda n: next(draws))
-    assert jobs.new_job_id() == "0000cccc"
+    assert new_job_id(query.home()) == "0000cccc"

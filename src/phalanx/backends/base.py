@@ -1,27 +1,45 @@
-"""The backend contract.
+"""The backend interface: how N node agents start somewhere, and nothing else.
 
-A backend turns a :class:`~phalanx.core.spec.JobSpec` into a :class:`~phalanx.launch.plan.Plan`
-(``plan``: pure, no side effects, golden-tested) and starts the plan's node agents
-(``start``), returning one handle per node that the supervisor watches and signals. The job-level logic
-(state in the store, fail-fast, stop with a grace period, root cause) lives once in
-:mod:`phalanx.launch.supervisor`, not in each backend.
+A backend is one class (and whatever modules it keeps beside it) registered under a name in the
+``phalanx.backends`` entry-point group. ``docs/backends.md`` walks through writing one. The
+calls, in the order the supervisor (``phalanx.supervise``) makes them::
 
-Public methods are concrete and enforce the contract; backends fill in the narrow ``_hooks``.
+    facts = backend.facts(spec)                               # impure, once per plan
+    plan = backend.plan(spec, job_id, attempt, home, facts)    # pure: what --dry-run prints
+    handles = backend.start(plan, paths)                       # non-blocking: one handle per node
+    ... every tick: handle.poll(), handle.running(), handle.collect()
+    ... to stop:   handle.signal(SIGTERM), after the grace period handle.kill()
+    ... at the end: handle.collect(final=True)
+
+and, for an attempt whose supervisor vanished: ``backend.attach(plan, paths)``.
+
+The public methods here are concrete and enforce the contract once; a backend fills in the
+narrow hooks (``_facts``, ``_plan``, ``_start`` or ``_start_node``, ``_attach``).
+
+What the supervisor does and a backend therefore must not: touch the store; decide retries,
+the outcome or the root cause; print (say things through ``NodeResult.error``, the node's
+``agent.log`` or an exception's message); read configuration or the environment in ``plan``
+(ask in ``facts``); start a process except through ``backends/commands.py`` (or call an API
+except through its own client module); join job-directory paths by hand (``core/paths.py``);
+write launch or result files except through ``core/contracts.py``; import ``supervise``,
+``sweeps``, ``jobs``, ``query``, ``cli`` or ``web`` (a test enforces the layers); import its
+SDK at module level (``phalanx ps`` must stay fast); kill processes by name; block in ``poll``.
 """
 
 from __future__ import annotations
 
 import abc
 import socket
-from typing import Callable
+from dataclasses import dataclass
 
+from ..core.contracts import NodeResult, read_node_result, write_node_result
 from ..core.paths import HomePaths, JobPaths
-from ..core.spec import JobSpec
+from ..core.plan import NodePlan, Plan
+from ..core.spec import Framework, JobSpec
 from ..errors import UsageError
-from ..launch.plan import NodePlan, Plan
+from ..launch.explain import annotate
+from ..launch.host import HostFacts
 from .options import BackendOption, validate
-
-PortSource = Callable[[], int]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -31,8 +49,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Facts:
+    """Everything a plan needs from the world, found by ``Backend.facts``. Backends that need
+    more (resolved addresses, cluster context) subclass it."""
+
+    host: HostFacts
+    ports: tuple[int, ...] = ()  # free ports on the rendezvous host, in the order the plan uses them
+
+    def port(self, index: int) -> int:
+        if index >= len(self.ports):
+            raise UsageError(f"the plan needs {index + 1} free port(s) but the facts hold {len(self.ports)}",
+                             "gather facts with Backend.facts(spec) before planning")
+        return self.ports[index]
+
+
 class NodeHandle(abc.ABC):
-    """One running node agent, as seen by the supervisor."""
+    """One node of a started attempt, as the supervisor sees it.
+
+    Every method is non-blocking (an answer a few seconds old is fine) unless it says
+    otherwise, and may be called from the supervisor's loop only (not thread-safe)."""
 
     node_rank: int
     # Extra seconds after the job's grace before SIGKILL: an agent needs time to run its own
@@ -41,28 +77,58 @@ class NodeHandle(abc.ABC):
     # A node agent samples its node's resources itself; a process the supervisor started
     # directly is sampled by the supervisor.
     samples_itself: bool = True
+    # For an attached attempt: what a person can look up ("SLURM job 4711"), and when it was
+    # submitted (None: unknown).
+    where: str = ""
+    submitted: float | None = None
 
     @abc.abstractmethod
-    def poll(self) -> int | None:
-        """The agent's exit code (128+N when killed by signal N), or None while it runs. Non-blocking."""
+    def poll(self) -> NodeResult | None:
+        """None while the node runs (or waits in a queue); once it has ended, its result: the
+        one its agent wrote, or one synthesized in its place (``synthesize``) when it never
+        reported. Idempotent once ended. Non-blocking; never raises for a node that died."""
 
     @abc.abstractmethod
     def signal(self, signum: int) -> None:
-        """Send ``signum`` to the agent. Idempotent; a gone agent is not an error."""
+        """Send ``signum`` to the node's agent (which forwards it to the ranks). Idempotent; a
+        node that has ended is not an error. The supervisor owns the grace period: it calls
+        ``kill`` when that is over."""
 
     @abc.abstractmethod
     def kill(self) -> None:
-        """SIGKILL the agent and everything it started. Idempotent."""
+        """End the node now (SIGKILL to the agent and everything it started, or the
+        scheduler's equivalent). Idempotent. May block for a few seconds while the kill lands."""
 
     def running(self) -> bool:
         """Whether the node's processes can run now: False while a scheduler holds the node back
-        (queued, requeued, suspended), so the supervisor's stall clock does not count that time.
-        Non-blocking; an answer a few seconds old is fine."""
+        (queued, requeued, suspended), so the supervisor's stall clock does not count that time."""
         return True
+
+    def collect(self, final: bool = False) -> None:
+        """Bring what the node wrote elsewhere (logs, metrics, its result) into the local job
+        directory. Called every tick and once with ``final`` after the node ended; ``final``
+        must leave everything local. Default: nothing, for nodes that write into the local job
+        directory themselves (local processes, a shared filesystem, a link that mirrors as it
+        goes)."""
+
+
+def synthesize(paths: JobPaths, attempt: int, result: NodeResult) -> NodeResult:
+    """The node's own result when it wrote one; else ``result`` (``NodeResult.synthesize``),
+    written in its place so that status and the supervisor read the same. For handles whose
+    node ended without a word: killed, lost, never started."""
+    assert result.node_rank is not None
+    path = paths.node_result(attempt, result.node_rank)
+    reported = read_node_result(path)
+    if reported is not None:
+        return reported
+    write_node_result(path, result)
+    return result
 
 
 class Backend(abc.ABC):
     name: str = ""
+    # Options of this backend: they become --flags of ``phalanx run`` and job-file keys, and
+    # arrive validated in ``spec.backend_options``.
     options: tuple[BackendOption, ...] = ()
     # Trials of a sweep are packed onto this machine's GPUs or cores; a scheduler places
     # them itself (False), and only --parallel limits how many run at once.
@@ -75,33 +141,65 @@ class Backend(abc.ABC):
     # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
     stop_margin: float = 15.0
 
+    def validated(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with this backend's options checked and their defaults filled in. Raises
+        UsageError naming a bad option and the valid ones."""
+        if spec.resources.nnodes < 1 or spec.resources.nproc_per_node < 1:
+            raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
+        return spec.with_(backend_options=validate(self.name, self.options, spec.backend_options))
+
     def check(self, spec: JobSpec) -> None:
         """Checks that need the outside world (credentials, buckets), run once before the job
         is recorded, so bad input fails with nothing created. Raises UsageError. Default: none."""
-
-    def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, ports: PortSource = free_port) -> Plan:
-        """The plan for one attempt of ``spec``. Pure apart from asking ``ports`` for free ports.
-
-        Raises UsageError when the spec cannot run on this backend.
-        """
-        if spec.resources.nnodes < 1 or spec.resources.nproc_per_node < 1:
-            raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
-        spec = spec.with_(backend_options=validate(self.name, self.options, spec.backend_options))
-        from ..launch.explain import annotate
-
-        return annotate(self._plan(spec, job_id, attempt, home, home.job(job_id), ports), spec, self.shares_files(spec), home.root)
 
     def shares_files(self, spec: JobSpec) -> bool:
         """Whether the nodes see this machine's files at the same paths (the user's directory, the
         phalanx home): the job then runs in the user's directory there; otherwise in a shipped copy."""
         return True
 
+    def facts(self, spec: JobSpec, host: HostFacts | None = None) -> Facts:
+        """What a plan of ``spec`` needs from the world (free ports, addresses, cluster
+        context), read now: the only impure look-up before planning. Blocking, briefly (it may
+        ask a host or an API). Raises UsageError when the spec cannot be looked up (unknown
+        host), BackendError when the world does not answer."""
+        return self._facts(self.validated(spec), host or HostFacts.read())
+
+    def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, facts: Facts) -> Plan:
+        """The plan for one attempt of ``spec``: ``_plan`` is a pure function of its arguments
+        (no files, no environment, no network; what it needs is in ``facts``). The plan then
+        gets its notes, what the script will see in words (``launch/explain.py``: it reads the
+        script's imports, and lists the code root for a shipped copy). Raises UsageError when
+        the spec cannot run on this backend."""
+        spec = self.validated(spec)
+        plan = self._plan(spec, job_id, attempt, home, home.job(job_id), facts)
+        return annotate(plan, spec, self.shares_files(spec), home.root)
+
     def start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
-        """Start every node agent of ``plan``; returns at once (non-blocking), one handle per
-        node in node-rank order. Each agent's own output goes to its agent.log."""
+        """Start every node agent of ``plan``; returns one handle per node, in node-rank order,
+        without waiting for the nodes (it may block briefly: a submission, a preflight, copying
+        the code). Each node's launch file (``contracts.LaunchFile``) is in ``paths`` already.
+        Not idempotent: every call starts the nodes again. Raises BackendError when nothing
+        could be started (then nothing runs)."""
         for node in plan.nodes:
             paths.node_dir(plan.attempt, node.node_rank).mkdir(parents=True, exist_ok=True)
         return self._start(plan, paths)
+
+    def attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
+        """Handles for ``plan``'s attempt, started earlier by a supervisor that has since vanished,
+        when something of it still runs or waits in a queue; None when nothing of it is left,
+        or when this backend's nodes die with their supervisor (they cannot be left running).
+        Starts nothing; may ask the scheduler once. The handles stop and kill as ``start``'s do."""
+        return self._attach(plan, paths)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _facts(self, spec: JobSpec, host: HostFacts) -> Facts:
+        """Default: the host and the free ports a plan on this machine's loopback needs."""
+        return Facts(host, tuple(free_port() for _ in range(ports_needed(spec))))
+
+    @abc.abstractmethod
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
+        """``plan`` for a validated spec; ``paths`` is ``home.job(job_id)``. Pure."""
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         """Default: one independent start per node. Schedulers that place all nodes at once
@@ -109,20 +207,13 @@ class Backend(abc.ABC):
         return [self._start_node(node, paths, plan.attempt) for node in plan.nodes]
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
-        raise NotImplementedError
-
-    def attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
-        """Handles for ``plan``'s attempt, started earlier by a supervisor that has since vanished
-        (the job is LOST), when something of it still runs or waits in a queue; None when nothing
-        of it is left, or when this backend's agents die with their supervisor (they cannot be
-        left running). Non-blocking; starts nothing. The handles stop and kill as ``start``'s do."""
-        return self._attach(plan, paths)
+        raise NotImplementedError(f"the {self.name} backend implements neither _start nor _start_node")
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
         return None
 
-    @abc.abstractmethod
-    def _plan(
-        self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
-    ) -> Plan: ...
 
+def ports_needed(spec: JobSpec) -> int:
+    """The rendezvous port, and one per worker for TF_CONFIG."""
+    workers = spec.resources.nnodes * spec.procs_per_node_started
+    return 1 + (workers if spec.framework is Framework.TF else 0)

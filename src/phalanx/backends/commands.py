@@ -1,7 +1,13 @@
 """The one seam through which phalanx starts external processes.
 
-Tests replace ``spawn`` (long-running processes) and ``run`` (short commands such as
-``sbatch``, ``squeue``, ``scancel``) to observe or fake what would run; everything else calls them.
+Tests replace these functions to observe or fake what would run (``tests/backends/fake_slurm.py``,
+``tests/backends/fake_ssh.py``); everything else calls them, never ``subprocess`` directly:
+
+- ``spawn``: a long-running process (a node agent, a worker), output to a log;
+- ``run``: a short command to completion (``sbatch``, ``squeue``, ``ssh -G``, a preflight);
+- ``link``: a long-running process spoken to through its stdin and stdout (an ssh session
+  to a node's remote end);
+- ``pipe``: one command's output into another's input (``tar -c | ssh HOST tar -x``).
 """
 
 from __future__ import annotations
@@ -41,3 +47,41 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: floa
         return subprocess.CompletedProcess(list(argv), 127, "", f"{argv[0]}: command not found ({exc.strerror})")
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(list(argv), 124, "", f"{argv[0]}: no answer within {timeout:g}s")
+
+
+def link(argv: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session with its stdin and stdout as pipes (binary) for the
+    caller, stderr appended to ``log``. Non-blocking. Closing its stdin is how the caller says
+    goodbye."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as err:
+        return subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=True)
+
+
+def pipe(source: Sequence[str] | None, sink: Sequence[str], timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+    """``source``'s stdout into ``sink``'s stdin (``sink`` reads nothing when ``source`` is
+    None); blocking, at most ``timeout`` seconds (then ``sink`` is killed: status 124).
+    Returns ``sink``'s exit status and stderr; ``source`` gets SIGPIPE if ``sink`` dies."""
+    src = subprocess.Popen(list(source), stdout=subprocess.PIPE) if source else None
+    try:
+        dst = subprocess.Popen(list(sink), stdin=src.stdout if src else subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    except FileNotFoundError as exc:
+        if src is not None:
+            src.kill()
+            src.wait()
+        return subprocess.CompletedProcess(list(sink), 127, "", f"{sink[0]}: command not found ({exc.strerror})")
+    if src is not None:
+        assert src.stdout is not None
+        src.stdout.close()  # only the sink reads the stream now
+    try:
+        _, err = dst.communicate(timeout=timeout)
+        code = dst.returncode
+    except subprocess.TimeoutExpired:
+        dst.kill()
+        _, err = dst.communicate()
+        code, err = 124, f"{err}{sink[0]}: no answer within {timeout:g}s"
+    if src is not None:
+        src.wait()
+    return subprocess.CompletedProcess(list(sink), code, "", err)

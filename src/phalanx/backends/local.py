@@ -11,89 +11,24 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any
-from pathlib import Path
 
-from ..core.env import Topology, node_env, process_env, runs_as_python, template_values
-from ..core.paths import HomePaths, JobPaths, write_json
-from ..core.spec import JobSpec, Framework, in_snapshot, render_template
-from ..launch.plan import NodePlan, Plan, ProcessPlan
+from ..core.contracts import NodeResult
+from ..core.env import Topology
+from ..core.paths import HomePaths, JobPaths
+from ..core.plan import NodePlan, Plan
+from ..core.spec import Framework, JobSpec, in_snapshot
+from ..launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..launch.procs import exit_code, signal_group, signal_name
-from ..launch.torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
 from . import commands
-from .base import Backend, NodeHandle, PortSource
+from .base import Backend, Facts, NodeHandle, synthesize
 
 LOOPBACK = "127.0.0.1"
-
-# torchrun's in-place restarts (--max-restarts) hang or fail most of the time when workers
-# share the agent's rendezvous TCPStore (see docs/restarts.md); a store per round is reliable.
-RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def local_gpu_count() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
-
-
-def agent_argv(python: str, paths: JobPaths, attempt: int, node_rank: int | str) -> tuple[str, ...]:
-    return (
-        python,
-        "-m",
-        "phalanx.launch.agent",
-        "--launch",
-        str(paths.node_launch(attempt, node_rank)),
-    )
-
-
-def build_nodes(
-    spec: JobSpec, topo: Topology, paths: JobPaths, hosts: tuple[str, ...], local_addrs: tuple[str, ...],
-    net_env: dict[str, str],
-) -> tuple[NodePlan, ...]:
-    """Per-node plans; shared by every backend that runs node agents."""
-    nodes = []
-    for node_rank in range(spec.resources.nnodes):
-        env = node_env(spec, topo, node_rank)
-        env["PHALANX_FRAMEWORK"] = spec.framework.value
-        env["PHALANX_RANK_DIR"] = paths.rank_dir_template(topo.attempt)
-        for key, value in ({} if runs_as_python(spec) else net_env).items():  # python sets no network variables
-            if key not in spec.env and key not in os.environ:
-                env[key] = value
-        args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
-        worker = worker_command(spec, args)
-        common: dict[str, Any] = dict(
-            node_rank=node_rank,
-            host=hosts[node_rank],
-            agent_argv=agent_argv(spec.python, paths, topo.attempt, node_rank),
-            env=env,
-            cwd=spec.workdir,
-        )
-        if spec.uses_torchrun:
-            nodes.append(
-                NodePlan(**common, torchrun_argv=torchrun_argv(spec, topo, node_rank, local_addrs[node_rank]), worker_argv=worker)
-            )
-        else:
-            procs = tuple(
-                ProcessPlan(
-                    local_rank=local,
-                    rank=node_rank * spec.procs_per_node_started + local,
-                    argv=(spec.python, "-u", "-m", BOOTSTRAP_MODULE, *worker),
-                    env=process_env(spec, topo, node_rank, local),
-                )
-                for local in range(spec.procs_per_node_started)
-            )
-            nodes.append(NodePlan(**common, processes=procs))
-    return tuple(nodes)
 
 
 class LocalBackend(Backend):
     name = "local"
 
-    def _plan(
-        self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
-    ) -> Plan:
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:
             spec = in_snapshot(spec, str(paths.code_dir))
         nnodes = spec.resources.nnodes
@@ -102,13 +37,15 @@ class LocalBackend(Backend):
             job_id=job_id,
             attempt=attempt,
             node_addrs=(LOOPBACK,) * nnodes,
-            master_port=ports(),
-            worker_ports=tuple(ports() for _ in range(nworkers)) if spec.framework is Framework.TF else (),
+            master_port=facts.port(0),
+            worker_ports=tuple(facts.port(1 + i) for i in range(nworkers)) if spec.framework is Framework.TF else (),
             state_dir=str(home.state_dir(spec.state_key)),
             output_dir=str(paths.output_dir),
             job_dir=str(paths.root),
-            num_gpus=local_gpu_count(),
+            num_gpus=facts.host.gpus,
             channels=tuple((c.name, str(home.channel_path(c))) for c in spec.channels),
+            num_cpus=facts.host.cpus,
+            preset_env=frozenset(facts.host.env),
         )
         net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **RESTART_SAFE_ENV}
         hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))
@@ -122,43 +59,45 @@ class LocalBackend(Backend):
             # `phalanx run train.py` costs about what `python train.py` does.
             proc = node.processes[0]
             popen = commands.spawn(proc.argv, {**node.env, **proc.env}, log, cwd=node.cwd)
-            return SingleProcessNode(node, proc.rank, popen, paths.node_result(attempt, node.node_rank))
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd))
+            return SingleProcessNode(node, proc.rank, popen, paths, attempt)
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd), paths, attempt)
 
 
 class SingleProcessNode(NodeHandle):
-    """The node's only process, started by the supervisor itself; writes the node's result.json."""
+    """The node's only process, started by the supervisor itself; its result is written here."""
 
     kill_margin = 0.0  # no agent in between that has its own grace period
     samples_itself = False
 
-    def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], result: Path) -> None:
+    def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int) -> None:
         self.node_rank = node.node_rank
         self.host = node.host
         self.rank = rank
         self.proc = proc
-        self.result = result
+        self.paths, self.attempt = paths, attempt
         self.started = time.time()
         self._signalled: int | None = None
+        self._result: NodeResult | None = None
 
-    def poll(self) -> int | None:
-        code = self.proc.poll()
-        if code is not None and not self.result.exists():
-            self._write_result(code)
-        return None if code is None else exit_code(code)
+    def poll(self) -> NodeResult | None:
+        if self._result is None:
+            code = self.proc.poll()
+            if code is None:
+                return None
+            self._result = synthesize(self.paths, self.attempt, self._report(code))
+        return self._result
 
-    def _write_result(self, code: int) -> None:
-        status = {"pid": self.proc.pid, "exitcode": exit_code(code)}
+    def _report(self, code: int) -> NodeResult:
+        from ..core.contracts import RankExit, RankFailure
+
+        now = time.time()
         failed = code != 0 and self._signalled is None
-        failure = {**status, "rank": self.rank, "signal": signal_name(code), "timestamp": time.time()}
-        result = {
-            "node_rank": self.node_rank, "host": self.host, "exitcode": exit_code(code),
-            "failures": [failure] if failed else [], "ranks": {str(self.rank): status},
-            "started": self.started, "finished": time.time(),
-        }
-        if self._signalled is not None:
-            result["stopped_by"] = signal.Signals(self._signalled).name
-        write_json(self.result, result)
+        failures = (RankFailure(self.rank, exit_code(code), now, pid=self.proc.pid, signal=signal_name(code)),) if failed else ()
+        return NodeResult(
+            self.node_rank, exit_code(code), self.host, failures, ranks={self.rank: RankExit(exit_code(code), self.proc.pid)},
+            stopped_by=signal.Signals(self._signalled).name if self._signalled is not None else None,
+            started=self.started, finished=now,
+        )
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:
@@ -173,16 +112,31 @@ class SingleProcessNode(NodeHandle):
 
 
 class LocalNode(NodeHandle):
-    def __init__(self, node_rank: int, proc: subprocess.Popen[bytes]) -> None:
+    """A node agent started here; it writes the node's result itself."""
+
+    def __init__(self, node_rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int) -> None:
         self.node_rank = node_rank
         self.proc = proc
+        self.paths, self.attempt = paths, attempt
+        self._signalled: int | None = None
+        self._result: NodeResult | None = None
 
-    def poll(self) -> int | None:
-        code = self.proc.poll()
-        return None if code is None else exit_code(code)
+    def poll(self) -> NodeResult | None:
+        if self._result is None:
+            code = self.proc.poll()
+            if code is None:
+                return None
+            code = exit_code(code)
+            # An agent that ends writes its result first; one that was killed leaves none.
+            stopped = signal.Signals(self._signalled).name if self._signalled is not None and code > 128 else None
+            self._result = synthesize(self.paths, self.attempt, NodeResult.synthesize(
+                self.node_rank, code, f"node agent {self.node_rank} ended ({signal_name(code) or f'exit code {code}'}) "
+                "without reporting", stopped_by=stopped))
+        return self._result
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:
+            self._signalled = signum
             try:
                 self.proc.send_signal(signum)
             except ProcessLookupError:
@@ -191,6 +145,7 @@ class LocalNode(NodeHandle):
     def kill(self) -> None:
         # The agent leads its own session; its workers lead theirs and die with it
         # (PR_SET_PDEATHSIG in the bootstrap), so killing the agent's group suffices.
+        self._signalled = signal.SIGKILL
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -32,14 +32,15 @@ import signal
 import time
 from typing import Any
 
+from ..core.contracts import NodeResult, SchedulerRecord, read_node_result, read_scheduler, write_scheduler
 from ..core.env import Topology
-from ..core.paths import HomePaths, JobPaths, read_json, safe_name, write_atomic, write_json
+from ..core.paths import HomePaths, JobPaths, safe_name, write_atomic
+from ..core.plan import Plan, late_addresses
 from ..core.spec import Framework, JobSpec, in_snapshot
 from ..errors import BackendError
-from ..launch.plan import Plan, late_addresses
+from ..launch.nodes import RESTART_SAFE_ENV, agent_argv, build_nodes
 from . import commands, sbatch
-from .base import Backend, NodeHandle, PortSource
-from .local import RESTART_SAFE_ENV, agent_argv, build_nodes
+from .base import Backend, Facts, NodeHandle, synthesize
 
 # Job states after which nothing of the job runs any more (squeue --states=all).
 ENDED = {
@@ -61,9 +62,7 @@ class SlurmBackend(Backend):
     options = sbatch.OPTIONS
     local_slots = False  # the scheduler places trials of a sweep, not this machine's cores
 
-    def _plan(
-        self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
-    ) -> Plan:
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options
         lead = sbatch.check(opts, spec.grace)
         if spec.snapshot:
@@ -75,13 +74,15 @@ class SlurmBackend(Backend):
             job_id=job_id,
             attempt=attempt,
             node_addrs=addrs,
-            master_port=ports(),
-            worker_ports=tuple(ports() for _ in range(nworkers)) if spec.framework is Framework.TF else (),
+            master_port=facts.port(0),
+            worker_ports=tuple(facts.port(1 + i) for i in range(nworkers)) if spec.framework is Framework.TF else (),
             state_dir=str(home.state_dir(spec.state_key)),
             output_dir=str(paths.output_dir),
             job_dir=str(paths.root),
             num_gpus=int(opts.get("gpus_per_node") or 0),
             channels=tuple((c.name, str(home.channel_path(c))) for c in spec.channels),
+            num_cpus=facts.host.cpus,
+            preset_env=frozenset(facts.host.env),
         )
         nodes = build_nodes(spec, topo, paths, addrs, addrs, dict(RESTART_SAFE_ENV))
         script = sbatch.render(sbatch.BatchJob(
@@ -111,8 +112,9 @@ class SlurmBackend(Backend):
                 f"sbatch did not take the job: {'; '.join(said) or f'exit status {proc.returncode}'}",
                 f"check the SLURM options (--partition, --account, --time, --sbatch); the script is {script}",
             )
-        write_json(paths.scheduler_job(plan.attempt), {"scheduler": "slurm", "job_id": job_id, "submitted": time.time()})
-        job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes))
+        submitted = time.time()
+        write_scheduler(paths.scheduler_job(plan.attempt), SchedulerRecord(self.name, job_id, submitted))
+        job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes), submitted=submitted)
         return [SlurmNode(job, node.node_rank) for node in plan.nodes]
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
@@ -121,16 +123,17 @@ class SlurmBackend(Backend):
         ended (the agents run under slurmstepd, so they outlive a supervisor that dies). While
         squeue cannot answer, the job counts as running: watching it is safer than submitting
         a second copy."""
-        submitted = read_json(paths.scheduler_job(plan.attempt)) or {}
-        job_id = str(submitted.get("job_id", "")) if submitted.get("scheduler") == self.name else ""
+        record = read_scheduler(paths.scheduler_job(plan.attempt))
+        job_id = record.job_id if record is not None and record.scheduler == self.name else ""
         if not job_id.isdigit():  # the supervisor died while sbatch ran, or before it wrote down its answer
             job_id = find_submission(plan.job_id, plan.attempt) or ""
             if not job_id:
                 return None
-            write_json(paths.scheduler_job(plan.attempt), {"scheduler": self.name, "job_id": job_id, "found_by": "comment"})
+            record = SchedulerRecord(self.name, job_id, found_by="comment")
+            write_scheduler(paths.scheduler_job(plan.attempt), record)
         if ended(QUEUE.state(job_id)[0]):
             return None
-        job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes))
+        job = SlurmJob(job_id, paths, plan.attempt, len(plan.nodes), submitted=record.submitted if record else None)
         return [SlurmNode(job, node.node_rank) for node in plan.nodes]
 
 
@@ -205,31 +208,33 @@ class SlurmJob:
     # right after); then it is cancelled, so a finished job leaves nothing behind.
     linger = 30.0
 
-    def __init__(self, job_id: str, paths: JobPaths, attempt: int, nnodes: int, queue: SlurmQueue | None = None) -> None:
+    def __init__(self, job_id: str, paths: JobPaths, attempt: int, nnodes: int, queue: SlurmQueue | None = None,
+                 submitted: float | None = None) -> None:
         self.job_id = job_id
+        self.submitted = submitted
         self.paths = paths
         self.attempt = attempt
         self.nnodes = nnodes
         self.queue = queue or QUEUE
         self.queue.watch(job_id)
-        self.results: dict[int, dict[str, Any]] = {}
+        self.results: dict[int, NodeResult] = {}
         self.signalled: int | None = None
         self.killed = False
         self.unstartable: str | None = None  # why SLURM can never start the job as asked
         self._all_reported_at: float | None = None
 
-    def poll(self, node_rank: int) -> int | None:
-        """The node's exit code from its result.json, or None while it runs. Once every node
-        has reported, all count as running until the batch job itself has ended."""
+    def poll(self, node_rank: int) -> NodeResult | None:
+        """The node's result.json, or None while it runs. Once every node has reported, all
+        count as running until the batch job itself has ended."""
         result = self._result(node_rank)
         if result is not None:
             if len(self.results) < self.nnodes or self._ended():
-                return int(result["exitcode"])
+                return result
             # Every node reported: the job itself ends a moment later; wait for that.
             self._all_reported_at = self._all_reported_at or time.monotonic()
             if time.monotonic() - self._all_reported_at > self.linger:
                 self.kill()
-                return int(result["exitcode"])
+                return result
             return None
         state, reason = self.queue.state(self.job_id)
         if state == "PENDING" and reason in NEVER_STARTS and self.unstartable is None:
@@ -239,8 +244,7 @@ class SlurmJob:
             return None
         if not ended(state):
             return None
-        result = self._result(node_rank) or self._report_for(node_rank, state)
-        return int(result["exitcode"])
+        return self._result(node_rank) or self._report_for(node_rank, state)
 
     def _ended(self) -> bool:
         return ended(self.queue.state(self.job_id)[0])
@@ -250,15 +254,15 @@ class SlurmJob:
         suspended); True once it runs, and when squeue cannot tell."""
         return self.queue.state(self.job_id)[0] not in WAITING
 
-    def _result(self, node_rank: int) -> dict[str, Any] | None:
+    def _result(self, node_rank: int) -> NodeResult | None:
         if node_rank not in self.results:
-            result = read_json(self.paths.node_result(self.attempt, node_rank))
+            result = read_node_result(self.paths.node_result(self.attempt, node_rank))
             if result is None:
                 return None
             self.results[node_rank] = result
         return self.results[node_rank]
 
-    def _report_for(self, node_rank: int, state: str) -> dict[str, Any]:
+    def _report_for(self, node_rank: int, state: str) -> NodeResult:
         """The job ended without this node's agent reporting (never started, killed, node lost):
         write its result.json in the agent's place, and say why in its agent.log."""
         stopped_by = None
@@ -274,13 +278,8 @@ class SlurmJob:
             code = self._exit_code() or 1
         message = f"SLURM job {self.job_id} ended {state} before node agent {node_rank} reported"
         self._note(f"{message}; the batch script's output: {self.paths.batch_log(self.attempt)}", [node_rank])
-        result: dict[str, Any] = {
-            "node_rank": node_rank, "host": None, "exitcode": code, "failures": [], "error": message,
-            "slurm_job": self.job_id, "slurm_state": state, "finished": time.time(),
-        }
-        if stopped_by is not None:
-            result["stopped_by"] = stopped_by
-        write_json(self.paths.node_result(self.attempt, node_rank), result)
+        result = synthesize(self.paths, self.attempt, NodeResult.synthesize(
+            node_rank, code, message, stopped_by=stopped_by, slurm_job=self.job_id, slurm_state=state))
         self.results[node_rank] = result
         return result
 
@@ -332,8 +331,10 @@ class SlurmNode(NodeHandle):
     def __init__(self, job: SlurmJob, node_rank: int) -> None:
         self.job = job
         self.node_rank = node_rank
+        self.where = f"SLURM job {job.job_id}"
+        self.submitted = job.submitted
 
-    def poll(self) -> int | None:
+    def poll(self) -> NodeResult | None:
         return self.job.poll(self.node_rank)
 
     def signal(self, signum: int) -> None:

@@ -1,5 +1,5 @@
 """``phalanx ps | status | logs | wait | stop | resume``: look after jobs once they run. Thin:
-parse, call the library (``phalanx.jobs``), render.
+parse, call the library (``phalanx.jobs`` to act, ``phalanx.query`` to look), render.
 
 Registered on the main app by ``register(app)``; ``run`` shares ``event``, ``parse_ranks`` and
 ``report_end`` with ``resume``.
@@ -8,10 +8,13 @@ Registered on the main app by ``register(app)``; ``run`` shares ``event``, ``par
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from ..store import JobRecord
+    from ..store.sweeps import SweepRecord
 
 
 def register(app: typer.Typer) -> None:
@@ -79,20 +82,23 @@ def ps_cmd(
     import heapq
     import itertools
 
-    from .. import config, jobs
+    from .. import config, query
     from ..store import JobRecord
     from .render import PS_HEADERS, dump_json_stream, job_rows, sweep_row, table
 
     if limit is None and all_jobs:
         limit = int(config.get("ps_limit"))
-    store = jobs.open_store()
-    records = jobs.iter_jobs(all_jobs=all_jobs, limit=limit, store=store)  # a page at a time
-    sweeps = jobs.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
+    store = query.open_store()
+    records = query.iter_jobs(all_jobs=all_jobs, limit=limit, store=store)  # a page at a time
+    sweeps = query.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
     if as_json:
         rows = itertools.chain((r.to_dict() for r in records), ({**s.to_dict(), "kind": "sweep"} for s in sweeps))
         dump_json_stream(rows, sys.stdout)
         return
-    newest = heapq.merge(records, sweeps, key=lambda r: r.created_at, reverse=True)  # both come newest first
+    def created(row: JobRecord | SweepRecord) -> float:
+        return row.created_at
+
+    newest: Iterator[JobRecord | SweepRecord] = heapq.merge(records, sweeps, key=created, reverse=True)  # both newest first
     shown = [job_rows([r])[0] if isinstance(r, JobRecord) else sweep_row(r) for r in itertools.islice(newest, limit)]
     if not shown:
         typer.echo("no running jobs (phalanx ps --all shows finished ones)" if not all_jobs else "no jobs yet")
@@ -108,15 +114,16 @@ def status_cmd(
     import socket
     from dataclasses import asdict
 
-    from .. import jobs
+    from .. import query
     from ..core.state import is_terminal
     from .render import ago, dump_json, duration, table
 
-    record = jobs.get_job(job)
-    ranks = jobs.rank_statuses(record)
+    record = query.get_job(job)
+    ranks = query.rank_statuses(record)
     if as_json:
-        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": jobs.attempt_history(record),
-                   "scheduler": jobs.scheduler_job(record)}, sys.stdout)
+        scheduler = query.scheduler_job(record)
+        dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": query.attempt_history(record),
+                   "scheduler": scheduler.to_dict() if scheduler else None}, sys.stdout)
         return
     out = sys.stdout
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
@@ -129,29 +136,26 @@ def status_cmd(
     if record.supervisor_pid:
         alive = "running" if not is_terminal(record.state) else "ended"
         out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
-    scheduled = jobs.scheduler_job(record)
-    if scheduled and scheduled.get("job_id"):
-        at = f" at {scheduled['address']}" if scheduled.get("address") else ""
-        out.write(f"scheduler {str(scheduled.get('scheduler', '')).upper()} job {scheduled['job_id']}{at}\n")
-    left = jobs.left_running(record)
+    scheduled = query.scheduler_job(record)
+    if scheduled and scheduled.job_id:
+        at = f" at {scheduled.address}" if scheduled.address else ""
+        out.write(f"scheduler {scheduled.scheduler.upper()} job {scheduled.job_id}{at}\n")
+    left = query.left_running(record)
     if left:
         out.write(f"left      {left} still runs without a supervisor: `phalanx resume {record.id}` watches it "
                   f"again, `phalanx stop {record.id}` stops it\n")
-    if record.backend == "sagemaker":
-        from ..backends.sagemaker.report import status_lines
-        from ..core.paths import JobPaths
-
-        out.writelines(line + "\n" for line in status_lines(JobPaths(Path(record.job_dir)), record.attempt))
-    spec = jobs.read_spec(record)
+    out.writelines(line + "\n" for line in query.platform_lines(record))
+    spec = query.read_spec(record)
     if spec.state_uri:
         synced = ago(record.state_synced_at) if record.state_synced_at else "never"
         out.write(f"state     {spec.state_uri}  (last upload: {synced})\n")
-    attempts = jobs.attempt_history(record)
+    attempts = query.attempt_history(record)
     if len(attempts) > 1 or record.retries:
         out.write("\nattempts:\n")
         for a in attempts:
             retry = "retried" if a["retry"] else a["reason"]
-            out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {a['exit_code']:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
+            code = "-" if a["exit_code"] is None else str(a["exit_code"])
+            out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
     if ranks:
         out.write("\n")
         rows = [
@@ -160,7 +164,7 @@ def status_cmd(
             for r in ranks
         ]
         table(rows, ("RANK", "NODE", "HOST", "PID", "EXIT", "STATE"), out)
-    from ..monitor.metrics import status_summary_lines
+    from ..monitor.report import status_summary_lines
 
     summary = status_summary_lines(record)
     if summary:
@@ -185,15 +189,15 @@ def logs_cmd(
     attempt: Optional[int] = typer.Option(None, "--attempt", help="Attempt number (default: the latest)."),
 ) -> None:
     """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank)."""
-    from .. import jobs
+    from .. import query
 
-    record = jobs.get_job(job)
+    record = query.get_job(job)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    jobs.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow)
+    query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow)
 
 
 def wait_cmd(
@@ -216,9 +220,9 @@ def stop_cmd(
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
     with all its running trials."""
-    from .. import jobs
+    from .. import jobs, query
 
-    sweep = jobs.find_sweep(job)
+    sweep = query.find_sweep(job)
     if sweep is not None:
         sweep = jobs.stop_sweep(sweep, timeout=timeout)
         typer.echo(f"{sweep.id} {sweep.state.value}")
@@ -234,9 +238,9 @@ def resume_cmd(
 ) -> None:
     """Continue a failed, cancelled, preempted or lost job from its state directory (a new
     attempt), or a sweep: only the trials that did not finish run."""
-    from .. import jobs
+    from .. import jobs, query
 
-    sweep = jobs.find_sweep(job)
+    sweep = query.find_sweep(job)
     if sweep is not None:
         sweep, code = jobs.resume_sweep(sweep, detach=detach, events=event)
         typer.echo(sweep.id if detach else f"phalanx: sweep {sweep.id} {sweep.state.value.lower()}: {sweep.progress} trials",

@@ -19,12 +19,12 @@ def artifacts_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List a job's outputs: path, size, and where they are (the --output URI or the job directory)."""
-    from .. import jobs
+    from .. import query
     from ..storage.transfer import human_size as _size
     from .render import dump_json, table
 
-    record = jobs.get_job(job)
-    found = jobs.artifacts(record)
+    record = query.get_job(job)
+    found = query.artifacts(record)
     if as_json:
         dump_json({"id": record.id, "name": record.name, **found.to_dict()}, sys.stdout)
         return
@@ -47,10 +47,10 @@ def download_cmd(
     state: bool = typer.Option(False, "--state", help="Also the state directory (DIR/state)."),
 ) -> None:
     """Bring a job's outputs here (DIR/output), and with --logs / --state its logs and state."""
-    from .. import jobs
+    from .. import jobs, query
 
     def event(text: str) -> None:
         sys.stderr.write(f"phalanx: {text}\n")
 
-    where, counts = jobs.download(jobs.get_job(job), dest, logs=logs, state=state, events=event)
+    where, counts = jobs.download(query.get_job(job), dest, logs=logs, state=state, events=event)
     typer.echo(f"{where}: " + ", ".join(f"{part}/ {n} file(s)" for part, n in counts.items()))

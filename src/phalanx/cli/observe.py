@@ -28,16 +28,16 @@ def metrics_cmd(
                                "attempt, time), all ranks unless --rank: the export of the compact metrics files."),
 ) -> None:
     """Metrics of a job: last / min / max / count per metric, and a sparkline by step."""
-    from .. import jobs
+    from .. import query
     from ..monitor.report import metrics_report
     from .render import dump_json
 
     if jsonl:
         from ..monitor.report import export_metrics
 
-        export_metrics(jobs.get_job(job), sys.stdout, attempt=attempt, rank=rank)
+        export_metrics(query.get_job(job), sys.stdout, attempt=attempt, rank=rank)
         return
-    report = metrics_report(jobs.get_job(job), attempt=attempt, rank=rank)
+    report = metrics_report(query.get_job(job), attempt=attempt, rank=rank)
     if as_json:
         dump_json(report, sys.stdout)
         return
@@ -66,15 +66,15 @@ def top_cmd(
     once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
 ) -> None:
     """Live CPU, RAM, GPU use per node and rank of a job (from its resource samples)."""
-    from .. import jobs
+    from .. import query
     from ..core.state import is_terminal
-    from ..monitor.resources import top_frame
+    from ..monitor.report import top_frame
 
     if interval <= 0:
         from ..errors import UsageError
 
         raise UsageError(f"invalid --interval {interval:g}", "use a number of seconds above 0, e.g. --interval 2")
-    record = jobs.get_job(job)
+    record = query.get_job(job)
     frame = top_frame(record)
     if once or is_terminal(record.state):
         _render_top(frame, sys.stdout)
@@ -86,7 +86,7 @@ def top_cmd(
     with Live(_top_renderable(frame), console=console, refresh_per_second=4, screen=False) as live:
         while True:
             time.sleep(interval)
-            record = jobs.get_job(record.id)
+            record = query.get_job(record.id)
             live.update(_top_renderable(top_frame(record)))
             if is_terminal(record.state):
                 return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Iterable, TextIO
 
+from ..query import platform_state
 from ..store import JobRecord
 
 
@@ -46,12 +46,8 @@ def job_rows(records: Iterable[JobRecord], width: int = 48) -> list[tuple[str, .
     for r in records:
         cmd = r.command if len(r.command) <= width else r.command[: width - 1] + "…"
         state = r.state.value if r.exit_code in (None, 0) else f"{r.state.value}({r.exit_code})"
-        if r.backend == "sagemaker" and r.exit_code is None:  # SageMaker's own words: Starting, Training...
-            from ..backends.sagemaker.report import ps_state
-            from ..core.paths import JobPaths
-
-            platform = ps_state(JobPaths(Path(r.job_dir)), r.attempt)
-            state += f" ({platform})" if platform else ""
+        platform = platform_state(r)  # the platform's own words (SageMaker: Starting, Training...)
+        state += f" ({platform})" if platform else ""
         rows.append((r.id, r.name, state, r.topology, ago(r.created_at), duration(r.duration), cmd))
     return rows
 

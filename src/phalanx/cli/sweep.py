@@ -16,7 +16,7 @@ sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run
 
 def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool) -> None:
     from .. import jobs
-    from ..sweeps.runner import check, slot_plan
+    from ..sweeps.settings import check, slot_plan
     from ..sweeps.space import parse_space
     from .control import event
 
@@ -61,14 +61,14 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """A sweep's trials, best first: parameters, state and objective."""
-    from .. import jobs
+    from .. import query
     from ..errors import JobNotFound
 
-    store = jobs.open_store()
-    record = jobs.find_sweep(sweep, store)
+    store = query.open_store()
+    record = query.find_sweep(sweep, store)
     if record is None:
         raise JobNotFound(f"no sweep with id or name '{sweep}'", "list sweeps with: phalanx ps --all")
-    trials = sorted(store.trials(record.id), key=_order(record.direction))
+    trials = sorted(query.trials(record, store), key=_order(record.direction))
     if as_json:
         dump_json({**record.to_dict(), "trials": [t.to_dict() for t in trials]}, sys.stdout)
         return

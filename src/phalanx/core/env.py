@@ -30,6 +30,10 @@ class Topology:
     job_dir: str
     num_gpus: int = 0  # per node
     channels: tuple[tuple[str, str], ...] = ()  # (name, local path) of each input channel
+    # The submitting machine's CPU count and the variables set there (``launch/host.py``);
+    # None: read them here (plans pass them in, so they stay pure).
+    num_cpus: int | None = None
+    preset_env: frozenset[str] | None = None
 
     @property
     def master_addr(self) -> str:
@@ -73,7 +77,7 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
         "SM_HOSTS": json.dumps(hosts),
         "SM_CURRENT_HOST": hosts[node_rank],
         "SM_NUM_GPUS": str(topo.num_gpus),
-        "SM_NUM_CPUS": str(os.cpu_count() or 1),
+        "SM_NUM_CPUS": str(topo.num_cpus if topo.num_cpus is not None else os.cpu_count() or 1),
         "SM_MODEL_DIR": topo.output_dir,
         "SM_OUTPUT_DATA_DIR": topo.output_dir,
         "SM_CHANNELS": json.dumps(sorted(name for name, _ in topo.channels)),
@@ -83,7 +87,8 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
     for name, path in topo.channels:
         env[f"PHALANX_CHANNEL_{channel_env_name(name)}"] = path
         env[f"SM_CHANNEL_{channel_env_name(name)}"] = path
-    if spec.resources.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+    preset = topo.preset_env if topo.preset_env is not None else os.environ
+    if spec.resources.nproc_per_node > 1 and "OMP_NUM_THREADS" not in preset:
         # torchrun's own default; set explicitly so direct launches behave the same.
         env["OMP_NUM_THREADS"] = "1"
     env.update(spec.env)

@@ -5,7 +5,8 @@
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
       state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
-      sweeps/<id>/                    a sweep's own files (runner.log when detached)
+      state/.previous/<key>-<stamp>/  a state directory moved aside by --clean-state
+      sweeps/<id>/                    a sweep's own files: runner.log (detached), code/ + code.json (the trials' snapshot)
       cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
       cache/code/pyc/<dev>-<ino>-...  their bytecode, compiled once for every job that runs them
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
@@ -27,6 +28,7 @@
           batch.log                   the batch script's own output (the scheduler writes it)
           scheduler.json              the scheduler's id for the attempt (SLURM job id)
           node_<n>/agent.log          the node agent's (and torchrun's) own output
+          node_<n>/ssh.log            the ssh client's messages for the node's link (ssh backend)
           node_<n>/launch.json        what the node agent runs (its part of the plan)
           node_<n>/result.json        per-rank exit codes of the node, written at its end
           node_<n>/resources.jsonl    resource samples of the node and its ranks
@@ -95,6 +97,14 @@ class HomePaths:
 
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id
+
+    def sweep_log(self, sweep_id: str) -> Path:
+        """A detached sweep runner's own output."""
+        return self.sweep_dir(sweep_id) / "runner.log"
+
+    def previous_state(self, name: str, stamp: str) -> Path:
+        """Where ``--clean-state`` moves a state directory aside (never deleted)."""
+        return self.root / "state" / ".previous" / f"{safe_name(name)}-{stamp}"
 
     def sweep_code(self, sweep_id: str) -> tuple[Path, Path]:
         """The code snapshot a sweep's trials share, and its manifest."""
@@ -204,6 +214,11 @@ class JobPaths:
     def artifacts(self) -> Path:
         return self.root / "artifacts.json"
 
+    def not_logs(self) -> frozenset[str]:
+        """Names at the top of the job directory that are not its records: the outputs (uploaded
+        on their own), the code snapshot and its manifest, the upload manifest."""
+        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts))
+
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"
 
@@ -223,6 +238,10 @@ class JobPaths:
 
     def agent_log(self, attempt: int, node_rank: int | str) -> Path:
         return self.node_dir(attempt, node_rank) / "agent.log"
+
+    def ssh_log(self, attempt: int, node_rank: int) -> Path:
+        """The ssh client's own messages for a node's link (ssh backend)."""
+        return self.node_dir(attempt, node_rank) / "ssh.log"
 
     def node_result(self, attempt: int, node_rank: int) -> Path:
         return self.node_dir(attempt, node_rank) / "result.json"
@@ -263,22 +282,25 @@ class JobPaths:
         """TORCHELASTIC_ERROR_FILE of a worker phalanx started itself with torchrun's variables."""
         return self.rank_dir(attempt, rank) / "torchelastic_error.json"
 
+    def nodes(self, attempt: int) -> list[int]:
+        """The node ranks that have a directory in an attempt."""
+        return _numbered(self.attempt(attempt), "node_")
+
     def attempts(self) -> list[int]:
-        found = []
-        if self.root.exists():
-            for child in self.root.iterdir():
-                if child.name.startswith("attempt_") and child.name[8:].isdigit():
-                    found.append(int(child.name[8:]))
-        return sorted(found)
+        return _numbered(self.root, "attempt_")
 
     def ranks(self, attempt: int) -> list[int]:
-        base = self.attempt(attempt)
-        found = []
-        if base.exists():
-            for child in base.iterdir():
-                if child.name.startswith("rank_") and child.name[5:].isdigit():
-                    found.append(int(child.name[5:]))
-        return sorted(found)
+        return _numbered(self.attempt(attempt), "rank_")
+
+
+def _numbered(base: Path, prefix: str) -> list[int]:
+    """The N of every ``<prefix>N`` entry in ``base``, sorted (none when ``base`` is missing)."""
+    try:
+        names = os.listdir(base)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    cut = len(prefix)
+    return sorted(int(n[cut:]) for n in names if n.startswith(prefix) and n[cut:].isdigit())
 
 
 def write_atomic(path: Path, text: str) -> None:

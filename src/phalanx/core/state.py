@@ -7,7 +7,7 @@
        |           |------> PREEMPTED     (the launcher was told to go: SIGTERM/SIGUSR1 from outside)
        |           |------> STOPPING --> CANCELLED   (phalanx stop, Ctrl-C)
        |           |------> PRUNED        (a sweep stopped a hopeless trial early)
-       |           '------> LOST          (the supervisor vanished; found by reconcile)
+       |           '------> LOST          (the supervisor vanished: shown by reads, recorded by resume/stop)
        '------------------> CANCELLED / FAILED (never started)
 
     FAILED / CANCELLED / PREEMPTED / LOST --(phalanx resume)--> PENDING

@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..core.paths import JobPaths, read_json, write_json
-from .plan import NodePlan, bind_addresses
-from .procs import ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
+from ..core.contracts import LaunchFile, NodeResult, read_launch, read_rank_error, write_node_result
+from ..core.paths import JobPaths
+from ..core.plan import NodePlan, bind_addresses
+from ..errors import ContractError
+from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 
 
 def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
@@ -40,9 +42,9 @@ def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
     log's last write is: a dying worker prints its stack (faulthandler) or "terminate called..."
     there. A rank killed silently is dated by its last output, which is before its death, never
     after a failure it caused."""
-    error = read_json(paths.rank_error(attempt, rank))
-    if error and isinstance(error.get("timestamp"), (int, float)):
-        return float(error["timestamp"])
+    error = _rank_error(paths, attempt, rank)
+    if error is not None:
+        return error.timestamp
     try:
         return min(paths.rank_log(attempt, rank).stat().st_mtime, noticed)
     except OSError:
@@ -62,11 +64,11 @@ def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, 
     noticed = min(f["timestamp"] for f in failures)
     known = {f["rank"] for f in failures}
     for rank in paths.ranks(attempt):
-        error = read_json(paths.rank_error(attempt, rank)) if rank not in known else None
-        if not error or error.get("node_rank") != node_rank or not float(error.get("timestamp", noticed)) < noticed:
+        error = _rank_error(paths, attempt, rank) if rank not in known else None
+        if error is None or error.node_rank != node_rank or not error.timestamp < noticed:
             continue
-        failures.append({"rank": rank, "local_rank": error.get("local_rank"), "pid": error.get("pid"),
-                         "exitcode": int(error.get("exitcode", 1)), "signal": None, "timestamp": float(error["timestamp"])})
+        failures.append({"rank": rank, "local_rank": error.local_rank, "pid": error.pid,
+                         "exitcode": error.exitcode, "signal": None, "timestamp": error.timestamp})
         if rank in result.get("terminated", []):
             result["terminated"].remove(rank)
     failures.sort(key=lambda f: f["rank"])
@@ -136,6 +138,7 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> d
             if failures or all_done() or watcher.stop_requests:
                 break
             watcher.wait(1.0)
+        failures = _not_stopped(failures, watcher)
         if watcher.stop_requests and not failures:
             stopped_by = watcher.stop_requests[0]
 
@@ -157,6 +160,19 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> d
     return {"exitcode": 0, "failures": [], "ranks": ranks}
 
 
+def _not_stopped(failures: list[dict[str, Any]], watcher: ChildWatcher) -> list[dict[str, Any]]:
+    """The failures that are not this node's stop. A scheduler (SLURM's time limit, a
+    preemption) signals every process of the node at once: a rank may die of that SIGTERM before
+    this agent hears its own copy. A moment is given for that copy; ranks that died of the signal
+    the agent got were stopped with it, not broken."""
+    stop_names = {signal.Signals(s).name for s in STOP_SIGNALS}
+    if not failures or not all(f["signal"] in stop_names for f in failures):
+        return failures
+    wait_until(lambda: bool(watcher.stop_requests), watcher, time.monotonic() + 1.0)
+    got = {signal.Signals(s).name for s in watcher.stop_requests}
+    return [f for f in failures if f["signal"] not in got]
+
+
 def _start_sampler(paths: JobPaths, attempt: int, node_rank: int, interval: float) -> Any:
     """This node's resource samples (CPU, RAM, I/O, GPUs; per rank process tree)."""
     try:
@@ -174,7 +190,16 @@ def _failure(rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt:
             "timestamp": died_at(paths, attempt, rank, time.time())}
 
 
-def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, dict[str, Any]]:
+def _rank_error(paths: JobPaths, attempt: int, rank: int) -> Any:
+    """The rank's error.json (``contracts.RankError``); None when it has none or it is unreadable:
+    dating a failure must not stop the node's report."""
+    try:
+        return read_rank_error(paths.rank_error(attempt, rank))
+    except ContractError:
+        return None
+
+
+def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile]:
     """This node's plan, with the addresses known only now filled in. Exits 2 when it cannot."""
 
     def fail(message: str) -> NoReturn:
@@ -186,12 +211,15 @@ def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, dict[str, 
         if not rank.isdigit():
             fail(f"--node-rank-from {node_rank_from}: the variable holds {rank!r}, not a node rank")
         launch = launch.replace("{node_rank}", rank)
-    data = read_json(Path(launch))
+    try:
+        data = read_launch(Path(launch))
+    except ContractError as exc:
+        fail(str(exc))
     if data is None:
         fail(f"cannot read {launch}")
     addrs = [a for a in os.environ.get("PHALANX_NODE_ADDRS", "").split(",") if a]
     try:
-        return bind_addresses(NodePlan.from_dict(data["node"]), addrs), data
+        return bind_addresses(data.node, addrs), data
     except ValueError as exc:
         fail(f"{exc} (PHALANX_NODE_ADDRS={os.environ.get('PHALANX_NODE_ADDRS', '')!r})")
 
@@ -205,24 +233,25 @@ def main(argv: list[str] | None = None) -> None:
     node, data = _load(args.launch, args.node_rank_from)
     # SIGTERM, not SIGKILL: our workers then get their grace period too.
     die_with_parent(signal.SIGTERM)
-    paths = JobPaths(Path(data["job_dir"]))
-    attempt = int(data["attempt"])
+    paths = JobPaths(Path(data.job_dir))
+    attempt = data.attempt
     os.environ.update(node.env)
     started = time.time()
-    sampler = _start_sampler(paths, attempt, node.node_rank, float(data.get("sample_interval", 5.0)))
+    sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
     try:
         if node.torchrun_argv is not None:
             result = run_torchrun(node, paths, attempt)
         else:
-            result = run_direct(node, float(data["grace"]), paths, attempt)
+            result = run_direct(node, data.grace, paths, attempt)
     finally:
         if sampler is not None:
             sampler.stop()
     add_unnoticed_raises(result, paths, attempt, node.node_rank)
     result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time())
-    write_json(paths.node_result(attempt, node.node_rank), result)
+    report = NodeResult.from_dict(result, f"node {node.node_rank}'s result")
+    write_node_result(paths.node_result(attempt, node.node_rank), report)
     sys.stdout.flush()
-    os._exit(int(result["exitcode"]) & 0xFF)
+    os._exit(report.exitcode & 0xFF)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..core.env import runs_as_python
 from ..core.spec import EntrypointKind, Framework, JobSpec, Spawn, code_root
 from .imports import infer_framework, module_file
-from .plan import Plan
+from ..core.plan import Plan
 
 WARNING = "warning: "
 

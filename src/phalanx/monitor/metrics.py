@@ -412,10 +412,3 @@ class MetricsCollector:
             self.errors += 1
             if self.errors == 1:
                 print(f"phalanx: metrics collection failed: {exc}", file=sys.stderr)
-
-
-def status_summary_lines(record: Any) -> list[str]:
-    """Lines for ``phalanx status`` (metrics of rank 0, then hints); see ``report``."""
-    from .report import status_summary_lines as lines
-
-    return lines(record)

@@ -1,7 +1,9 @@
-"""Metrics read back for people: summaries, curves by step, sparklines, ``status`` lines."""
+"""Metrics and resources read back for people: summaries, curves by step, sparklines, ``status``
+lines, ``top`` frames."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -123,3 +125,21 @@ def status_summary_lines(record: Any) -> list[str]:
 def recent_metrics(paths: JobPaths, attempt: int, max_bytes: int = 1 << 16) -> list[dict[str, Any]]:
     """The latest records of every rank (the end of each file): enough for rates, cheap."""
     return [r for rank in paths.ranks(attempt) for r in recent_records(paths, attempt, rank, max_bytes)]
+
+
+def top_frame(record: Any) -> dict[str, Any]:
+    """What ``phalanx top`` shows: the newest sample of each node of the latest attempt, with
+    its ranks, and the hints of the recent window."""
+    from .hints import hints
+    from .resources import latest_samples, recent_resources
+
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt
+    now = time.time()
+    nodes = []
+    for node, sample in sorted(latest_samples(paths, attempt).items()):
+        nodes.append({**sample, "node_rank": node, "age": max(0.0, now - float(sample.get("time", now)))})
+    return {
+        "job": record.id, "state": record.state.value, "attempt": attempt, "nodes": nodes,
+        "hints": hints(recent_resources(paths, attempt), recent_metrics(paths, attempt)),
+    }

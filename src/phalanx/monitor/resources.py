@@ -290,24 +290,6 @@ def recent_resources(paths: JobPaths, attempt: int, max_bytes: int = 1 << 18) ->
     return out
 
 
-def top_frame(record: Any) -> dict[str, Any]:
-    """What ``phalanx top`` shows: the newest sample of each node of the latest attempt, with
-    its ranks, and the hints of the recent window."""
-    from .hints import hints
-    from .report import recent_metrics
-
-    paths = JobPaths(Path(record.job_dir))
-    attempt = record.attempt
-    now = time.time()
-    nodes = []
-    for node, sample in sorted(latest_samples(paths, attempt).items()):
-        nodes.append({**sample, "node_rank": node, "age": max(0.0, now - float(sample.get("time", now)))})
-    return {
-        "job": record.id, "state": record.state.value, "attempt": attempt, "nodes": nodes,
-        "hints": hints(recent_resources(paths, attempt), recent_metrics(paths, attempt)),
-    }
-
-
 def latest_samples(paths: JobPaths, attempt: int) -> dict[int, dict[str, Any]]:
     """The newest sample of every node of an attempt (reads only the end of each file)."""
     out: dict[int, dict[str, Any]] = {}
@@ -338,8 +320,5 @@ def _last_line(path: Path, window: int = 65536) -> dict[str, Any] | None:
 
 
 def node_ranks(paths: JobPaths, attempt: int) -> list[int]:
-    """The node numbers that have a directory in an attempt (like ``JobPaths.ranks``)."""
-    base = paths.attempt(attempt)
-    if not base.exists():
-        return []
-    return sorted(int(c.name[5:]) for c in base.iterdir() if c.name.startswith("node_") and c.name[5:].isdigit())
+    """The node numbers that have a directory in an attempt (``JobPaths.nodes``)."""
+    return paths.nodes(attempt)

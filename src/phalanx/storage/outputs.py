@@ -26,10 +26,6 @@ from .transfer import (Item, Progress, check_store, download, filesystem, human_
 
 Say = Callable[[str], None]
 
-# What of the job directory is not a log: the outputs (uploaded on their own), the code snapshot.
-_NOT_LOGS = frozenset({"output", "code", "code.json", "artifacts.json"})
-
-
 class OutputError(PhalanxError):
     pass
 
@@ -71,7 +67,7 @@ def upload_job(spec: JobSpec, paths: JobPaths, job_id: str, say: Say) -> str | N
         return None
     remote = RemoteJobPaths.of(spec.output_uri, spec.name, job_id)
     outputs = _local_files(paths.output_dir)
-    logs = _local_files(paths.root, _NOT_LOGS)
+    logs = _local_files(paths.root, paths.not_logs())
     sizes = {rel: p.stat().st_size for rel, p in outputs.items()}
     log_sizes = {rel: p.stat().st_size for rel, p in logs.items()}
     items = [Item(str(p), f"{remote.output}/{rel}", sizes[rel]) for rel, p in outputs.items()]
@@ -125,7 +121,7 @@ def artifacts(paths: JobPaths) -> Artifacts:
     record = read_json(paths.artifacts)
     if record and record.get("complete"):
         return Artifacts(record["uri"] + "/output", True, record.get("output", {}), record.get("logs", {}))
-    return Artifacts(str(paths.output_dir), False, _sizes(paths.output_dir), _sizes(paths.root, _NOT_LOGS),
+    return Artifacts(str(paths.output_dir), False, _sizes(paths.output_dir), _sizes(paths.root, paths.not_logs()),
                      (record or {}).get("error"))
 
 

@@ -19,6 +19,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -27,7 +28,9 @@ from ..errors import JobNotFound, StoreError
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .migrations import MIGRATIONS
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
+    from ..core.paths import JobPaths
+    from ..core.spec import JobSpec
     from .sweeps import SweepTable
 
 _COLUMNS = (
@@ -75,6 +78,19 @@ class JobRecord:
 
     def root_cause_dict(self) -> dict[str, Any] | None:
         return json.loads(self.root_cause) if self.root_cause else None
+
+    @cached_property
+    def spec(self) -> "JobSpec":
+        """The job's spec, parsed once per record (the one way to get it from a record)."""
+        from ..core.spec import JobSpec
+
+        return JobSpec.from_dict(json.loads(self.spec_json))
+
+    @property
+    def paths(self) -> "JobPaths":
+        from ..core.paths import JobPaths
+
+        return JobPaths(Path(self.job_dir))
 
     def to_dict(self) -> dict[str, Any]:
         data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "root_cause")}

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from ..core.state import JobState
+from ..core.state import RESUMABLE, JobState
 from ..errors import JobNotFound
+from .keys import ACTIVE, prefix_range
+from .sql import Writer
 
 if TYPE_CHECKING:
-    from .db import Store
+    from ..core.spec import JobSpec
 
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
@@ -58,6 +61,13 @@ class SweepRecord:
             return None
         return (self.ended_at or time.time()) - self.started_at
 
+    @cached_property
+    def spec(self) -> "JobSpec":
+        """The spec its trials are made from, parsed once per record."""
+        from ..core.spec import JobSpec
+
+        return JobSpec.from_dict(json.loads(self.spec_json))
+
     def to_dict(self) -> dict[str, Any]:
         data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "settings_json", "best_params")}
         data["state"] = self.state.value
@@ -68,7 +78,7 @@ class SweepRecord:
 
 
 class SweepTable:
-    def __init__(self, store: "Store") -> None:
+    def __init__(self, store: Writer) -> None:
         self._store = store
 
     def insert(self, **fields: Any) -> None:
@@ -91,8 +101,6 @@ class SweepTable:
         return self._store._transition("sweeps", sweep_id, new, fields)
 
     def reopen(self, sweep_id: str, **fields: Any) -> bool:
-        from ..core.state import RESUMABLE
-
         marks = ", ".join("?" for _ in RESUMABLE)
         sets = ", ".join(["state = ?", "ended_at = NULL", *(f"{k} = ?" for k in fields)])
         changed = self._store._write(
@@ -118,8 +126,6 @@ class SweepTable:
 
     def find(self, ref: str) -> SweepRecord | None:
         """By id, unique id prefix, or name (latest); None when nothing matches."""
-        from .keys import prefix_range
-
         low, high = prefix_range(ref)
         for sql, args in (("WHERE id = ?", [ref]), ("WHERE id >= ? AND id < ?", [low, high]),
                           ("WHERE name = ?", [ref])):
@@ -131,8 +137,6 @@ class SweepTable:
         return None
 
     def list(self, active_only: bool = False, limit: int | None = None) -> list[SweepRecord]:
-        from .keys import ACTIVE
-
         where, params = "", []
         if active_only:
             where = f"WHERE state IN ({', '.join('?' for _ in ACTIVE)})"

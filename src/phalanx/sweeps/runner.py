@@ -1,7 +1,7 @@
 """The sweep runner: one process that packs trials onto the free slots and drives them.
 
 Every trial is a full job (its own record, logs, metrics, state directory, retries) driven
-by a :class:`~phalanx.launch.supervisor.JobRun` in this process's single event loop, so a
+by a :class:`~phalanx.supervise.job.JobRun` in this process's single event loop, so a
 trial costs no extra supervisor interpreter. Work per event is constant: counters and the
 best trial live in the sweep row, nothing is recomputed over the trials done so far.
 
@@ -20,79 +20,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.paths import HomePaths, JobPaths
+from ..backends.registry import get_backend
+from ..core.contracts import OutcomeKind, StopReason
+from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, JobSpec
 from ..core.state import JobState, is_terminal
-from ..errors import UsageError
 from ..launch.procs import ChildWatcher
-from ..launch.supervisor import JobRun
 from ..store import JobRecord, Store
 from ..store.sweeps import SweepRecord
-from .space import Space, parse_space
-from .strategies import Strategy
+from ..supervise import liveness
+from ..supervise.job import JobRun
+from ..supervise.submit import create_job, new_job_id, plan_attempt, plan_job
+from .settings import SCHEDULED_PARALLEL, SweepSettings, check, parse_objective, slot_plan
+from .space import parse_space
+
+__all__ = ["SCHEDULED_PARALLEL", "SweepRunner", "SweepSettings", "check", "create_sweep", "parse_objective", "slot_plan"]
 
 Events = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    strategy: str = "grid"
-    trials: int | None = None
-    seed: int | None = None
-    objective: str | None = None  # metric name
-    direction: str = "min"
-    early_stop: str | None = None
-    parallel: int | None = None
-    fail_fast: bool = False  # stop the sweep at the first failed trial
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SweepSettings":
-        return cls(**data)
-
-
-def parse_objective(text: str | None) -> tuple[str | None, str]:
-    if not text:
-        return None, "min"
-    name, _, direction = text.partition(":")
-    direction = direction or "min"
-    if not name or direction not in ("min", "max"):
-        raise UsageError(f"invalid --objective '{text}'", "use NAME:min or NAME:max, e.g. --objective val_loss:min")
-    return name, direction
-
-
-def check(spec: JobSpec, space: Space, settings: SweepSettings) -> Strategy:
-    """Validate a sweep before anything starts; returns its strategy."""
-    if settings.early_stop and not settings.objective:
-        raise UsageError("--early-stop needs --objective", "e.g. --objective val_loss:min")
-    if settings.strategy == "tpe" and not settings.objective:
-        raise UsageError("--strategy tpe needs --objective", "e.g. --objective val_loss:min")
-    if settings.parallel is not None and settings.parallel < 1:
-        raise UsageError("--parallel must be at least 1", "e.g. --parallel 2")
-    return Strategy(space, settings.strategy, settings.trials, settings.seed, settings.direction, settings.early_stop)
-
-
-SCHEDULED_PARALLEL = 16  # trials at once on a scheduler, unless --parallel says otherwise
-
-
-def slot_plan(spec: JobSpec, parallel: int | None) -> list[str | None]:
-    """One entry per concurrent trial: its CUDA_VISIBLE_DEVICES, or None on CPU-only machines.
-
-    A trial needs one device per process (GPU), or one core per process (CPU). On a backend
-    whose scheduler places the trials (SLURM), only ``parallel`` (default SCHEDULED_PARALLEL) limits.
-    """
-    from ..backends.local import local_gpu_count
-    from ..backends.registry import get_backend
-
-    if not get_backend(spec.backend).local_slots:
-        return [None] * (parallel or SCHEDULED_PARALLEL)
-    per_trial = spec.resources.world_size if spec.spawn.value == "auto" else spec.resources.nnodes
-    gpus = local_gpu_count()
-    if gpus:
-        fit = max(1, gpus // per_trial)
-        count = min(fit, parallel) if parallel else fit
-        return [",".join(str(g) for g in range(i * per_trial, (i + 1) * per_trial)) for i in range(count)]
-    fit = max(1, (os.cpu_count() or 1) // per_trial)
-    return [None] * (min(fit, parallel) if parallel else fit)
 
 
 @dataclass
@@ -112,7 +56,7 @@ class SweepRunner:
         self.home = home
         self.sweep = sweep
         self.say = events or (lambda text: None)
-        self.spec = JobSpec.from_dict(json.loads(sweep.spec_json))
+        self.spec = sweep.spec
         self.settings = SweepSettings.from_dict(json.loads(sweep.settings_json))
         self.space = parse_space(self.spec.entrypoint.args)
         self.strategy = check(self.spec, self.space, self.settings)
@@ -122,13 +66,11 @@ class SweepRunner:
 
     def run(self) -> int:
         """Blocking; main thread. Returns 0 when every trial ended, else the stop's exit code."""
-        import psutil
-
-        identity = {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
+        identity = liveness.identity()
         todo = self._todo()
         free = list(range(len(self.slots)))
         running: dict[int, _Trial] = {}
-        stop_kind: str | None = None
+        stop_kind: StopReason | str | None = None  # or "failed": a trial failed with --fail-fast
         stop_signal: int = signal.SIGTERM
         seen = 0
         with ChildWatcher() as watcher:
@@ -141,7 +83,7 @@ class SweepRunner:
                     if stop_kind is None:
                         stop_kind = self._stop_kind(stop_signal)
                     for trial in running.values():
-                        trial.run.stop(stop_kind if stop_kind != "failed" else "cancelled", stop_signal)
+                        trial.run.stop(stop_kind if isinstance(stop_kind, StopReason) else StopReason.CANCELLED, stop_signal)
                 while stop_kind is None and free and todo:
                     number = todo.pop(0)
                     slot = free.pop(0)
@@ -157,7 +99,7 @@ class SweepRunner:
                         if self._ended(trial) == "failed" and self.settings.fail_fast and stop_kind is None:
                             stop_kind = "failed"
                             for other in running.values():
-                                other.run.stop("cancelled")
+                                other.run.stop(StopReason.CANCELLED)
                 if not running and (stop_kind is not None or not todo):
                     break
                 if freed and todo and stop_kind is None:
@@ -183,8 +125,6 @@ class SweepRunner:
         return [n for n in range(self.total) if n not in finished]
 
     def _launch(self, number: int, slot: int, identity: dict[str, Any]) -> _Trial:
-        from .. import jobs
-
         if number in self._cut_off:  # cut off by a crash or a stop: it continues where it was
             return self._resume_trial(self._cut_off.pop(number), number, slot, identity)
         params = self.strategy.params_for(number)
@@ -204,9 +144,9 @@ class SweepRunner:
             # A named sweep's trial N shares state with trial N of its earlier runs; otherwise each its own.
             state_name=f"{self.spec.state_name}-{number}" if self.spec.state_name else "",
         )
-        plan = jobs.plan_job(spec)
-        record = jobs.create_job(self.store, spec, plan, sweep_id=self.sweep.id, trial=number,
-                                 params_json=json.dumps(params, sort_keys=True), **identity)
+        plan = plan_job(spec, self.home)
+        record = create_job(self.store, self.home, spec, plan, sweep_id=self.sweep.id, trial=number,
+                            params_json=json.dumps(params, sort_keys=True), **identity)
         self.store.sweeps.count(self.sweep.id, "launched")
         run = JobRun(self.store, self.home, record, plan, self.say)
         run.start(identity)
@@ -214,16 +154,13 @@ class SweepRunner:
 
     def _resume_trial(self, record: JobRecord, number: int, slot: int, identity: dict[str, Any]) -> _Trial:
         """A trial cut off by a crash or a stop continues as a new attempt of the same job."""
-        from ..backends.registry import get_backend
-
-        if not is_terminal(record.state):
-            self.store.transition(record.id, JobState.LOST)
+        if not is_terminal(record.state):  # its runner (an earlier one) is gone: record it
+            self.store.transition(record.id, JobState.LOST, root_cause=liveness.lost_cause(record))
         params = json.loads(record.params_json or "{}")
         self.strategy.start(number, params)
-        spec = JobSpec.from_dict(json.loads(record.spec_json))
-        paths = JobPaths(Path(record.job_dir))
-        attempt = max([*paths.attempts(), record.attempt]) + 1
-        plan = get_backend(spec.backend).plan(spec, record.id, attempt, self.home)
+        spec = record.spec
+        attempt = max([*record.paths.attempts(), record.attempt]) + 1
+        plan = plan_attempt(get_backend(spec.backend), spec, record.id, attempt, self.home)
         self.store.reopen(record.id, attempt, **identity)
         run = JobRun(self.store, self.home, self.store.get(record.id), plan, self.say)
         run.start(identity)
@@ -247,11 +184,11 @@ class SweepRunner:
             step = rec.get("step")
             if step is not None and not trial.run.done and self.strategy.report(trial.number, int(step), trial.last_value):
                 self.say(f"trial {trial.number} pruned at step {step} ({name}={trial.last_value:g})")
-                trial.run.stop("pruned")
+                trial.run.stop(StopReason.PRUNED)
                 break
 
     def _ended(self, trial: _Trial) -> str:
-        outcome = trial.run.outcome.kind if trial.run.outcome else "failed"
+        outcome = trial.run.outcome.kind.value if trial.run.outcome else OutcomeKind.FAILED.value
         value = trial.last_value if outcome == "succeeded" else None
         state = {"succeeded": "complete", "pruned": "pruned"}.get(outcome, "fail")
         if outcome in ("cancelled", "preempted"):
@@ -274,12 +211,12 @@ class SweepRunner:
         self.say(f"trial {trial.number} {_fmt_params(trial.params)}: {outcome}{shown}{' (best so far)' if better else ''}")
         return "failed" if outcome in ("failed", "stalled") else outcome
 
-    def _stop_kind(self, signum: int) -> str:
+    def _stop_kind(self, signum: int) -> StopReason:
         if signum == signal.SIGINT or self.store.sweeps.get(self.sweep.id).state is JobState.STOPPING:
-            return "cancelled"
-        return "preempted"
+            return StopReason.CANCELLED
+        return StopReason.PREEMPTED
 
-    def _finish(self, stop_kind: str | None, stop_signal: int) -> int:
+    def _finish(self, stop_kind: StopReason | str | None, stop_signal: int) -> int:
         sweep_id = self.sweep.id
         if stop_kind is None:
             self.store.sweeps.transition(sweep_id, JobState.SUCCEEDED)
@@ -288,7 +225,7 @@ class SweepRunner:
         if stop_kind == "failed":
             self.store.sweeps.transition(sweep_id, JobState.FAILED)
             return 1
-        state = JobState.CANCELLED if stop_kind == "cancelled" else JobState.PREEMPTED
+        state = JobState.CANCELLED if stop_kind is StopReason.CANCELLED else JobState.PREEMPTED
         if not self.store.sweeps.transition(sweep_id, state):
             self.store.sweeps.transition(sweep_id, JobState.FAILED)
         return code
@@ -300,11 +237,9 @@ def _fmt_params(params: dict[str, Any]) -> str:
 
 def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSettings) -> SweepRecord:
     """Record a sweep (PENDING); its trials are created as it runs."""
-    from ..jobs import new_job_id
-
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
-    sweep_id = new_job_id()
+    sweep_id = new_job_id(home)
     sweep_dir = home.sweep_dir(sweep_id)
     sweep_dir.mkdir(parents=True)
     command = spec.entrypoint.display()

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from .. import jobs
+from .. import query
 from ..errors import JobNotFound, PhalanxError, UsageError
 from ..store import JobRecord
 from . import data, pages
@@ -94,7 +94,7 @@ def _int(request: Request, name: str, default: int | None = None) -> int | None:
 
 
 def _record(request: Request) -> JobRecord:
-    return jobs.get_job(request.path_params["job"])
+    return query.get_job(request.path_params["job"])
 
 
 def _json(payload: Any) -> JSONResponse:
@@ -142,7 +142,7 @@ def _compare_records(request: Request) -> list[JobRecord]:
     refs = [r for r in request.query_params.get("jobs", "").split(",") if r.strip()]
     if not refs:
         raise UsageError("no jobs to compare", "pass ?jobs=ID1,ID2")
-    return [jobs.get_job(r.strip()) for r in refs[:20]]
+    return [query.get_job(r.strip()) for r in refs[:20]]
 
 
 def api_compare(request: Request) -> Response:

@@ -14,7 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.paths import JobPaths, read_json
+from ..core.contracts import read_node_result
+from ..core.paths import read_json
 from ..core.state import is_terminal
 from ..errors import PhalanxError, UsageError
 from ..monitor.hints import hints
@@ -53,21 +54,21 @@ def job_summary(record: JobRecord) -> dict[str, Any]:
 def jobs_page(limit: int, after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A page of the job list (newest first, keyset-paged: page 1,000 costs what page 1
     does) and the cursor of the next page, or None on the last one."""
-    from .. import jobs
+    from .. import query
+    from ..supervise.liveness import effective
 
-    store = jobs.open_store()
-    page = store.page(max(1, limit), after)
-    records = [r if is_terminal(r.state) else jobs.reconcile(store, r) for r in page.records]
+    page = query.open_store().page(max(1, limit), after)
+    records = [effective(r) for r in page.records]
     return [job_summary(r) for r in records], page.next
 
 
 def job_detail(record: JobRecord) -> dict[str, Any]:
     """The job with its ranks, attempts (timeline), root cause and hints."""
-    from .. import jobs
+    from .. import query
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     data = job_summary(record)
-    data["ranks"] = [asdict(r) for r in jobs.rank_statuses(record)]
+    data["ranks"] = [asdict(r) for r in query.rank_statuses(record)]
     data["attempts"] = attempts_timeline(record)
     data["hints"] = hints(recent_resources(paths, record.attempt), recent_metrics(paths, record.attempt))
     data["terminal"] = is_terminal(record.state)
@@ -76,14 +77,17 @@ def job_detail(record: JobRecord) -> dict[str, Any]:
 
 def attempts_timeline(record: JobRecord) -> list[dict[str, Any]]:
     """Per attempt: start, end (None while running), exit code and per-node results."""
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     out = []
     for attempt in paths.attempts():
-        nodes = []
+        nodes: list[dict[str, Any]] = []
         for node in node_ranks(paths, attempt):
-            result = read_json(paths.node_result(attempt, node)) or {}
-            nodes.append({"node_rank": node, "host": result.get("host"), "exitcode": result.get("exitcode"),
-                          "started": result.get("started"), "finished": result.get("finished")})
+            result = read_node_result(paths.node_result(attempt, node))
+            if result is None:
+                nodes.append({"node_rank": node, "host": None, "exitcode": None, "started": None, "finished": None})
+            else:
+                nodes.append({"node_rank": node, "host": result.host, "exitcode": result.exitcode,
+                              "started": result.started, "finished": result.finished})
         starts = [n["started"] for n in nodes if n["started"]]
         for rank in paths.ranks(attempt):
             proc = read_json(paths.rank_proc(attempt, rank)) or {}
@@ -167,7 +171,7 @@ def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int
                   points: int = MAX_POINTS) -> dict[str, Any]:
     """Chart traces: per metric name, one trace per (attempt, rank); x is the step when every
     value has one, else the value's index."""
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempts = paths.attempts() if attempt is None else [attempt]
     traces: dict[str, list[dict[str, Any]]] = {}
     available: set[int] = set()
@@ -211,7 +215,7 @@ def compare_series(records: list[JobRecord], points: int = MAX_POINTS) -> dict[s
 def resource_series(record: JobRecord, attempt: int | None = None, points: int = MAX_POINTS) -> dict[str, Any]:
     """Per node: time series of node CPU and memory, each rank's CPU and RSS, each GPU's util
     and memory (thinned to ``points``; None where a sample lacks the rank or GPU)."""
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempt = record.attempt if attempt is None else attempt
     nodes: dict[str, Any] = {}
     for node in node_ranks(paths, attempt):
@@ -245,7 +249,7 @@ def resource_series(record: JobRecord, attempt: int | None = None, points: int =
 
 
 def _log_path(record: JobRecord, attempt: int | None, rank: int) -> tuple[int, Path]:
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempt = record.attempt if attempt is None else attempt
     if attempt < 0 or rank < 0:
         raise UsageError("attempt and rank must be 0 or more", "e.g. ?rank=0&attempt=0")

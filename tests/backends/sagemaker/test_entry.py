@@ -43,7 +43,8 @@ def test_one_instance_runs_its_node_and_reports_through_stdout(tmp_path, monkeyp
                                  "open(os.path.join(os.environ['SM_MODEL_DIR'], 'w.txt'), 'w').write('x')\nsys.exit(3)\n")
     spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(code / "job.py")), Resources(1, 1), name="one", backend="sagemaker",
                    workdir=str(code), backend_options={"role": ROLE, "s3_prefix": "s3://b/p", "image": "x/y:1"})
-    plan = get_backend("sagemaker").plan(spec.with_(python=sys.executable), "e2e1", 0, HomePaths(tmp_path / "home"))
+    backend, spec = get_backend("sagemaker"), spec.with_(python=sys.executable)
+    plan = backend.plan(spec, "e2e1", 0, HomePaths(tmp_path / "home"), backend.facts(spec))
     root = tmp_path / "instance"
     channel = root / "opt/ml/input/data" / layout.CHANNEL
     channel.mkdir(parents=True)

@@ -66,7 +66,8 @@ def _aws_env(monkeypatch, tmp_path):
 
 def _plan(spec: JobSpec, tmp: Path, attempt: int = 0):
     spec = spec.with_(python="python3", workdir="/work")
-    return get_backend("sagemaker").plan(spec, "job1234", attempt, HomePaths(tmp / "home"))
+    backend = get_backend("sagemaker")
+    return backend.plan(spec, "job1234", attempt, HomePaths(tmp / "home"), backend.facts(spec))
 
 
 @pytest.mark.parametrize("case", ["sagemaker_torch_2x4_spot", "sagemaker_tf_2x1_channels", "sagemaker_single_vpc_kms"])
@@ -93,7 +94,8 @@ def test_nodes_are_the_algo_hosts_with_the_containers_paths(tmp_path):
     assert n0.env["PHALANX_STATE_DIR"] == "/opt/ml/checkpoints" and n0.env["SM_MODEL_DIR"] == "/opt/ml/model"
     assert n0.env["SM_OUTPUT_DATA_DIR"] == "/opt/ml/output/data" and json.loads(n0.env["SM_HOSTS"]) == ["algo-1", "algo-2"]
     assert "SM_NUM_GPUS" not in n0.env  # counted on the instance
-    assert n0.worker_argv[:2] == ("--script", "/opt/ml/phalanx/code/train.py") and n0.cwd == "/opt/ml/phalanx/code"
+    # the shipped copy is the working directory; the script goes as typed there (fidelity: in_snapshot(shipped=True))
+    assert n0.worker_argv[:2] == ("--script", "train.py") and n0.cwd == "/opt/ml/phalanx/code"
 
 
 def test_grace_is_capped_below_sagemakers_sigkill(tmp_path):

@@ -76,7 +76,7 @@ def _start(tmp_path, monkeypatch, fake, **options):
                    workdir=str(code), backend_options={"gpus": "L4:1", **options})
     backend = get_backend("skypilot")
     paths = JobPaths(tmp_path / "jobs" / "sky1")
-    plan = backend.plan(spec, "sky1", 0, HomePaths(tmp_path))
+    plan = backend.plan(spec, "sky1", 0, HomePaths(tmp_path), backend.facts(spec))
     paths.root.mkdir(parents=True)
     write_json(paths.spec, spec.to_dict())
     return backend.start(plan, paths), paths
@@ -87,7 +87,7 @@ def _wait(handles):
     while any(h.poll() is None for h in handles):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    return [h.poll() for h in handles]
+    return [h.poll().exitcode for h in handles]  # NodeResult: the node's end, as the supervisor reads it
 
 
 def test_launch_tail_and_report(tmp_path, monkeypatch):

@@ -32,7 +32,8 @@ CASES = {
 
 
 def _plan(spec, tmp_path, attempt=0):
-    return get_backend("skypilot").plan(spec.with_(workdir="/work"), "job1234", attempt, HomePaths(Path("/home/u/.phalanx")))
+    backend, spec = get_backend("skypilot"), spec.with_(workdir="/work")
+    return backend.plan(spec, "job1234", attempt, HomePaths(Path("/home/u/.phalanx")), backend.facts(spec))
 
 
 def _task(plan):
@@ -60,7 +61,8 @@ def test_nodes_learn_rank_and_addresses_from_skypilot(tmp_path):
     n0, n1 = plan.nodes
     assert any(a.startswith("--rdzv-endpoint=@NODE_ADDR_0@:") for a in n1.torchrun_argv)
     assert n0.env["PHALANX_NODE_ADDRS"] == "@NODE_ADDR_0@,@NODE_ADDR_1@" and n0.env["SM_NUM_GPUS"] == "8"
-    assert n0.worker_argv[:2] == ("--script", "@SKY_WORKDIR@/code/train.py")
+    # the shipped copy is the working directory; the script goes as typed there (fidelity: in_snapshot(shipped=True))
+    assert n0.worker_argv[:2] == ("--script", "train.py") and n0.cwd == "@SKY_WORKDIR@/code"
 
 
 def test_managed_recovery_and_phalanx_retries_do_not_both_retry(tmp_path):

@@ -21,9 +21,9 @@ from ...core.env import Topology
 from ...core.paths import HomePaths, JobPaths, read_json, write_json
 from ...core.spec import JobSpec, in_snapshot
 from ...errors import BackendError, UsageError
-from ...launch.plan import Plan, late_addresses
-from ..base import Backend, NodeHandle, PortSource
-from ..local import RESTART_SAFE_ENV, build_nodes
+from ...core.plan import Plan, late_addresses
+from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
+from ..base import Backend, Facts, NodeHandle
 from ..options import validate
 from . import relay, submission
 from .options import DEFAULT_PENDING_TIMEOUT, OPTIONS, validate_section
@@ -38,7 +38,7 @@ class RayBackend(Backend):
     options = OPTIONS
     local_slots = False  # Ray places a sweep's trials; only --parallel limits them
 
-    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options
         section = validate_section(opts.get("ray"))
         if spec.channels:
@@ -54,10 +54,10 @@ class RayBackend(Backend):
             job_id=job_id, attempt=attempt, node_addrs=addrs, master_port=port,
             worker_ports=tuple(PORT_RANGE[0] + (digest + 1 + i) % (PORT_RANGE[1] - PORT_RANGE[0])
                                for i in range(nnodes * spec.procs_per_node_started)),
-            state_dir=str(remote_home.state_dir(spec.name)), output_dir=str(remote.output_dir), job_dir=str(remote.root),
-            num_gpus=int(opts.get("gpus_per_node") or 0),
+            state_dir=str(remote_home.state_dir(spec.state_key)), output_dir=str(remote.output_dir), job_dir=str(remote.root),
+            num_gpus=int(opts.get("gpus_per_node") or 0), preset_env=frozenset(facts.host.env),
         )
-        spec = in_snapshot(spec.with_(python=relay.PYTHON), str(remote.code_dir))
+        spec = in_snapshot(spec.with_(python=relay.PYTHON), str(remote.code_dir), shipped=True)
         nodes = build_nodes(spec, topo, remote, addrs, addrs, {"PHALANX_AUTO_IFNAME": "1", **RESTART_SAFE_ENV})
         pending = opts.get("pending_timeout")
         request = {
@@ -72,6 +72,9 @@ class RayBackend(Backend):
         text = submission.render(submission.submission_id(job_id, attempt), address, request, nnodes)
         text += "# request: " + json.dumps(request, sort_keys=True) + "\n"
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace, submission=text)
+
+    def shares_files(self, spec: JobSpec) -> bool:
+        return False  # the nodes get a shipped copy of the code (the Ray working_dir)
 
     # -- before anything is recorded: the checks that make bad input exit 2 ---------------
 
@@ -126,7 +129,7 @@ class RayBackend(Backend):
             try:
                 # The snapshot, or the directory a sweep's trials share (or --no-snapshot's workdir).
                 code = paths.code_dir if spec.snapshot else Path(spec.workdir)
-                submission.stage(Path(staging), code, home.state_dir(spec.name), job)
+                submission.stage(Path(staging), code, home.state_dir(spec.state_key), job)
             except UsageError as exc:
                 raise BackendError(exc.message, exc.hint) from None
             client.submit(submission.entrypoint(request.get("python")),
@@ -175,7 +178,7 @@ def _request(plan: Plan) -> dict[str, Any]:
 
 def _trees(home: HomePaths, spec: JobSpec, paths: JobPaths) -> dict[str, Path]:
     """The local directories the nodes' state and output directories are mirrored into."""
-    return {"state": home.state_dir(spec.name), "output": paths.output_dir}
+    return {"state": home.state_dir(spec.state_key), "output": paths.output_dir}
 
 
 def _version(text: str) -> tuple[int, ...]:

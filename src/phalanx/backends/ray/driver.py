@@ -40,7 +40,7 @@ from typing import Any
 
 from ...launch.netif import interface_for
 from ...launch.procs import signal_group
-from ...launch.remote import Mirror
+from ...launch.frames import Mirror
 from . import relay
 
 MIN_RAY = (2, 10)  # placement groups and scheduling strategies as used here

@@ -24,8 +24,9 @@ from typing import IO, Any
 
 from ...core.paths import JobPaths, read_json, write_json
 from ...errors import BackendError
-from ...launch.remote import Receiver
-from ..base import NodeHandle
+from ...core.contracts import NodeResult
+from ...launch.frames import Receiver
+from ..base import NodeHandle, synthesize
 from . import relay
 from .client import TERMINAL, RayClient
 
@@ -217,8 +218,12 @@ class RayNode(NodeHandle):
         self.job = job
         self.node_rank = node_rank
 
-    def poll(self) -> int | None:
-        return self.job.poll(self.node_rank)
+    def poll(self) -> NodeResult | None:
+        code = self.job.poll(self.node_rank)
+        if code is None:
+            return None
+        return synthesize(self.job.paths, self.job.attempt, NodeResult.synthesize(
+            self.node_rank, code, f"Ray job {self.job.submission_id}: node {self.node_rank} ended without a report"))
 
     def signal(self, signum: int) -> None:
         self.job.signal(signum)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import UsageError
-from ...launch.plan import Plan
+from ...core.plan import Plan
 from ...storage.bundle import code_files, phalanx_files
 
 MAX_WORKING_DIR = 500 * 1024 * 1024  # Ray's GCS_STORAGE_MAX_SIZE (research: backends.md 4.3.7)

@@ -25,12 +25,13 @@ from typing import Any
 from ...core.paths import HomePaths, JobPaths, read_json, write_json
 from ...core.spec import JobSpec
 from ...errors import BackendError, PhalanxError, UsageError
-from ...launch.plan import Plan
-from ..base import Backend, NodeHandle, PortSource
+from ...core.contracts import NodeResult
+from ...core.plan import Plan
+from ..base import Backend, Facts, NodeHandle, synthesize
 from ..options import validate
 from . import layout
 from .options import OPTIONS, STOP_TIMEOUT
-from .plan import Facts, check_options, plan_attempt, request_of, s3_prefix
+from .plan import SageMakerFacts, check_options, plan_attempt, request_of, s3_prefix
 
 
 class SageMakerBackend(Backend):
@@ -40,13 +41,16 @@ class SageMakerBackend(Backend):
     remote_data = True  # SageMaker stages the channels and syncs the checkpoints itself
     stop_margin = float(STOP_TIMEOUT) + 240.0  # SIGKILL after 120 s, then the upload and the final status
 
-    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         from . import client, uploads
 
         opts = dict(spec.backend_options)
         region = client.region(opts)
         digests = tuple((c.name, uploads.local_digest(c.source, home)) for c in spec.channels if not c.is_remote)
-        return plan_attempt(spec, job_id, attempt, opts, Facts(region=region, channel_digests=digests))
+        return plan_attempt(spec, job_id, attempt, opts, SageMakerFacts(facts.host, region=region, channel_digests=digests))
+
+    def shares_files(self, spec: JobSpec) -> bool:
+        return False  # the instances run a shipped copy of the code (the phalanx channel's bundle)
 
     def check(self, spec: JobSpec) -> None:
         """Everything that can be known before the job is recorded: region and credentials, the
@@ -54,7 +58,7 @@ class SageMakerBackend(Backend):
         from ... import config
         from . import client
 
-        self.plan(spec, "check", 0, HomePaths(config.home()))  # every pure check first, offline
+        self.plan(spec, "check", 0, HomePaths(config.home()), self.facts(spec))  # every pure check first, offline
         opts = validate(self.name, self.options, spec.backend_options)
         role = check_options(opts)
         aws = client.Aws(client.region(opts), opts.get("profile"))
@@ -142,8 +146,12 @@ class SageMakerNode(NodeHandle):
         self.watch = watch
         self.node_rank = node_rank
 
-    def poll(self) -> int | None:
-        return self.watch.exit_code(self.node_rank)  # type: ignore[no-any-return]
+    def poll(self) -> NodeResult | None:
+        code = self.watch.exit_code(self.node_rank)
+        if code is None:
+            return None
+        return synthesize(self.watch.paths, self.watch.attempt, NodeResult.synthesize(
+            self.node_rank, int(code), f"training job {self.watch.name}: node {self.node_rank} ended without a report"))
 
     def signal(self, signum: int) -> None:
         self.watch.stop(signum)

@@ -194,8 +194,9 @@ def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> i
     attempt_dir = os.path.join(launch["job_dir"], f"attempt_{launch['attempt']}")
     streamer = Streamer(attempt_dir, out)
     streamer.emit(f"phalanx: node {node_rank} of {len(hosts)} ({hosts[node_rank]}), job {launch['job_id']} attempt {launch['attempt']}")
+    # In the node's working directory (the unpacked code), as every backend starts its agents.
     agent = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=launch["nodes"][node_rank]["cwd"])
 
     def forward(signum: int, _frame: Any) -> None:  # StopTrainingJob / spot: the agent runs its grace period
         if agent.poll() is None:

@@ -19,8 +19,9 @@ from ...core.env import Topology
 from ...core.paths import JobPaths
 from ...core.spec import Framework, JobSpec, in_snapshot
 from ...errors import UsageError
-from ...launch.plan import NodePlan, Plan
-from ..local import RESTART_SAFE_ENV, build_nodes
+from ...core.plan import NodePlan, Plan
+from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
+from ..base import Facts
 from . import images, layout, schema
 from .options import MAX_GRACE, effective_grace
 from .request import Request, training_request
@@ -31,10 +32,11 @@ RUNTIME_ENV = ("SM_NUM_GPUS", "SM_NUM_CPUS")
 
 
 @dataclass(frozen=True)
-class Facts:
-    """What the plan needs from outside: looked up once per submission (``client.facts``)."""
+class SageMakerFacts(Facts):
+    """What the plan needs from outside, looked up once per submission (``SageMakerBackend._facts``):
+    the region, and the content digest of every local input (its S3 prefix)."""
 
-    region: str
+    region: str = ""
     channel_digests: tuple[tuple[str, str], ...] = ()  # (name, content digest) of each local input
 
 
@@ -98,7 +100,7 @@ def container_nodes(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, An
     nnodes = spec.resources.nnodes
     hosts = tuple(f"algo-{i + 1}" for i in range(nnodes))
     # The bundle always carries the code (the snapshot, or the working directory itself).
-    spec = in_snapshot(spec.with_(python="python3"), layout.CODE)
+    spec = in_snapshot(spec.with_(python="python3"), layout.CODE, shipped=True)
     nworkers = nnodes * spec.procs_per_node_started
     topo = Topology(
         job_id=job_id, attempt=attempt, node_addrs=hosts, master_port=layout.RDZV_PORT,
@@ -120,7 +122,7 @@ def container_nodes(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, An
     return tuple(out)
 
 
-def plan_attempt(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, Any], facts: Facts) -> Plan:
+def plan_attempt(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, Any], facts: SageMakerFacts) -> Plan:
     """The Plan of one attempt; ``submission`` is the validated CreateTrainingJob request (JSON)."""
     role = check_options(opts)
     s3 = layout.JobS3(s3_prefix(opts, facts.region, role), job_id)

@@ -27,8 +27,9 @@ from typing import Any
 from ...core.paths import HomePaths, JobPaths, write_json
 from ...core.spec import JobSpec
 from ...errors import MissingDependency
-from ...launch.plan import Plan
-from ..base import Backend, NodeHandle, PortSource
+from ...core.contracts import NodeResult
+from ...core.plan import Plan
+from ..base import Backend, Facts, NodeHandle, synthesize
 from ..options import validate
 from .options import OPTIONS
 from .task import nodes, task_config, task_name
@@ -44,13 +45,16 @@ class SkyPilotBackend(Backend):
     options = OPTIONS
     local_slots = False
 
-    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         import yaml
 
         opts = dict(spec.backend_options)
         config = task_config(spec, job_id, attempt, str(staging_dir(paths, attempt)), opts)
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes(spec, job_id, attempt), grace=spec.grace,
                     submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True))
+
+    def shares_files(self, spec: JobSpec) -> bool:
+        return False  # the VMs run the copy SkyPilot syncs to ~/sky_workdir
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         import yaml
@@ -165,8 +169,12 @@ class SkyNode(NodeHandle):
         self.run = run
         self.node_rank = node_rank
 
-    def poll(self) -> int | None:
-        return self.run.result(self.node_rank)
+    def poll(self) -> NodeResult | None:
+        code = self.run.result(self.node_rank)
+        if code is None:
+            return None
+        return synthesize(self.run.paths, self.run.plan.attempt, NodeResult.synthesize(
+            self.node_rank, code, f"SkyPilot job {self.run.job_id}: node {self.node_rank} ended without a report"))
 
     def signal(self, signum: int) -> None:
         self.run.stop(signum)

@@ -18,7 +18,7 @@ import os
 import sys
 
 from phalanx.launch.netif import interface_for
-from phalanx.launch.plan import NodePlan, bind_addresses
+from phalanx.core.plan import NodePlan, bind_addresses
 
 WORKDIR = "@SKY_WORKDIR@"
 
@@ -57,6 +57,8 @@ def prepare(workdir: str, environ: dict[str, str]) -> str:
 
 def main() -> None:
     path = prepare(os.getcwd(), dict(os.environ))
+    with open(path) as fh:
+        os.chdir(json.load(fh)["node"]["cwd"])  # the node's working directory (the synced code), as every backend starts its agents
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path])
 

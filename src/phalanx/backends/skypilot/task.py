@@ -25,8 +25,8 @@ from ...core.env import Topology
 from ...core.paths import JobPaths
 from ...core.spec import Framework, JobSpec, in_snapshot
 from ...errors import UsageError
-from ...launch.plan import NodePlan, late_addresses
-from ..local import RESTART_SAFE_ENV, build_nodes
+from ...core.plan import NodePlan, late_addresses
+from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 
 WORKDIR = "@SKY_WORKDIR@"  # the absolute path of ~/sky_workdir, known on the node only (entry fills it in)
 PORT_RANGE = (29400, 29900)
@@ -63,7 +63,7 @@ def nodes(spec: JobSpec, job_id: str, attempt: int) -> tuple[NodePlan, ...]:
     """Each node's part; paths under ``WORKDIR``, addresses filled in on the node."""
     nnodes = spec.resources.nnodes
     addrs = late_addresses(nnodes)
-    spec = in_snapshot(spec.with_(python="python3"), f"{WORKDIR}/code")
+    spec = in_snapshot(spec.with_(python="python3"), f"{WORKDIR}/code", shipped=True)
     digest = int(hashlib.sha256(f"{job_id}:{attempt}".encode()).hexdigest(), 16)
     span = PORT_RANGE[1] - PORT_RANGE[0]
     topo = Topology(

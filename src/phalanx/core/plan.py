@@ -91,10 +91,13 @@ class Plan:
     nodes: tuple[NodePlan, ...]
     grace: float
     # What is handed to a scheduler that then starts the node agents itself (SLURM's batch
-    # script); empty for backends that start the agents directly.
+    # script, a manifest); empty for backends that start the agents directly.
     submission: str = ""
     # What the script will see, in words (launch/explain.py): printed above the plan.
     notes: tuple[str, ...] = ()
+    # What ``Backend.start`` needs beyond the nodes and the submission, decided at plan time
+    # (JSON-able, owned by the backend: the ssh backend's hosts and what it ships to them).
+    context: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -108,6 +111,8 @@ class Plan:
             data["submission"] = self.submission
         if self.notes:
             data["notes"] = list(self.notes)
+        if self.context:
+            data["context"] = dict(self.context)
         return data
 
     def to_json(self) -> str:
@@ -123,6 +128,7 @@ class Plan:
             nodes=tuple(NodePlan.from_dict(n) for n in data["nodes"]),
             submission=data.get("submission", ""),
             notes=tuple(data.get("notes", ())),
+            context=dict(data.get("context") or {}),
         )
 
     def render(self, show_env: bool = True) -> str:

@@ -1,0 +1,67 @@
+"""Spec + topology -> one ``NodePlan`` per node: the part of planning every backend shares.
+
+Pure: what the submitting machine knows arrives in ``Topology`` (its addresses, ports, GPU and
+CPU counts, the variables already set there), never from ``os`` here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..core.env import Topology, node_env, process_env, runs_as_python, template_values
+from ..core.paths import JobPaths
+from ..core.plan import NodePlan, ProcessPlan
+from ..core.spec import JobSpec, render_template
+from .torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
+
+# torchrun's in-place restarts (--max-restarts) hang or fail most of the time when workers
+# share the agent's rendezvous TCPStore (see docs/restarts.md); a store per round is reliable.
+RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def agent_argv(python: str, paths: JobPaths, attempt: int, node_rank: int | str) -> tuple[str, ...]:
+    """The node agent's command line; a str ``node_rank`` leaves a placeholder (``{node_rank}``)."""
+    return (python, "-m", "phalanx.launch.agent", "--launch", str(paths.node_launch(attempt, node_rank)))
+
+
+def build_nodes(
+    spec: JobSpec, topo: Topology, paths: JobPaths, hosts: tuple[str, ...], local_addrs: tuple[str, ...],
+    net_env: Mapping[str, str],
+) -> tuple[NodePlan, ...]:
+    """Per-node plans. ``paths`` is the job directory as the nodes see it; ``net_env`` holds
+    defaults (``GLOO_SOCKET_IFNAME``, ...) that give way to the spec's env and to variables set
+    on the submitting machine (``topo.preset_env``)."""
+    preset = topo.preset_env or frozenset()
+    nodes = []
+    for node_rank in range(spec.resources.nnodes):
+        env = node_env(spec, topo, node_rank)
+        env["PHALANX_FRAMEWORK"] = spec.framework.value
+        env["PHALANX_RANK_DIR"] = paths.rank_dir_template(topo.attempt)
+        for key, value in ({} if runs_as_python(spec) else net_env).items():  # python sets no network variables
+            if key not in spec.env and key not in preset:
+                env[key] = value
+        args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
+        worker = worker_command(spec, args)
+        common: dict[str, Any] = dict(
+            node_rank=node_rank,
+            host=hosts[node_rank],
+            agent_argv=agent_argv(spec.python, paths, topo.attempt, node_rank),
+            env=env,
+            cwd=spec.workdir,
+        )
+        if spec.uses_torchrun:
+            nodes.append(
+                NodePlan(**common, torchrun_argv=torchrun_argv(spec, topo, node_rank, local_addrs[node_rank]), worker_argv=worker)
+            )
+        else:
+            procs = tuple(
+                ProcessPlan(
+                    local_rank=local,
+                    rank=node_rank * spec.procs_per_node_started + local,
+                    argv=(spec.python, "-u", "-m", BOOTSTRAP_MODULE, *worker),
+                    env=process_env(spec, topo, node_rank, local),
+                )
+                for local in range(spec.procs_per_node_started)
+            )
+            nodes.append(NodePlan(**common, processes=procs))
+    return tuple(nodes)

@@ -1,0 +1,251 @@
+"""Read-only views of jobs and sweeps: what ``ps``, ``status``, ``logs``, ``metrics`` and the
+dashboard show. Nothing here writes to the store or a job directory.
+
+A job whose supervisor vanished is shown LOST at once (``supervise.liveness.effective``); the
+first command that acts on it (``resume``, ``stop``) records that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from . import config
+from .core.paths import HomePaths, read_json
+from .core.state import JobState, is_terminal
+from .errors import UsageError
+from .store import JobRecord, Store
+from .supervise.liveness import effective
+
+if TYPE_CHECKING:
+    from .core.contracts import SchedulerRecord
+    from .core.spec import JobSpec
+    from .store.sweeps import SweepRecord
+
+
+def home() -> HomePaths:
+    return HomePaths(config.home())
+
+
+def open_store() -> Store:
+    return Store(home().db)
+
+
+# -- jobs and sweeps ----------------------------------------------------------------------------
+
+
+def get_job(ref: str, store: Store | None = None) -> JobRecord:
+    """A job by id, unique id prefix or name (the latest of that name), as it stands now."""
+    store = store or open_store()
+    return effective(store.find(ref))
+
+
+def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:
+    """Jobs newest first: those still running, or all of them (at most ``limit``)."""
+    return list(iter_jobs(all_jobs, limit, store))
+
+
+def iter_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> Iterator[JobRecord]:
+    """``list_jobs``, read from the store a page at a time (memory stays flat at any length)."""
+    store = store or open_store()
+    for record in store.iter(active_only=not all_jobs, limit=limit):
+        record = effective(record)
+        if all_jobs or not is_terminal(record.state):
+            yield record
+
+
+def find_sweep(ref: str, store: Store | None = None) -> SweepRecord | None:
+    """A sweep by id, id prefix or name, as it stands now; None if ``ref`` names no sweep."""
+    store = store or open_store()
+    sweep = store.sweeps.find(ref)
+    return None if sweep is None else effective(sweep)
+
+
+def list_sweeps(all_sweeps: bool = False, limit: int | None = None, store: Store | None = None) -> list[SweepRecord]:
+    store = store or open_store()
+    sweeps = [effective(s) for s in store.sweeps.list(active_only=not all_sweeps, limit=limit)]
+    return sweeps if all_sweeps else [s for s in sweeps if not is_terminal(s.state)]
+
+
+def trials(sweep: SweepRecord, store: Store | None = None) -> list[JobRecord]:
+    """A sweep's trial jobs in trial order, as they stand now (LOST with their runner)."""
+    store = store or open_store()
+    return [effective(t) for t in store.trials(sweep.id)]
+
+
+def read_spec(record: JobRecord) -> "JobSpec":
+    return record.spec
+
+
+def left_running(record: JobRecord) -> str | None:
+    """For a LOST job: what of it a scheduler still runs without a supervisor ("SLURM job 4711"),
+    or None. Asks the scheduler once; other states answer None without asking."""
+    if record.state is not JobState.LOST:
+        return None
+    from .supervise import leftover  # asks the backend: only for a LOST job
+
+    left = leftover.find(record)
+    return left.where if left is not None else None
+
+
+def resolve_job_input(uri: str) -> str:
+    """``job:NAME_OR_ID[/output|/state]`` -> where that job's results are: its output directory
+    (or the uploaded copy), or its state directory. A name means its latest successful run."""
+    ref, _, part = uri[len("job:"):].partition("/")
+    part = part.strip("/") or "output"
+    if not ref or part not in ("output", "state"):
+        raise UsageError(f"invalid job reference '{uri}'", "use job:NAME_OR_ID, job:NAME_OR_ID/output or job:NAME_OR_ID/state")
+    store = open_store()
+    latest = store.latest(ref)
+    record = store.latest(ref, JobState.SUCCEEDED) if latest else store.find(ref)
+    if record is None:
+        assert latest is not None
+        raise UsageError(f"'{uri}': no run of '{ref}' has succeeded (the latest, job {latest.id}, is {latest.state.value})",
+                         f"run it first; see: phalanx status {latest.id}")
+    if record.state is not JobState.SUCCEEDED:
+        raise UsageError(f"'{uri}': job {record.id} is {record.state.value}, so its {part} may be incomplete",
+                         "refer to a job that succeeded")
+    if part == "state":
+        return str(home().state_dir(record.spec.state_key))
+    from .storage.outputs import job_output_source
+
+    return job_output_source(record.paths)
+
+
+def artifacts(record: JobRecord) -> Any:
+    """What the job produced (``storage.outputs.Artifacts``): uploaded, or in its job directory."""
+    from .storage.outputs import artifacts as read_artifacts
+
+    return read_artifacts(record.paths)
+
+
+# -- inside a job -------------------------------------------------------------------------------
+
+
+def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
+    """One entry per ended attempt (outcome, exit code, retry decision), oldest first. An
+    attempt that ended unseen (the job is LOST) shows as lost before anyone records it."""
+    from .core.contracts import read_attempts
+    from .supervise import history
+
+    paths = record.paths
+    entries = read_attempts(paths.attempts_log)
+    if record.state is JobState.LOST and record.attempt not in {e.attempt for e in entries} \
+            and paths.attempt(record.attempt).exists():
+        entries.append(history.lost_record(paths, record.attempt))
+    return [e.to_dict() for e in entries]
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    node_rank: int | None
+    host: str | None
+    pid: int | None
+    exitcode: int | None
+    signal: str | None
+    state: str
+
+
+def rank_statuses(record: JobRecord, attempt: int | None = None) -> list[RankStatus]:
+    """Per-rank outcome of an attempt, read from the job directory."""
+    from .core.contracts import read_node_result
+
+    paths = record.paths
+    attempt = record.attempt if attempt is None else attempt
+    failures: dict[int, tuple[int, str | None]] = {}
+    node_codes: dict[int, int] = {}
+    direct: dict[int, int] = {}
+    for node_rank in range(record.nnodes):
+        result = read_node_result(paths.node_result(attempt, node_rank))
+        if result is None:
+            continue
+        node_codes[node_rank] = result.exitcode
+        for f in result.failures:
+            failures[f.rank] = (f.exitcode, f.signal)
+        for rank, info in result.ranks.items():
+            direct[rank] = info.exitcode
+    out = []
+    for rank in paths.ranks(attempt):
+        proc = read_json(paths.rank_proc(attempt, rank)) or {}
+        node = proc.get("node_rank")
+        code: int | None
+        sig: str | None = None
+        if rank in failures:
+            (code, sig), state = failures[rank], "failed"
+        elif rank in direct:
+            code = direct[rank]
+            state = "succeeded" if code == 0 else "stopped"
+        elif node is not None and node in node_codes:
+            code = 0 if node_codes[node] == 0 else None
+            state = "succeeded" if code == 0 else "stopped"
+        else:
+            code, state = None, "running" if not is_terminal(record.state) else "unknown"
+        out.append(RankStatus(rank, node, proc.get("host"), proc.get("pid"), code, sig, state))
+    return out
+
+
+def log_paths(record: JobRecord, attempt: int | None = None, rank: int | None = None) -> list[tuple[int, Path]]:
+    paths = record.paths
+    attempt = record.attempt if attempt is None else attempt
+    if attempt not in paths.attempts() and paths.attempts():
+        raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, paths.attempts()))}")
+    ranks = paths.ranks(attempt)
+    if rank is not None:
+        if rank not in ranks and ranks:
+            raise UsageError(f"job {record.id} has no rank {rank} in attempt {attempt}", f"ranks: 0..{max(ranks)}")
+        ranks = [rank]
+    return [(r, paths.rank_log(attempt, r)) for r in ranks]
+
+
+def follow_logs(
+    record: JobRecord, emit: Callable[[str], None], attempt: int | None = None, rank: int | None = None,
+    follow: bool = False, poll: float = 0.2,
+) -> JobRecord:
+    """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
+    keep emitting new lines until the job ends (woken by the files changing, not polling
+    them). Returns the latest record."""
+    from .monitor.tail import follow_job
+
+    log_paths(record, attempt, rank)  # validates attempt and rank
+    latest = attempt is None
+    store = open_store()
+
+    def refresh() -> tuple[int, bool]:
+        nonlocal record
+        record = effective(store.get(record.id))
+        return record.attempt, is_terminal(record.state)
+
+    follow_job(record.paths, record.attempt if attempt is None else attempt, {rank} if rank is not None else None,
+               rank is None and record.nnodes * record.nproc_per_node > 1, emit, refresh, follow, latest,
+               also=[home().db], interval=poll)
+    return record
+
+
+def scheduler_job(record: JobRecord) -> SchedulerRecord | None:
+    """The scheduler's record of the job's current attempt (``scheduler.json``: its SLURM or Ray
+    job id, where it runs), or None when the backend has none."""
+    from .core.contracts import read_scheduler
+
+    return read_scheduler(record.paths.scheduler_job(record.attempt))
+
+
+def platform_state(record: JobRecord) -> str | None:
+    """What the platform itself says of a running job, in a word, for ``ps`` (SageMaker's
+    secondary status: Starting, Training, ...); None for backends that say nothing more."""
+    if record.backend != "sagemaker" or record.exit_code is not None:
+        return None
+    from .backends.sagemaker.report import ps_state  # standard library only: no boto3
+
+    return ps_state(record.paths, record.attempt)
+
+
+def platform_lines(record: JobRecord) -> list[str]:
+    """Lines ``status`` adds for a platform that reports more than the job's state (SageMaker:
+    its status, failure reason, billable time)."""
+    if record.backend != "sagemaker":
+        return []
+    from .backends.sagemaker.report import status_lines
+
+    return status_lines(record.paths, record.attempt)

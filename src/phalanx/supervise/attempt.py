@@ -1,0 +1,89 @@
+"""One attempt's nodes as the supervisor drives them: start (or re-attach), fail fast, stall,
+stop with the grace period, kill; and the launch files every node agent reads."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Callable
+
+from ..backends.base import NodeHandle
+from ..core.contracts import LaunchFile, StopReason, write_launch
+from ..core.paths import JobPaths, write_atomic
+from ..core.plan import Plan
+from ..core.spec import JobSpec
+from .outcome import Outcome, decide
+from .watch import Watch, dump_stacks
+
+Events = Callable[[str], None]
+
+
+def write_launch_files(plan: Plan, paths: JobPaths, sample_interval: float = 5.0) -> None:
+    """``plan.json`` and every node's ``launch.json``: what ``Backend.start`` starts from. The
+    job directory in a launch file is where the node sees it (``PHALANX_JOB_DIR`` of its plan)."""
+    write_atomic(paths.plan, plan.to_json())
+    for node in plan.nodes:
+        launch = LaunchFile(node, node.env.get("PHALANX_JOB_DIR", str(paths.root)), plan.attempt, plan.grace, sample_interval)
+        write_launch(paths.node_launch(plan.attempt, node.node_rank), launch)
+
+
+class AttemptRun:
+    """Non-blocking: ``tick`` until it returns the outcome. Main thread, under a ChildWatcher."""
+
+    def __init__(self, plan: Plan, handles: list[NodeHandle], started: float, spec: JobSpec, paths: JobPaths,
+                 say: Events) -> None:
+        self.plan, self.handles, self.started, self.spec, self.paths = plan, handles, started, spec, paths
+        self.watch = Watch(paths, plan.attempt, spec, handles, say)
+        self.margin = max(h.kill_margin for h in handles)
+        self.stop_reason: StopReason | None = None
+        self.stop_signal: int = signal.SIGTERM
+        self.stalled_for: float | None = None
+        self.kill_at: float | None = None
+        # Nodes that had failed when the supervisor stopped the rest (fail fast): only they say
+        # whether the attempt was taken by a scheduler; the others got the supervisor's SIGTERM.
+        self.failed_first: list[int] | None = None
+
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
+        """Every node gets ``signum`` (SIGINT stays SIGINT, anything else is SIGTERM) and the
+        grace period; a second call kills at once."""
+        if self.stop_reason is not None:
+            self.kill_at = time.monotonic()  # asked twice: no more grace
+            return
+        self.stop_reason, self.stop_signal = reason, signum
+        for h in self.handles:
+            h.signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        self.kill_at = time.monotonic() + self.plan.grace + self.margin
+
+    def wait_hint(self) -> float:
+        if self.kill_at is None:
+            return Watch.EVERY
+        return max(0.0, min(Watch.EVERY, self.kill_at - time.monotonic()))
+
+    def tick(self) -> Outcome | None:
+        """Advance; the outcome once every node has ended (metrics collected, samplers stopped)."""
+        results = [h.poll() for h in self.handles]
+        if self.watch.due():
+            self.watch.collect()
+        if all(r is not None for r in results):
+            self.watch.collect(final=True)
+            self.watch.close()
+            return decide(self.paths, self.plan.attempt, [r for r in results if r is not None], self.stop_reason,
+                          self.stop_signal, self.stalled_for, self.spec.stall_timeout, self.failed_first)
+        if self.kill_at is None and any(r is not None and r.exitcode != 0 for r in results):
+            self.failed_first = [n for n, r in enumerate(results) if r is not None and r.exitcode != 0]
+            self._stop_all()  # fail fast: the rest of the job stops now
+        if self.spec.stall_timeout and self.kill_at is None:
+            silent = self.watch.silent_for()
+            if silent > self.spec.stall_timeout:
+                self.stalled_for = silent
+                dump_stacks(self.paths, self.plan.attempt)
+                self._stop_all()
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            for h in self.handles:
+                h.kill()
+        return None
+
+    def _stop_all(self) -> None:
+        for h in self.handles:
+            h.signal(signal.SIGTERM)
+        self.kill_at = time.monotonic() + self.plan.grace + self.margin

@@ -1,0 +1,226 @@
+"""A job's life: from RUNNING through its attempts (retries) to a final state in the store.
+
+``JobRun`` owns the job-level decisions; what one attempt does is ``AttemptRun``'s:
+
+- **fail fast**: a node that fails stops the whole job at once (SIGTERM to the other nodes,
+  their grace period, then SIGKILL) instead of leaving peers hung in a collective;
+- **stall**: with ``stall_timeout``, a job whose ranks print nothing for that long gets every
+  rank's Python stacks dumped to its log (SIGUSR2 -> faulthandler), then counts as failed. The
+  clock runs only while every node runs: time in a scheduler's queue (or suspended) is not a stall;
+- **lost supervisors**: when a scheduler kept an attempt going after its supervisor vanished
+  (the job is LOST), a new supervisor (``phalanx resume``) watches that attempt instead of
+  starting a second copy (``leftover.py``); an attempt nobody saw end is recorded LOST;
+- **retry**: a failed attempt is rerun as a whole (all nodes, fresh rendezvous, same job id,
+  ``PHALANX_ATTEMPT`` + 1, same state directory) while retries remain and the failure is
+  retryable (``retry.py``);
+- **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) and Ctrl-C cancel the job;
+  SIGTERM/SIGUSR1/SIGHUP from anyone else mean the machine is being taken away: every rank
+  gets SIGTERM and the grace period to checkpoint, and the job is recorded PREEMPTED, ready
+  for ``phalanx resume``. A second signal kills at once;
+- **data**: inputs staged and the state directory pulled before the first attempt, state
+  pushed while running and at the end, outputs uploaded at the end (``data.py``);
+- the **root cause** is the first failure by timestamp across all ranks and nodes (``outcome.py``).
+
+The supervisor is the only writer of a running job's state. It runs in the ``phalanx run``
+process for foreground jobs, as ``python -m phalanx.supervise JOB_ID`` for detached ones, and
+inside the sweep runner for trials (many ``JobRun``s in one loop).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any, Callable
+
+from ..backends.registry import get_backend
+from ..core.contracts import OutcomeKind, StopReason
+from ..core.paths import HomePaths, write_atomic
+from ..core.plan import Plan
+from ..core.state import JobState
+from ..errors import BackendError
+from ..launch.procs import ChildWatcher, signal_name
+from ..store import JobRecord, Store
+from . import data, history, leftover, liveness
+from .attempt import AttemptRun, write_launch_files
+from .outcome import Outcome, failed, tail
+from .retry import should_retry
+from .submit import plan_attempt
+
+Events = Callable[[str], None]
+
+
+def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None) -> int:
+    """Run ``plan`` (and its retries) to completion; returns the job's exit code.
+
+    Blocking; main thread only (it handles signals).
+    """
+    run = JobRun(store, home, record, plan, events)
+    with ChildWatcher() as watcher:
+        run.start()
+        seen = 0
+        while not run.done:
+            if len(watcher.stop_requests) > seen:
+                signum = watcher.stop_requests[seen]
+                seen = len(watcher.stop_requests)
+                run.stop(stop_reason(store, record.id, signum), signum)
+            run.tick()
+            if not run.done:
+                watcher.wait(run.wait_hint())
+    assert run.exit_code is not None
+    return run.exit_code
+
+
+def stop_reason(store: Store, job_id: str, signum: int) -> StopReason:
+    """A user stop (``phalanx stop`` marks the store first; Ctrl-C is SIGINT) or a preemption."""
+    if signum == signal.SIGINT or store.get(job_id).state is JobState.STOPPING:
+        return StopReason.CANCELLED
+    return StopReason.PREEMPTED
+
+
+class JobRun:
+    """One job from RUNNING to its final state, advanced by ``tick()``.
+
+    Non-blocking, so one loop can drive many jobs (a sweep's trials); ``supervise`` drives
+    one. Must run in the main thread under a ``ChildWatcher`` (child exits wake the loop).
+    """
+
+    def __init__(self, store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None) -> None:
+        self.store = store
+        self.home = home
+        self.record = record
+        self.plan = plan
+        self.say = events or (lambda text: None)
+        self.spec = record.spec
+        self.backend = get_backend(plan.backend)
+        self.paths = record.paths
+        self.retries = 0
+        self.exit_code: int | None = None
+        self.outcome: Outcome | None = None
+        self.attempt: AttemptRun | None = None
+        self._sync: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.exit_code is not None
+
+    def start(self, identity: dict[str, Any] | None = None) -> None:
+        if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt,
+                                     **(identity or liveness.identity())):
+            self.exit_code = 1  # stopped before it started
+            return
+        # One attempt of a job runs at a time: one that a vanished supervisor left running is
+        # watched, not started again next to itself.
+        left = leftover.find(self.record, self.plan.attempt)
+        if left is not None:
+            self.say(f"attempt {left.plan.attempt} still runs as {left.where}, started by a supervisor that vanished; "
+                     "watching it instead of starting another copy")
+            # Its inputs are staged and its state directory is in use: no staging, no pull.
+            sync = None if self.backend.remote_data else data.state_sync(
+                self.store, self.home, self.record, self.spec, self.say, pull=False)
+        else:
+            # inputs first: a failed Outcome when one cannot be staged, so nothing else starts;
+            # a platform that brings the inputs and keeps the state itself (remote_data) gets neither
+            sync = None if self.backend.remote_data else (
+                data.stage_inputs(self.home, self.spec, self.say)
+                or data.state_sync(self.store, self.home, self.record, self.spec, self.say))
+        if isinstance(sync, Outcome):
+            self._finish(sync)
+            return
+        self._sync = sync
+        if left is not None:
+            self._attach(left)
+            return
+        if self.paths.attempt(self.plan.attempt).exists():
+            # Started before and nothing of it runs now: a new attempt, never one reusing its files.
+            self.plan = plan_attempt(self.backend, self.spec, self.record.id, max(self.paths.attempts()) + 1, self.home)
+            self.store.update(self.record.id, attempt=self.plan.attempt)
+        history.record_lost(self.paths, self.plan.attempt)  # the history has no gaps
+        self._start_attempt()
+
+    def _start_attempt(self) -> None:
+        plan = self.plan
+        write_launch_files(plan, self.paths, self.spec.sample_interval)
+        started = time.time()
+        try:
+            handles = self.backend.start(plan, self.paths)
+        except BackendError as exc:  # e.g. sbatch refused the job: nothing runs, say why
+            outcome = failed(f"could not start: {exc}", plan.attempt)
+            history.log_attempt(self.paths, plan.attempt, started, outcome, False, "could not start")
+            self._end(outcome)
+            return
+        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say)
+
+    def _attach(self, left: leftover.Leftover) -> None:
+        """Watch an attempt that a vanished supervisor started, from where it is now."""
+        self.plan = left.plan
+        write_atomic(self.paths.plan, left.plan.to_json())
+        self.store.update(self.record.id, attempt=left.plan.attempt)
+        # The ranks' metrics are derived from their output: read it all again rather than
+        # append to what the vanished supervisor had collected (which would repeat records).
+        for rank in self.paths.ranks(left.plan.attempt):
+            self.paths.rank_metrics(left.plan.attempt, rank).unlink(missing_ok=True)
+        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say)
+
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
+        """Stop the current attempt: cancelled, preempted or pruned. A second call kills."""
+        if self.done or self.attempt is None:
+            return
+        if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
+            self.store.transition(self.record.id, JobState.STOPPING)
+        self.attempt.stop(reason, signum)
+
+    def wait_hint(self) -> float:
+        """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
+        return self.attempt.wait_hint() if self.attempt is not None else 0.0
+
+    def tick(self) -> None:
+        if self.done or self.attempt is None:
+            return
+        outcome = self.attempt.tick()
+        if outcome is not None:
+            self._attempt_over(self.attempt, outcome)
+
+    def _attempt_over(self, attempt: AttemptRun, outcome: Outcome) -> None:
+        plan = attempt.plan
+        retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
+            tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
+        history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
+        if retry:
+            self.retries += 1
+            self.say(f"attempt {plan.attempt} {outcome.kind.value} (exit {outcome.exit_code}): {outcome.short()}; "
+                     f"retrying ({self.retries}/{self.spec.max_retries}) as attempt {plan.attempt + 1}")
+            self.plan = plan_attempt(self.backend, self.spec, self.record.id, plan.attempt + 1, self.home)
+            self.store.update(self.record.id, attempt=self.plan.attempt, retries=self.retries)
+            self._start_attempt()
+            return
+        self._end(outcome)
+
+    def _end(self, outcome: Outcome) -> None:
+        if self._sync is not None:
+            self._sync.stop()
+        self._finish(outcome)
+
+    def _finish(self, outcome: Outcome) -> None:
+        outcome = data.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
+        self.outcome = outcome
+        self.exit_code = record_end(self.store, self.record, outcome)
+
+
+def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:
+    """The job's final state from its last outcome; returns its exit code."""
+    code = outcome.exit_code
+    kind = outcome.kind
+    if kind is OutcomeKind.SUCCEEDED:
+        store.transition(record.id, JobState.SUCCEEDED, exit_code=0)
+    elif kind is OutcomeKind.CANCELLED:
+        if not store.transition(record.id, JobState.CANCELLED, exit_code=code):
+            store.transition(record.id, JobState.FAILED, exit_code=code)
+    elif kind is OutcomeKind.PRUNED:
+        store.transition(record.id, JobState.PRUNED, exit_code=code)
+    elif kind is OutcomeKind.PREEMPTED:
+        cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
+        store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
+    else:
+        store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
+    return code

@@ -1,0 +1,87 @@
+"""Whether a job's (or sweep's) supervisor still lives, and what a read shows when it does not.
+
+A supervisor is identified by its pid and its process's start time (so a reused pid is no
+false "alive"). When it is gone while the store says the job runs, the job is LOST. Reads
+(``ps``, ``status``, the dashboard) *show* that at once (``effective``) but never write it: the
+first writer with a reason to (``resume``, ``stop``, a sweep runner taking over its trials)
+records it (``record_lost``). A trial's supervisor is its sweep's runner, so trials of a
+runner that died show LOST too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..core.state import JobState, is_terminal
+from ..store import JobRecord, Store
+
+if TYPE_CHECKING:
+    from ..store.sweeps import SweepRecord
+
+# A supervisor that has not written its identity yet (a detached one starting) is given this
+# long before its job counts as LOST.
+START_GRACE = 60.0
+
+Row = TypeVar("Row", JobRecord, "SweepRecord")
+
+
+def identity() -> dict[str, Any]:
+    """This process as a supervisor: the columns ``effective`` checks."""
+    import psutil
+
+    return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
+
+
+def alive(pid: int | None, started: float | None) -> bool:
+    if pid is None:
+        return False
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - (started or 0)) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def is_lost(row: JobRecord | SweepRecord, now: float | None = None) -> bool:
+    """The store says it runs, but nothing supervises it any more. Asks the OS; writes nothing."""
+    if is_terminal(row.state):
+        return False
+    if row.supervisor_pid is None:
+        return (now or time.time()) - row.created_at >= START_GRACE
+    return not alive(row.supervisor_pid, row.supervisor_started)
+
+
+def lost_cause(row: JobRecord | SweepRecord) -> str:
+    return json.dumps({"message": f"the supervisor (pid {row.supervisor_pid}) vanished without recording an end",
+                       "exitcode": None})
+
+
+def effective(row: Row) -> Row:
+    """``row`` as it truly stands: LOST when its supervisor is gone. A copy; nothing is written."""
+    if not is_lost(row):
+        return row
+    if isinstance(row, JobRecord):
+        return dataclasses.replace(row, state=JobState.LOST, root_cause=lost_cause(row),
+                                   ended_at=row.ended_at or time.time())
+    return dataclasses.replace(row, state=JobState.LOST, ended_at=row.ended_at or time.time())
+
+
+def record_lost(store: Store, record: JobRecord) -> JobRecord:
+    """Write down that a job is LOST (compare-and-set: a supervisor that ends it meanwhile wins);
+    returns the record as it now is. For writers about to act on the job (resume, stop)."""
+    if is_lost(record):
+        store.transition(record.id, JobState.LOST, root_cause=lost_cause(record))
+    return store.get(record.id)
+
+
+def record_sweep_lost(store: Store, sweep: SweepRecord) -> SweepRecord:
+    """``record_lost`` for a sweep: its runner is gone."""
+    if is_lost(sweep):
+        store.sweeps.transition(sweep.id, JobState.LOST)
+    return store.sweeps.get(sweep.id)

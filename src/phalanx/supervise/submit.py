@@ -1,0 +1,124 @@
+"""Before a job runs: its checks (storage reachable, ``--skip-if-done``), its plan (facts
+gathered, then the pure plan), and its record and directory (PENDING; nothing runs yet)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import Backend
+from ..backends.registry import get_backend
+from ..core.paths import HomePaths, read_json, write_atomic, write_json
+from ..core.plan import Plan
+from ..core.spec import JobSpec
+from ..core.state import JobState
+from ..storage.statedir import for_job
+from ..store import JobRecord, Store
+
+
+def new_job_id(home: HomePaths) -> str:
+    """A fresh job (or sweep) id, checked against every id the store ever handed out, and
+    against the directories of jobs and sweeps a store that was moved aside left behind."""
+    store = Store(home.db)
+    while True:
+        job_id = store.new_id()
+        if not home.job(job_id).root.exists() and not home.sweep_dir(job_id).exists():
+            return job_id
+
+
+def plan_attempt(backend: Backend, spec: JobSpec, job_id: str, attempt: int, home: HomePaths) -> Plan:
+    """Facts (the one impure look-up: free ports, addresses), then the pure plan."""
+    return backend.plan(spec, job_id, attempt, home, backend.facts(spec))
+
+
+def plan_job(spec: JobSpec, home: HomePaths, job_id: str | None = None, attempt: int = 0) -> Plan:
+    """The plan ``submit`` would execute (what ``--dry-run`` prints), with the job's state key
+    fixed (``statedir.for_job``) as ``create_job`` records it. Starts nothing."""
+    job_id = job_id or new_job_id(home)
+    return plan_attempt(get_backend(spec.backend), for_job(spec, job_id), job_id, attempt, home)
+
+
+def check_storage(spec: JobSpec, home: HomePaths) -> None:
+    """Reach every store the job names, and let the backend check what it needs from the
+    outside world, before anything starts (a typo should not cost a run)."""
+    get_backend(spec.backend).check(spec)
+    if spec.state_uri:
+        from ..storage.state import StateSync
+
+        StateSync(home.state_dir(spec.state_key), spec.state_uri).check()
+    if spec.channels:
+        from ..storage import channels
+
+        channels.check(spec)
+    if spec.output_uri:
+        from ..storage import outputs
+
+        outputs.check(spec)
+
+
+def check_done(spec: JobSpec, store: Store, home: HomePaths) -> tuple[JobRecord | None, dict[str, Any] | None]:
+    """``--skip-if-done``: the latest successful job of this name when it ran with the same
+    inputs (code, command, input data), and the fingerprint of this spec's inputs."""
+    if not spec.skip_if_done:
+        return None, None
+    from ..storage.inputs import fingerprint
+
+    inputs = fingerprint(spec, home)
+    last = store.latest(spec.name, JobState.SUCCEEDED)
+    if last is not None and (read_json(last.paths.inputs) or {}).get("digest") == inputs["digest"]:
+        return last, inputs
+    return None, inputs
+
+
+def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs: dict[str, Any] | None = None,
+               **columns: Any) -> JobRecord:
+    """Record the job (PENDING) and lay out its directory (with the code snapshot). Nothing runs yet.
+    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params)."""
+    spec = for_job(spec, plan.job_id)
+    paths = home.job(plan.job_id)
+    paths.root.mkdir(parents=True, exist_ok=False)
+    paths.output_dir.mkdir()
+    if spec.snapshot:
+        from ..storage.snapshot import snapshot_job
+
+        snapshot_job(spec, paths, home.root)
+    if inputs is not None:
+        write_json(paths.inputs, inputs)
+    home.state_dir(spec.state_key).mkdir(parents=True, exist_ok=True)
+    write_json(paths.spec, spec.to_dict())
+    write_atomic(paths.plan, plan.to_json())
+    store.insert_job(
+        id=plan.job_id,
+        name=spec.name,
+        backend=spec.backend,
+        nnodes=spec.resources.nnodes,
+        nproc_per_node=spec.resources.nproc_per_node,
+        command=spec.entrypoint.display(),
+        job_dir=str(paths.root),
+        spec_json=json.dumps(spec.to_dict(), sort_keys=True),
+        **columns,
+    )
+    return store.get(plan.job_id)
+
+
+def clean_state(spec: JobSpec, home: HomePaths) -> Path | None:
+    """``--clean-state``: move the job name's state directory aside (never delete a checkpoint);
+    with a state URI, mark the remote copy empty. Returns where the old state went. A job's own
+    state directory (no ``--name``, no ``--state``) is new and empty: nothing to do."""
+    if not spec.state_name:
+        return None
+    state = home.state_dir(spec.state_key)
+    moved = None
+    if state.exists() and any(state.iterdir()):
+        moved = home.previous_state(spec.state_key, f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(state, moved)
+    if spec.state_uri:
+        from ..storage.state import StateSync
+
+        StateSync(state, spec.state_uri).reset()
+    return moved

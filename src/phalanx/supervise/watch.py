@@ -1,0 +1,82 @@
+"""What the supervisor watches while an attempt runs: the ranks' output (metrics, and the stall
+clock: the last new byte any rank printed), resource samples of nodes that have no agent to
+sample them, and, on a stall, every rank's Python stacks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from typing import Any, Callable
+
+from ..backends.base import NodeHandle
+from ..core.paths import JobPaths, read_json
+from ..core.spec import JobSpec
+
+Events = Callable[[str], None]
+
+
+class Watch:
+    """One attempt's metrics, samplers and stall clock. ``collect`` is cheap when nothing
+    changed and bounded when a job floods its output."""
+
+    EVERY = 1.0  # seconds between reads of the ranks' output
+
+    def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events) -> None:
+        from ..monitor.metrics import MetricsCollector
+
+        self.paths, self.attempt, self.spec, self.say = paths, attempt, spec, say
+        self.handles = handles
+        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics)
+        self.collected_at = 0.0
+        # The stall clock runs from here, or from when the last node the scheduler held back runs.
+        self.stall_from = time.time()
+        self.samplers = [self._sampler(h.node_rank) for h in handles if not h.samples_itself]
+
+    def _sampler(self, node_rank: int) -> Any:
+        from ..monitor.resources import ResourceSampler, rank_pids
+
+        paths, attempt = self.paths, self.attempt
+        return ResourceSampler(paths.node_resources(attempt, node_rank), node_rank,
+                               lambda: rank_pids(paths, attempt, node_rank), self.spec.sample_interval).start()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.collected_at >= self.EVERY
+
+    def collect(self, final: bool = False) -> None:
+        """Bring the nodes' files here (``NodeHandle.collect``), then read new output for metrics."""
+        self.collected_at = time.monotonic()
+        for handle in self.handles:
+            handle.collect(final)
+        try:
+            # Bounded reads keep the loop responsive when a job floods its output.
+            self.collector.poll(final=final, max_bytes=None if final else 32 << 20)
+        except OSError as exc:  # metrics are an aid; never let them stop the job
+            self.say(f"warning: reading metrics failed: {exc}")
+
+    def silent_for(self) -> float:
+        """Seconds since any rank printed, not counting time a scheduler held a node back."""
+        now = time.time()
+        if not all(h.running() for h in self.handles):
+            self.stall_from = now  # queued, requeued or suspended: nothing could print
+        # The metrics collector reads every rank's output anyway: its last new byte is the activity.
+        return now - max(self.collector.last_activity, self.stall_from)
+
+    def close(self) -> None:
+        for sampler in self.samplers:
+            sampler.stop()
+
+
+def dump_stacks(paths: JobPaths, attempt: int) -> None:
+    """SIGUSR2 to every rank on this machine: the bootstrap's faulthandler prints all Python
+    stacks to its log. Ranks on other hosts are left alone (their pid means nothing here)."""
+    here = socket.gethostname()
+    for rank in paths.ranks(attempt):
+        proc = read_json(paths.rank_proc(attempt, rank)) or {}
+        if proc.get("pid") and proc.get("host") in (None, here, os.uname().nodename):
+            try:
+                os.kill(int(proc["pid"]), signal.SIGUSR2)
+            except (ProcessLookupError, PermissionError):
+                pass
+    time.sleep(1.0)  # let faulthandler write before the ranks are stopped
