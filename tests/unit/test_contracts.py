@@ -64,6 +64,21 @@ def test_written_files_round_trip_and_keep_their_keys(tmp_path):
     assert SchedulerRecord.from_dict({"scheduler": "slurm", "job_id": 4711}).job_id == "4711"  # old ids as numbers
 
 
+def test_a_scheduler_record_keeps_the_backends_details(tmp_path):
+    """Ray's address and placed nodes, SageMaker's last status: beside the id, kept as written."""
+    from phalanx.core.contracts import write_scheduler
+
+    record = SchedulerRecord("ray", "phalanx-j1-0", 1.0, address="http://head:8265")
+    placed = record.with_details(nodes=[{"ip": "10.0.0.1"}])
+    write_scheduler(tmp_path / "scheduler.json", placed)
+    data = json.loads((tmp_path / "scheduler.json").read_text())
+    assert data["address"] == "http://head:8265" and data["nodes"] == [{"ip": "10.0.0.1"}] and data["version"] == 1
+    assert read_scheduler(tmp_path / "scheduler.json") == placed and placed.details == {"nodes": [{"ip": "10.0.0.1"}]}
+    assert placed.with_details(status="Completed").details == {"nodes": [{"ip": "10.0.0.1"}], "status": "Completed"}
+    old = SchedulerRecord.from_dict({"scheduler": "sagemaker", "job_id": "phx-j-a0", "status": "Training"})
+    assert old.address is None and old.details == {"status": "Training"}
+
+
 def test_a_synthesized_result_says_so():
     result = NodeResult.synthesize(1, 255, "the connection to gpu2 ended", host="gpu2")
     assert result.synthesized and result.failures == () and result.to_dict()["synthesized"] is True

@@ -9,6 +9,7 @@
       sweeps/<id>/                    a sweep's own files: runner.log (detached), code/ + code.json (the trials' snapshot)
       cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
       cache/code/pyc/<dev>-<ino>-...  their bytecode, compiled once for every job that runs them
+      cache/sagemaker-digests.json    content digests of local inputs by (path, size, mtime) (SageMaker uploads)
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
       cache/channels/<key>.json       what was staged there: source, files with size and version
       cache/channels/<key>.lock       held while staging (jobs sharing an input wait for each other)
@@ -25,8 +26,9 @@
         artifacts.json                where outputs and logs were uploaded (--output), file by file
         attempt_<k>/
           batch.sh                    the batch script submitted to a scheduler (SLURM)
-          batch.log                   the batch script's own output (the scheduler writes it)
-          scheduler.json              the scheduler's id for the attempt (SLURM job id)
+          batch.log                   the batch script's own output (the scheduler writes it; Ray: the driver's)
+          scheduler.json              the scheduler's id for the attempt (SLURM, Ray, SageMaker, SkyPilot job id)
+          skypilot-workdir/           what SkyPilot syncs to every VM (skypilot backend)
           node_<n>/agent.log          the node agent's (and torchrun's) own output
           node_<n>/ssh.log            the ssh client's messages for the node's link (ssh backend)
           node_<n>/launch.json        what the node agent runs (its part of the plan)
@@ -94,6 +96,12 @@ class HomePaths:
     def code_bytecode(self) -> Path:
         """Bytecode of frozen code, by the stored file's inode (``launch/frozen.bytecode_dir`` finds it)."""
         return self.root / "cache" / "code" / "pyc"
+
+    @property
+    def sagemaker_digests(self) -> Path:
+        """Content digests of local inputs, by (path, size, mtime): an unchanged input is not read
+        again before a SageMaker upload (``backends/sagemaker/uploads.py``)."""
+        return self.root / "cache" / "sagemaker-digests.json"
 
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id
@@ -238,6 +246,11 @@ class JobPaths:
 
     def agent_log(self, attempt: int, node_rank: int | str) -> Path:
         return self.node_dir(attempt, node_rank) / "agent.log"
+
+    def skypilot_workdir(self, attempt: int) -> Path:
+        """What SkyPilot syncs to ``~/sky_workdir`` on every VM of an attempt: the bundle (code,
+        phalanx) unpacked, and every node's launch file (``backends/skypilot``)."""
+        return self.attempt(attempt) / "skypilot-workdir"
 
     def ssh_log(self, attempt: int, node_rank: int) -> Path:
         """The ssh client's own messages for a node's link (ssh backend)."""

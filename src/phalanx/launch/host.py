@@ -29,8 +29,13 @@ class HostFacts:
     # The submitting environment: a variable the user set here (GLOO_SOCKET_IFNAME,
     # OMP_NUM_THREADS) is left alone rather than given phalanx's default.
     env: Mapping[str, str] = field(default_factory=dict)
+    # The phalanx home here ($PHALANX_HOME): where a backend's facts may find its caches (the
+    # SageMaker backend's input digests). None when the facts were made by hand.
+    home: Path | None = None
 
     @classmethod
     def read(cls) -> "HostFacts":
+        from .. import config
+
         env = dict(os.environ)
-        return cls(gpus=gpu_count(env), cpus=os.cpu_count() or 1, env=env)
+        return cls(gpus=gpu_count(env), cpus=os.cpu_count() or 1, env=env, home=config.home())

@@ -37,9 +37,16 @@ class Leftover:
 
 
 def attempt_plan(record: JobRecord, attempt: int) -> Plan | None:
-    """The plan ``attempt`` was started with, read back from its launch files (and batch
+    """The plan ``attempt`` was started with: the job's ``plan.json`` when it is that attempt's
+    (with the backend's ``context``), else read back from the attempt's launch files (and batch
     script); None when the attempt never got that far."""
     paths = record.paths
+    try:
+        saved = Plan.from_dict(json.loads(paths.plan.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    if saved is not None and saved.attempt == attempt and paths.node_launch(attempt, 0).exists():
+        return saved
     nodes, grace = [], 0.0
     for node_rank in range(record.nnodes):
         try:
@@ -101,6 +108,8 @@ def stop(store: Store, record: JobRecord, events: Events | None = None, poll: fl
     margin = max(h.kill_margin for h in left.handles)
     deadline, killed = time.monotonic() + left.plan.grace + margin, False
     while any(h.poll() is None for h in left.handles):
+        for h in left.handles:
+            h.collect()  # as a supervisor would: what the nodes write elsewhere comes here
         if time.monotonic() >= deadline:
             if killed:
                 say(f"warning: {left.where} had not ended {margin:g}s after SIGKILL; check it with your scheduler")
@@ -109,6 +118,8 @@ def stop(store: Store, record: JobRecord, events: Events | None = None, poll: fl
                 h.kill()
             killed, deadline = True, time.monotonic() + margin
         time.sleep(poll)
+    for h in left.handles:
+        h.collect(final=True)
     done = f"phalanx stop stopped {left.where} (attempt {attempt}), which ran on without it"
     log_attempt(record.paths, attempt, left.started, Outcome(OutcomeKind.CANCELLED, 128 + signal.SIGTERM), False, done)
     cause = record.root_cause_dict() or {}
