@@ -17,6 +17,7 @@ from phalanx.backends.ray import relay, submission
 from phalanx.backends.ray.options import validate_section
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
+from phalanx.core.plan import Plan
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 from phalanx.errors import UsageError
 from phalanx.launch.frames import Receiver
@@ -86,6 +87,10 @@ def test_plan_is_what_dry_run_prints(tmp_path):
     job = submission.driver_job(plan, request, 5.0)
     assert job["gpus"] == 4 and job["master_port"] and len(job["nodes"]) == 2
     assert job["trees"] == {"state": "~/.phalanx/ray/state/train", "output": "~/.phalanx/ray/jobs/abcd1234/output"}
+    # what start and a later attach need, in the plan (plan.json keeps it), and nothing asked of Ray to make it
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan and plan.context["address"] == "http://head:8265"
+    assert plan.context["trees"]["state"] == ["~/.phalanx/ray/state/train", str(tmp_path / "home" / "state" / "train")]
+    assert job["nodes"][0]["version"] == 1 and job["nodes"][0]["sample_interval"] == 5.0  # contracts.LaunchFile
 
 
 def test_runtime_env_and_interpreter_from_the_job_file_section(tmp_path):

@@ -1,11 +1,14 @@
-"""The Ray backend's adapter to the backend interface (``backends/base.py``): options, plan,
-preflight, start, attach. Thin: the driver is :mod:`.driver`, the Jobs API :mod:`.client`, what is
-submitted :mod:`.submission`, the supervisor's side of a running job :mod:`.node`.
+"""The Ray backend's adapter to the backend interface (``backends/base.py``): options, facts,
+plan, check, start, attach. Thin: the driver is :mod:`.driver`, the Jobs API :mod:`.client`, what
+is submitted :mod:`.submission`, the supervisor's side of a running job :mod:`.node`.
 
 ``phalanx run --backend ray --address http://head:8265 -n 2x4 train.py``. One attempt is one Ray
 job, ``phalanx-<job>-<attempt>``; its id, the cluster's address and where each node landed are in
-the attempt's ``scheduler.json``. The nodes keep their copy of the job under ``~/.phalanx/ray``
-(their own home), laid out like ``$PHALANX_HOME``; the local job directory stays the truth.
+the attempt's ``scheduler.json`` (``contracts.SchedulerRecord``). The nodes keep their copy of the
+job under ``~/.phalanx/ray`` (their own home), laid out like ``$PHALANX_HOME``; the local job
+directory stays the truth. The plan is pure: nothing is asked of the cluster before ``check``
+(once, before the job is recorded) and ``start``; what ``start`` needs beyond the nodes is in
+``Plan.context`` (the request, the cluster's address, what is shipped and mirrored back).
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from ...core.contracts import SchedulerRecord, read_launch, read_scheduler, write_scheduler
 from ...core.env import Topology
-from ...core.paths import HomePaths, JobPaths, read_json, write_json
+from ...core.paths import HomePaths, JobPaths
 from ...core.spec import JobSpec, in_snapshot
 from ...errors import BackendError, UsageError
 from ...core.plan import Plan, late_addresses
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
+from ...launch.host import HostFacts
 from ..base import Backend, Facts, NodeHandle
 from ..options import validate
 from . import relay, submission
@@ -38,12 +43,23 @@ class RayBackend(Backend):
     options = OPTIONS
     local_slots = False  # Ray places a sweep's trials; only --parallel limits them
 
+    def shares_files(self, spec: JobSpec) -> bool:
+        return False  # the nodes get a shipped copy of the code (the Ray working_dir)
+
+    def _facts(self, spec: JobSpec, host: HostFacts) -> Facts:
+        """Nothing to look up: the placement group places the nodes (the driver fills their
+        addresses in) and the rendezvous port follows from the job id."""
+        return Facts(host)
+
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options
         section = validate_section(opts.get("ray"))
         if spec.channels:
             raise UsageError("--input is not shipped to a Ray cluster yet",
                              "read the data from a URI the nodes reach (pass it as a script argument)")
+        # What the working_dir carries: the job's snapshot, the one a sweep's trials share, or the
+        # working directory itself (--no-snapshot).
+        code = spec.code_dir or (str(paths.code_dir) if spec.snapshot else spec.workdir)
         nnodes = spec.resources.nnodes
         remote_home = HomePaths(Path(REMOTE_HOME))
         remote = remote_home.job(job_id)
@@ -70,11 +86,15 @@ class RayBackend(Backend):
         }
         address = opts.get("address") or "$RAY_ADDRESS"
         text = submission.render(submission.submission_id(job_id, attempt), address, request, nnodes)
-        text += "# request: " + json.dumps(request, sort_keys=True) + "\n"
-        return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace, submission=text)
-
-    def shares_files(self, spec: JobSpec) -> bool:
-        return False  # the nodes get a shipped copy of the code (the Ray working_dir)
+        context = {
+            "request": request, "address": opts.get("address"), "token_file": opts.get("token_file"),
+            "name": spec.name, "code": code,
+            # The nodes' state and output directories, mirrored back into these local ones.
+            "trees": {"state": [topo.state_dir, str(home.state_dir(spec.state_key))],
+                      "output": [topo.output_dir, str(paths.output_dir)]},
+        }
+        return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace, submission=text,
+                    context=context)
 
     # -- before anything is recorded: the checks that make bad input exit 2 ---------------
 
@@ -112,73 +132,77 @@ class RayBackend(Backend):
     # -- start and attach -------------------------------------------------------------------
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
-        from ... import config
         from .node import RayJob, RayNode
 
-        spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
-        opts = validate(self.name, self.options, spec.backend_options)
+        context = plan.context
         request = _request(plan)
         try:
-            client = connect(opts)
+            client = connect(context)
         except UsageError as exc:  # at a retry, the cluster is gone: the attempt cannot start
             raise BackendError(exc.message, exc.hint) from None
-        home = HomePaths(config.home())
         sub_id = submission.submission_id(plan.job_id, plan.attempt)
-        job = submission.driver_job(plan, request, spec.sample_interval)
+        launch = read_launch(paths.node_launch(plan.attempt, plan.nodes[0].node_rank))
+        job = submission.driver_job(plan, request, launch.sample_interval if launch else 5.0)
         with tempfile.TemporaryDirectory(prefix="phalanx-ray-") as staging:
             try:
-                # The snapshot, or the directory a sweep's trials share (or --no-snapshot's workdir).
-                code = paths.code_dir if spec.snapshot else Path(spec.workdir)
-                submission.stage(Path(staging), code, home.state_dir(spec.state_key), job)
+                submission.stage(Path(staging), Path(context["code"]), _trees(plan)["state"], job)
             except UsageError as exc:
                 raise BackendError(exc.message, exc.hint) from None
             client.submit(submission.entrypoint(request.get("python")),
                           submission.runtime_env(request, staging, plan.grace), sub_id,
-                          {"phalanx_job": plan.job_id, "phalanx_attempt": str(plan.attempt), "phalanx_name": spec.name[:100]})
-        write_json(paths.scheduler_job(plan.attempt),
-                   {"scheduler": "ray", "job_id": sub_id, "address": client.address, "submitted": time.time()})
-        ray_job = RayJob(client, sub_id, paths, plan.attempt, len(plan.nodes), _trees(home, spec, paths))
-        return [RayNode(ray_job, node.node_rank) for node in plan.nodes]
+                          {"phalanx_job": plan.job_id, "phalanx_attempt": str(plan.attempt),
+                           "phalanx_name": str(context.get("name", ""))[:100]})
+        record = SchedulerRecord(self.name, sub_id, time.time(), address=client.address)
+        write_scheduler(paths.scheduler_job(plan.attempt), record)
+        return _handles(RayJob(client, sub_id, paths, plan.attempt, len(plan.nodes), _trees(plan)), plan, record)
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
         """The attempt's Ray job, while the cluster says it has not ended (the driver runs on the
-        cluster, so it outlives a supervisor that dies)."""
-        from ... import config
-        from .node import RayJob, RayNode
+        cluster, so it outlives a supervisor that dies). Found by the Ray job id and the address
+        in the attempt's ``scheduler.json``."""
+        from .node import RayJob
 
-        recorded = read_json(paths.scheduler_job(plan.attempt)) or {}
-        if recorded.get("scheduler") != self.name:
+        record = read_scheduler(paths.scheduler_job(plan.attempt))
+        if record is None or record.scheduler != self.name:
             return None
-        spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
-        opts = validate(self.name, self.options, spec.backend_options)
         try:
-            client = connect({**opts, "address": recorded.get("address") or opts.get("address")})
+            client = connect({**plan.context, "address": record.address or plan.context.get("address")})
         except UsageError:
             return None
-        sub_id = str(recorded["job_id"])
-        if client.status(sub_id)[0] in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
+        if client.status(record.job_id)[0] in ("SUCCEEDED", "FAILED", "STOPPED", "GONE"):
             return None
-        ray_job = RayJob(client, sub_id, paths, plan.attempt, len(plan.nodes),
-                         _trees(HomePaths(config.home()), spec, paths))
-        return [RayNode(ray_job, node.node_rank) for node in plan.nodes]
+        return _handles(RayJob(client, record.job_id, paths, plan.attempt, len(plan.nodes), _trees(plan)), plan, record)
 
 
-def connect(opts: dict[str, Any]) -> Any:
+def _handles(job: Any, plan: Plan, record: SchedulerRecord) -> list[NodeHandle]:
+    from .node import RayNode
+
+    handles: list[NodeHandle] = []
+    for node in plan.nodes:
+        handle = RayNode(job, node.node_rank)
+        handle.where = f"Ray job {record.job_id}" + (f" at {record.address}" if record.address else "")
+        handle.submitted = record.submitted
+        handles.append(handle)
+    return handles
+
+
+def connect(opts: Mapping[str, Any]) -> Any:
     from .client import RayClient, find_token, resolve_address
 
     return RayClient(resolve_address(opts.get("address")), find_token(opts.get("token_file")))
 
 
 def _request(plan: Plan) -> dict[str, Any]:
-    for line in plan.submission.splitlines():
-        if line.startswith("# request: "):
-            return dict(json.loads(line[len("# request: "):]))
-    raise BackendError("the plan has no Ray request", "plan the job again (phalanx resume)")
+    """What the plan asks of Ray (``Plan.context``): the driver's settings, the runtime_env."""
+    request = plan.context.get("request")
+    if not isinstance(request, dict):
+        raise BackendError(f"the plan of attempt {plan.attempt} has no Ray request", "plan the job again (phalanx resume)")
+    return request
 
 
-def _trees(home: HomePaths, spec: JobSpec, paths: JobPaths) -> dict[str, Path]:
+def _trees(plan: Plan) -> dict[str, Path]:
     """The local directories the nodes' state and output directories are mirrored into."""
-    return {"state": home.state_dir(spec.state_key), "output": paths.output_dir}
+    return {name: Path(pair[1]) for name, pair in plan.context.get("trees", {}).items()}
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ A node lost with its Ray node (the raylet died) is reported as killed from outsi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -92,33 +93,36 @@ class NodeAgent:
     def run(self, launch: dict[str, Any], trees: dict[str, str], addrs: list[str], source: str) -> int:
         """Run this node: its files laid out in this node's home, the node agent started in a
         session of its own, its files mirrored until it ends. Returns the node's exit code."""
-        launch, trees = _expanded(launch), _expanded(trees)
-        node = launch["node"]
-        env = node["env"]
+        from ...core.contracts import LaunchFile, write_launch
+        from ...core.paths import JobPaths
+
+        launch_file, trees = LaunchFile.from_dict(_expanded(launch)), _expanded(trees)
+        node = launch_file.node
+        env = dict(node.env)
         if env.pop("PHALANX_AUTO_IFNAME", None):
             ifname = interface_for(addrs[0])
             if ifname:
                 for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                     env.setdefault(key, ifname)
-        _lay_out(Path(source), Path(node["cwd"]), Path(trees["state"]), Path(trees["output"]))
-        attempt_dir = Path(launch["job_dir"]) / f"attempt_{launch['attempt']}"
-        node_dir = attempt_dir / f"node_{node['node_rank']}"
-        node_dir.mkdir(parents=True, exist_ok=True)
-        launch_path = node_dir / "launch.json"
-        launch_path.write_text(json.dumps(launch))
-        mirror = Mirror(attempt_dir, int(node["node_rank"]), self, {k: Path(v) for k, v in trees.items()})  # type: ignore[arg-type]
-        with open(node_dir / "agent.log", "ab") as log:
+        node = dataclasses.replace(node, env=env)
+        _lay_out(Path(source), Path(node.cwd), Path(trees["state"]), Path(trees["output"]))
+        paths, attempt = JobPaths(Path(launch_file.job_dir)), launch_file.attempt
+        launch_path = paths.node_launch(attempt, node.node_rank)
+        launch_path.parent.mkdir(parents=True, exist_ok=True)
+        write_launch(launch_path, dataclasses.replace(launch_file, node=node))
+        mirror = Mirror(paths.attempt(attempt), node.node_rank, self, {k: Path(v) for k, v in trees.items()})  # type: ignore[arg-type]
+        with open(paths.agent_log(attempt, node.node_rank), "ab") as log:
             self.agent = subprocess.Popen(
                 [sys.executable, "-m", "phalanx.launch.agent", "--launch", str(launch_path)],
                 env={**os.environ, "PHALANX_NODE_ADDRS": ",".join(addrs)}, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, cwd=node["cwd"], start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT, cwd=node.cwd, start_new_session=True,
             )
         while self.agent.poll() is None:
             mirror.scan()
             time.sleep(0.2)
         code = self.agent.returncode
         code = 128 - code if code < 0 else code
-        _name_node(node_dir / "result.json")
+        _name_node(paths.node_result(attempt, node.node_rank))
         mirror.scan(final=True)  # everything the node wrote goes before its exit code
         mirror.frame({"exit": code})
         return code
@@ -133,13 +137,18 @@ def _name_node(result_path: Path) -> None:
     """Say in the node's result which Ray node it ran on: the root cause names it."""
     import ray
 
-    from ...core.paths import read_json, write_json
+    from ...core.contracts import read_node_result, write_node_result
+    from ...errors import ContractError
 
-    result = read_json(result_path)
-    if isinstance(result, dict):
+    try:
+        result = read_node_result(result_path)
+    except ContractError:
+        return  # the agent's report stays as it is; the supervisor says what is wrong with it
+    if result is not None:
         node_id = ray.get_runtime_context().get_node_id()
-        result.update(host=f"{ray.util.get_node_ip_address()} (Ray node {node_id[:12]})", ray_node_id=node_id)
-        write_json(result_path, result)
+        write_node_result(result_path, dataclasses.replace(
+            result, host=f"{ray.util.get_node_ip_address()} (Ray node {node_id[:12]})",
+            details={**result.details, "ray_node_id": node_id}))
 
 
 def _expanded(data: Any) -> Any:

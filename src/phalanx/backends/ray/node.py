@@ -7,10 +7,15 @@ the same ``Receiver`` the ssh backend uses: rank logs, results, metrics, and wha
 to the state and output directories. So ``phalanx logs``, metrics and ``status`` work while the
 job runs and after the cluster is gone. :class:`RayNode` is one node's handle on it.
 
-A node's exit code is the one its stream ended with. When the Ray job ends without a node's
-(the driver failed before the nodes started, the placement group timed out, the job was stopped
-before a node reported), its result is written here in the node's place, saying why, in
-``result.json`` and ``agent.log``; the driver's own output is in the attempt's ``batch.log``.
+The Jobs API's log tail blocks, so it runs in a thread and the frames are written as they come
+(as the ssh backend's link does); ``collect(final=True)`` waits for the tail to have read the
+job's whole log (the driver's last lines into ``batch.log``). ``poll`` never waits.
+
+A node's result is the one its stream brought (its ``result.json``). When the Ray job ends without
+a node's (the driver failed before the nodes started, the placement group timed out, the job was
+stopped before a node reported), one is synthesized in the node's place (``base.synthesize``),
+saying why, in ``result.json`` and ``agent.log``; the driver's own output is in the attempt's
+``batch.log``.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from ...core.paths import JobPaths, read_json, write_json
+from ...core.contracts import NodeResult, read_scheduler, write_scheduler
+from ...core.paths import JobPaths
 from ...errors import BackendError
-from ...core.contracts import NodeResult
 from ...launch.frames import Receiver
 from ..base import NodeHandle, synthesize
 from . import relay
@@ -36,6 +41,7 @@ class RayJob:
     supervisor meet (the results and the events)."""
 
     status_every = 2.0  # seconds between status requests (a sweep may watch many jobs)
+    final_wait = 30.0  # seconds ``collect(final=True)`` waits for the rest of the job's log
 
     def __init__(self, client: RayClient, submission_id: str, paths: JobPaths, attempt: int, nnodes: int,
                  trees: dict[str, Path]) -> None:
@@ -45,6 +51,7 @@ class RayJob:
         self.attempt = attempt
         self.nnodes = nnodes
         self.codes: dict[int, int | None] = {}  # node -> exit code, once its stream ended
+        self.results: dict[int, NodeResult] = {}  # node -> its result, once polled after its end
         self.placed = False
         self.error: str | None = None  # the driver's one-line reason, when it gave up
         self.signalled: int | None = None
@@ -126,8 +133,9 @@ class RayJob:
     def _event(self, event: dict[str, Any]) -> None:
         if "placed" in event:
             self.placed = True
-            record = read_json(self.paths.scheduler_job(self.attempt)) or {}
-            write_json(self.paths.scheduler_job(self.attempt), {**record, "nodes": event["placed"]})
+            record = read_scheduler(self.paths.scheduler_job(self.attempt))
+            if record is not None:  # where each node landed, for status and the root cause
+                write_scheduler(self.paths.scheduler_job(self.attempt), record.with_details(nodes=event["placed"]))
         if "error" in event:
             self.error = str(event["error"])
         self._other(relay.event_line(event).rstrip("\n"))
@@ -147,20 +155,33 @@ class RayJob:
     def _ended(self) -> bool:
         return self.state()[0] in TERMINAL | {"GONE"}
 
-    def poll(self, node_rank: int) -> int | None:
-        """The node's exit code, once its stream ended and its files were written; a result
-        written here in its place when the job ended without it. None while it runs."""
-        with self._lock:
-            if node_rank in self.codes and self.codes[node_rank] is not None:
-                return self.codes[node_rank]
-        ended = self._ended()
-        if not ended and not self._given_up():
-            return None
-        if not self.followed.is_set() and not self._given_up():
-            return None  # the last frames are still arriving
+    def poll(self, node_rank: int) -> NodeResult | None:
+        """The node's result once its stream ended and its files were written (its own report,
+        or one synthesized when the stream ended without it); one synthesized in its place when
+        the job ended without its stream. None while it runs."""
+        if node_rank in self.results:
+            return self.results[node_rank]
         with self._lock:
             code = self.codes.get(node_rank)
-        return code if code is not None else self._report_for(node_rank)
+        if code is None:
+            if not self._ended() and not self._given_up():
+                return None
+            if not self.followed.is_set() and not self._given_up():
+                return None  # the last frames are still arriving
+            with self._lock:
+                code = self.codes.get(node_rank)
+            if code is None:
+                return self._report_for(node_rank)
+        result = self.results[node_rank] = synthesize(self.paths, self.attempt, NodeResult.synthesize(
+            node_rank, code, f"node {node_rank} of Ray job {self.submission_id} ended (exit {code}) without a report",
+            ray_job=self.submission_id))
+        return result
+
+    def collect(self, final: bool) -> None:
+        """The frames are written as they come; at the end, wait for the tail to have read the
+        whole log (it stops by itself once the job has ended), at most ``final_wait`` seconds."""
+        if final:
+            self.followed.wait(self.final_wait)
 
     def _given_up(self) -> bool:
         """Killed, and the cluster has not confirmed the end for a while: stop waiting for it."""
@@ -169,7 +190,7 @@ class RayJob:
     def running(self) -> bool:
         return self.placed or self.state()[0] in TERMINAL
 
-    def _report_for(self, node_rank: int) -> int:
+    def _report_for(self, node_rank: int) -> NodeResult:
         state, message = self.state()
         stopped_by = None
         if self.killed_at is not None:
@@ -184,14 +205,12 @@ class RayJob:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a") as fh:
             fh.write(f"phalanx: {text}\nphalanx: the driver's output: {self.paths.batch_log(self.attempt)}\n")
-        result: dict[str, Any] = {"node_rank": node_rank, "host": None, "exitcode": code, "failures": [], "error": text,
-                                  "ray_job": self.submission_id, "ray_state": state, "finished": time.time()}
-        if stopped_by:
-            result["stopped_by"] = stopped_by
-        write_json(self.paths.node_result(self.attempt, node_rank), result)
+        result = synthesize(self.paths, self.attempt, NodeResult.synthesize(
+            node_rank, code, text, stopped_by=stopped_by, ray_job=self.submission_id, ray_state=state))
         with self._lock:
-            self.codes[node_rank] = code
-        return code
+            self.codes[node_rank] = result.exitcode
+        self.results[node_rank] = result
+        return result
 
     # -- control ------------------------------------------------------------------------
 
@@ -219,11 +238,10 @@ class RayNode(NodeHandle):
         self.node_rank = node_rank
 
     def poll(self) -> NodeResult | None:
-        code = self.job.poll(self.node_rank)
-        if code is None:
-            return None
-        return synthesize(self.job.paths, self.job.attempt, NodeResult.synthesize(
-            self.node_rank, code, f"Ray job {self.job.submission_id}: node {self.node_rank} ended without a report"))
+        return self.job.poll(self.node_rank)
+
+    def collect(self, final: bool = False) -> None:
+        self.job.collect(final)
 
     def signal(self, signum: int) -> None:
         self.job.signal(signum)

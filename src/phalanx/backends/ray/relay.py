@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from typing import Any, Callable
 
 PREFIX = "PHX1 "
@@ -46,12 +45,13 @@ def frame(header: dict[str, Any], data: bytes | None = None) -> bytes:
 
 def lost_frames(node: int, place: dict[str, Any], message: str, attempt: int) -> bytes:
     """The frames a node whose Ray node died can no longer send: its result (killed from outside,
-    as a preemption is) and its exit code."""
-    result: dict[str, Any] = {
-        "node_rank": node, "host": f"{place.get('ip')} (Ray node {str(place.get('node_id'))[:12]})", "exitcode": 137, "failures": [], "stopped_by": "SIGKILL",
-        "error": message, "ray_node_id": place.get("node_id"), "attempt": attempt, "finished": time.time(),
-    }
-    body = (json.dumps(result, indent=2, sort_keys=True) + "\n").encode()
+    as a preemption is: ``contracts.NodeResult``, synthesized) and its exit code."""
+    from ...core.contracts import NodeResult
+
+    result = NodeResult.synthesize(node, 137, message, stopped_by="SIGKILL",
+                                   host=f"{place.get('ip')} (Ray node {str(place.get('node_id'))[:12]})",
+                                   ray_node_id=place.get("node_id"), attempt=attempt)
+    body = (json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n").encode()
     return frame({"f": f"node_{node}/result.json", "w": 1}, body) + frame({"exit": 137})
 
 

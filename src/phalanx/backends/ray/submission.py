@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import UsageError
+from ...core.contracts import LaunchFile
 from ...core.plan import Plan
 from ...storage.bundle import code_files, phalanx_files
 
@@ -50,9 +51,10 @@ def entrypoint(python: str | None) -> str:
 
 
 def driver_job(plan: Plan, request: Mapping[str, Any], sample_interval: float) -> dict[str, Any]:
-    """The driver's ``job.json``: the plan's nodes as launch files, and the request's settings."""
-    nodes = [{"node": node.to_dict(), "job_dir": node.env["PHALANX_JOB_DIR"], "attempt": plan.attempt,
-              "grace": plan.grace, "sample_interval": sample_interval} for node in plan.nodes]
+    """The driver's ``job.json``: the plan's nodes as launch files (``contracts.LaunchFile``,
+    the job directory in the node's home), and the request's settings."""
+    nodes = [LaunchFile(node, node.env["PHALANX_JOB_DIR"], plan.attempt, plan.grace, sample_interval).to_dict()
+             for node in plan.nodes]
     return {**request["driver"], "job_id": plan.job_id, "attempt": plan.attempt, "grace": plan.grace, "nodes": nodes}
 
 
