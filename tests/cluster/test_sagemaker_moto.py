@@ -47,14 +47,14 @@ def test_a_local_input_is_uploaded_once_per_content(aws, tmp_path):
     (data / "sub").mkdir(parents=True)
     (data / "a.txt").write_text("one")
     (data / "sub" / "b.txt").write_text("two")
-    home, s3, said = HomePaths(tmp_path / "home"), JobS3(f"s3://{bucket}/phx", "j1"), []
-    digest = local_digest(str(data), home, remember=True)
+    cache, s3, said = HomePaths(tmp_path / "home").sagemaker_digests, JobS3(f"s3://{bucket}/phx", "j1"), []
+    digest = local_digest(str(data), cache, remember=True)
     assert upload_channel(aws, s3, "d", str(data), digest, said.append) is True
-    assert upload_channel(aws, s3, "d", str(data), local_digest(str(data), home), said.append) is False
+    assert upload_channel(aws, s3, "d", str(data), local_digest(str(data), cache), said.append) is False
     keys = sorted(o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == [f"phx/channels/{digest}.json", f"phx/channels/{digest}/a.txt", f"phx/channels/{digest}/sub/b.txt"]
     (data / "a.txt").write_text("changed")
-    assert local_digest(str(data), home) != digest
+    assert local_digest(str(data), cache) != digest
     aws.delete_prefix(f"s3://{bucket}/phx/channels/{digest}/")
     assert sorted(o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=bucket)["Contents"]) == [f"phx/channels/{digest}.json"]
     assert len(said) == 1

@@ -113,6 +113,24 @@ def test_an_unchanged_local_input_keeps_its_prefix_and_a_changed_one_moves(tmp_p
     assert uri() != before
 
 
+def test_facts_look_up_the_plan_is_pure_and_names_what_start_uploads(tmp_path, monkeypatch):
+    """Region and input digests are facts (read once); the plan from the same facts is the same,
+    whatever the world does meanwhile, and its context says what start uploads and where."""
+    spec = cases(tmp_path)["sagemaker_tf_2x1_channels"].with_(python="python3", workdir="/work")
+    backend, home = get_backend("sagemaker"), HomePaths(tmp_path / "home")
+    facts = backend.facts(spec)
+    plan = backend.plan(spec, "job1234", 0, home, facts)
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")
+    (tmp_path / "data" / "a.txt").write_text("changed after the facts\n")
+    assert backend.plan(spec, "job1234", 0, home, facts) == plan
+    (name, source, digest), = plan.context["inputs"]
+    assert plan.context["region"] == facts.region and source == str(tmp_path / "data")
+    assert request_of(plan)["InputDataConfig"][2]["DataSource"]["S3DataSource"]["S3Uri"].endswith(f"/channels/{digest}/")
+    assert plan.context["code"] == "/work"  # --no-snapshot: the bundle carries the working directory
+    snapped = backend.plan(spec.with_(snapshot=True), "job1234", 0, home, facts)
+    assert snapped.context["code"] == str(home.job("job1234").code_dir)  # else the job's snapshot
+
+
 # -- the strict validator ------------------------------------------------------------------------
 
 

@@ -4,30 +4,35 @@
 A thin adapter to ``backends/base.py``; the work is in the modules beside it (see ``__init__``):
 
 - ``check`` (before anything is recorded): credentials, region, the bucket and every S3 input;
-- ``plan``: the CreateTrainingJob request, strictly validated, and each instance's part;
+- ``facts``: the region (AWS's configuration) and the content digest of every local input;
+- ``plan`` (pure): the CreateTrainingJob request, strictly validated, and each instance's part;
+  ``Plan.context`` holds what ``start`` uploads and where;
 - ``start``: uploads the code bundle, the plan and changed local inputs, then CreateTrainingJob;
   if SageMaker refuses the job, the attempt's uploads are removed again;
-- the node handles follow the job (``watch``): logs and results arrive through CloudWatch;
+- the node handles follow the job (``watch``): logs and results arrive through CloudWatch, and
+  ``collect`` writes them into the job directory;
   ``signal`` is StopTrainingJob (SageMaker's own 120 s grace, so phalanx's ``--grace`` is capped
   at 110 s); the supervisor never stages inputs or syncs state here: SageMaker brings the
   channels to the instances and syncs ``/opt/ml/checkpoints`` with the state URI itself;
 - ``attach``: a job whose supervisor vanished is found by the training job name recorded in
-  the attempt's ``scheduler.json`` and watched again while SageMaker still runs it.
+  the attempt's ``scheduler.json`` (``contracts.SchedulerRecord``) and watched again while
+  SageMaker still runs it.
 """
 
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...core.paths import HomePaths, JobPaths, read_json, write_json
+from ...core.contracts import NodeResult, SchedulerRecord, read_launch, read_scheduler, write_scheduler
+from ...core.paths import HomePaths, JobPaths
+from ...core.plan import Plan
 from ...core.spec import JobSpec
 from ...errors import BackendError, PhalanxError, UsageError
-from ...core.contracts import NodeResult
-from ...core.plan import Plan
-from ..base import Backend, Facts, NodeHandle, synthesize
+from ...launch.host import HostFacts
+from ..base import Backend, Facts, NodeHandle
 from ..options import validate
 from . import layout
 from .options import OPTIONS, STOP_TIMEOUT
@@ -41,13 +46,29 @@ class SageMakerBackend(Backend):
     remote_data = True  # SageMaker stages the channels and syncs the checkpoints itself
     stop_margin = float(STOP_TIMEOUT) + 240.0  # SIGKILL after 120 s, then the upload and the final status
 
-    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
+    def _facts(self, spec: JobSpec, host: HostFacts) -> SageMakerFacts:
+        """The region (``--region``, else AWS's configuration: no network) and each local input's
+        content digest (files already seen, by path, size and mtime, are not read again)."""
         from . import client, uploads
 
+        cache = HomePaths(host.home).sagemaker_digests if host.home else None
+        digests = tuple((c.name, uploads.local_digest(c.source, cache, remember=True))
+                        for c in spec.channels if not c.is_remote)
+        return SageMakerFacts(host, region=client.region(dict(spec.backend_options)), channel_digests=digests)
+
+    def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
+        assert isinstance(facts, SageMakerFacts), "the sagemaker backend plans from SageMakerBackend.facts"
         opts = dict(spec.backend_options)
-        region = client.region(opts)
-        digests = tuple((c.name, uploads.local_digest(c.source, home)) for c in spec.channels if not c.is_remote)
-        return plan_attempt(spec, job_id, attempt, opts, SageMakerFacts(facts.host, region=region, channel_digests=digests))
+        plan = plan_attempt(spec, job_id, attempt, opts, facts)
+        digests = dict(facts.channel_digests)
+        context = {
+            "region": facts.region, "profile": opts.get("profile"), "grace": spec.grace,
+            # The code bundle's source: the job's snapshot, a sweep's shared one, or (--no-snapshot) the workdir.
+            "code": spec.code_dir or (str(paths.code_dir) if spec.snapshot else spec.workdir),
+            # Local inputs, uploaded to the prefix of their content (the digest the request names).
+            "inputs": [[c.name, c.source, digests[c.name]] for c in spec.channels if not c.is_remote],
+        }
+        return replace(plan, context=context)
 
     def shares_files(self, spec: JobSpec) -> bool:
         return False  # the instances run a shipped copy of the code (the phalanx channel's bundle)
@@ -55,10 +76,11 @@ class SageMakerBackend(Backend):
     def check(self, spec: JobSpec) -> None:
         """Everything that can be known before the job is recorded: region and credentials, the
         role and instance type, the bucket, every S3 input. Raises UsageError; creates nothing."""
-        from ... import config
         from . import client
 
-        self.plan(spec, "check", 0, HomePaths(config.home()), self.facts(spec))  # every pure check first, offline
+        facts = self.facts(spec)
+        home = HomePaths(facts.host.home or Path(".phalanx"))  # the plan only names paths under it
+        self.plan(spec, "check", 0, home, facts)  # every pure check first, offline
         opts = validate(self.name, self.options, spec.backend_options)
         role = check_options(opts)
         aws = client.Aws(client.region(opts), opts.get("profile"))
@@ -72,25 +94,21 @@ class SageMakerBackend(Backend):
                     raise UsageError(f"input '{channel.name}': nothing at {channel.source}", "check the URI, or upload the data first")
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
-        from ... import config
         from . import client, uploads
         from .plan import launch_data
 
-        spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
-        opts = validate(self.name, self.options, spec.backend_options)
+        context = plan.context
         request = request_of(plan)
         name = request["TrainingJobName"]
-        aws = client.Aws(client.region(opts), opts.get("profile"))
+        aws = client.Aws(str(context["region"]), context.get("profile"))
         s3 = layout.JobS3(request["OutputDataConfig"]["S3OutputPath"].rsplit("/jobs/", 1)[0], plan.job_id)
-        home = HomePaths(config.home())
         say = _say(paths, plan.attempt)
+        launch = read_launch(paths.node_launch(plan.attempt, plan.nodes[0].node_rank))
         try:
-            for channel in spec.channels:
-                if not channel.is_remote:
-                    digest = uploads.local_digest(channel.source, home, remember=True)
-                    uploads.upload_channel(aws, s3, channel.name, channel.source, digest, say)
-            code = paths.code_dir if spec.snapshot else Path(spec.workdir)
-            uploads.upload_code(aws, s3, plan.attempt, code, launch_data(plan, spec.sample_interval))
+            for input_name, source, digest in context["inputs"]:
+                uploads.upload_channel(aws, s3, input_name, source, digest, say)
+            uploads.upload_code(aws, s3, plan.attempt, Path(context["code"]),
+                                launch_data(plan, launch.sample_interval if launch else 5.0))
             arn = aws.create_training_job(request)
         except Exception as exc:
             _remove(aws, s3.code(plan.attempt))  # nothing of an attempt that did not start is left behind
@@ -98,25 +116,25 @@ class SageMakerBackend(Backend):
                 raise
             raise BackendError(f"could not start training job {name}: {type(exc).__name__}: {exc}",
                                "check the credentials, the bucket and the network, then `phalanx resume` the job") from None
-        write_json(paths.scheduler_job(plan.attempt), {
-            "scheduler": self.name, "job_id": name, "arn": arn, "region": aws.region, "submitted": time.time(),
-            "s3_prefix": s3.prefix,
-        })
-        if plan.grace < spec.grace:
-            say(f"--grace {spec.grace:g} capped to {plan.grace:g} s: SageMaker kills a stopped job's containers "
+        record = SchedulerRecord(self.name, name, time.time(), details={"arn": arn, "region": aws.region, "s3_prefix": s3.prefix})
+        write_scheduler(paths.scheduler_job(plan.attempt), record)
+        asked = float(context.get("grace", plan.grace))
+        if plan.grace < asked:
+            say(f"--grace {asked:g} capped to {plan.grace:g} s: SageMaker kills a stopped job's containers "
                 f"{STOP_TIMEOUT} s after SIGTERM")
-        return self._handles(aws, name, paths, plan, s3)
+        return self._handles(aws, record, paths, plan, s3)
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
         from . import client
 
-        record = read_json(paths.scheduler_job(plan.attempt)) or {}
-        if record.get("scheduler") != self.name or not record.get("job_id"):
+        record = read_scheduler(paths.scheduler_job(plan.attempt))
+        if record is None or record.scheduler != self.name or not record.job_id:
             return None
-        spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
-        opts = validate(self.name, self.options, spec.backend_options)
-        aws = client.Aws(str(record.get("region") or client.region(opts)), opts.get("profile"))
-        found = aws.describe(record["job_id"])
+        region = record.details.get("region") or plan.context.get("region")
+        if not region:
+            return None  # nowhere to ask
+        aws = client.Aws(str(region), plan.context.get("profile"))
+        found = aws.describe(record.job_id)
         if found is None or found.get("TrainingJobStatus") in ("Completed", "Failed", "Stopped"):
             return None
         # What the instances printed arrives again from the start of their streams.
@@ -124,15 +142,20 @@ class SageMakerBackend(Backend):
             paths.rank_log(plan.attempt, rank).unlink(missing_ok=True)
         for node in plan.nodes:
             paths.agent_log(plan.attempt, node.node_rank).unlink(missing_ok=True)
-        s3 = layout.JobS3(str(record.get("s3_prefix")), plan.job_id)
-        return self._handles(aws, record["job_id"], paths, plan, s3)
+        s3 = layout.JobS3(str(record.details.get("s3_prefix")), plan.job_id)
+        return self._handles(aws, record, paths, plan, s3)
 
     @staticmethod
-    def _handles(aws: Any, name: str, paths: JobPaths, plan: Plan, s3: layout.JobS3) -> list[NodeHandle]:
+    def _handles(aws: Any, record: SchedulerRecord, paths: JobPaths, plan: Plan, s3: layout.JobS3) -> list[NodeHandle]:
         from .watch import TrainingJobWatch
 
-        watch = TrainingJobWatch(aws, name, paths, plan.attempt, len(plan.nodes), s3)
-        return [SageMakerNode(watch, node.node_rank) for node in plan.nodes]
+        watch = TrainingJobWatch(aws, record.job_id, paths, plan.attempt, len(plan.nodes), s3)
+        handles: list[NodeHandle] = []
+        for node in plan.nodes:
+            handle = SageMakerNode(watch, node.node_rank)
+            handle.where, handle.submitted = f"SageMaker training job {record.job_id}", record.submitted
+            handles.append(handle)
+        return handles
 
 
 class SageMakerNode(NodeHandle):
@@ -147,11 +170,10 @@ class SageMakerNode(NodeHandle):
         self.node_rank = node_rank
 
     def poll(self) -> NodeResult | None:
-        code = self.watch.exit_code(self.node_rank)
-        if code is None:
-            return None
-        return synthesize(self.watch.paths, self.watch.attempt, NodeResult.synthesize(
-            self.node_rank, int(code), f"training job {self.watch.name}: node {self.node_rank} ended without a report"))
+        return self.watch.result(self.node_rank)  # type: ignore[no-any-return]
+
+    def collect(self, final: bool = False) -> None:
+        self.watch.collect(final)
 
     def signal(self, signum: int) -> None:
         self.watch.stop(signum)

@@ -1,7 +1,9 @@
 """What every SageMaker instance runs: ``python3 -m phalanx.backends.sagemaker.entry``.
 
 Standard library only: the training image has Python and the user's framework, nothing of phalanx
-but the unpacked bundle on ``PYTHONPATH`` (no psutil, no yaml, no typer).
+but the unpacked bundle on ``PYTHONPATH`` (no psutil, no yaml, no typer). Of phalanx it uses the
+job-directory contract only (``core/paths.JobPaths``, ``core/contracts``), which is standard
+library too.
 
 1. Reads ``/opt/ml/input/config/resourceconfig.json``: the hosts ``algo-1..N`` and which one
    this is; node rank = its index, node 0 (``algo-1``) hosts the rendezvous.
@@ -31,7 +33,13 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 from phalanx.backends.sagemaker import layout
+from phalanx.core.contracts import LaunchFile, NodeResult, read_node_result, write_launch
+from phalanx.core.paths import JobPaths
+from phalanx.core.plan import NodePlan
+from phalanx.errors import ContractError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,8 +84,8 @@ def gpu_count() -> int:
 class Streamer:
     """Tails this node's rank logs and records into ``out``, one line per event."""
 
-    def __init__(self, attempt_dir: str, out: TextIO) -> None:
-        self.attempt_dir = attempt_dir
+    def __init__(self, paths: JobPaths, attempt: int, out: TextIO) -> None:
+        self.paths, self.attempt = paths, attempt
         self.out = out
         self.lock = threading.Lock()
         self.offsets: dict[str, int] = {}
@@ -97,17 +105,11 @@ class Streamer:
         self.emit(FRAME + json.dumps(record, sort_keys=True))
 
     def scan(self, final: bool = False) -> None:
-        try:
-            names = sorted(os.listdir(self.attempt_dir))
-        except OSError:
-            return
-        for name in names:
-            if not (name.startswith("rank_") and name[5:].isdigit()):
-                continue
-            rank, base = int(name[5:]), os.path.join(self.attempt_dir, name)
-            self._tail(rank, os.path.join(base, "output.log"), final)
-            for kind, file in (("proc", "proc.json"), ("error", "error.json")):
-                self._record(kind, rank, os.path.join(base, file))
+        paths, attempt = self.paths, self.attempt
+        for rank in paths.ranks(attempt):
+            self._tail(rank, str(paths.rank_log(attempt, rank)), final)
+            for kind, file in (("proc", paths.rank_proc(attempt, rank)), ("error", paths.rank_error(attempt, rank))):
+                self._record(kind, rank, str(file))
 
     def _tail(self, rank: int, path: str, final: bool) -> None:
         try:
@@ -139,7 +141,7 @@ class Streamer:
         self.frame(kind, data, rank)
 
 
-def failure_text(result: dict[str, Any], streamer_dir: str) -> str:
+def failure_text(result: dict[str, Any], paths: JobPaths, attempt: int) -> str:
     """What SageMaker reports as FailureReason: the first failing rank and its error."""
     failures = sorted(result.get("failures") or [], key=lambda f: f.get("timestamp", 0))
     if not failures:
@@ -147,7 +149,7 @@ def failure_text(result: dict[str, Any], streamer_dir: str) -> str:
     first = failures[0]
     rank = first.get("rank")
     try:
-        with open(os.path.join(streamer_dir, f"rank_{rank}", "error.json")) as fh:
+        with open(paths.rank_error(attempt, int(rank))) as fh:
             error = json.load(fh)
         what = f"{error.get('type')}: {error.get('message')}"
     except (OSError, ValueError):
@@ -180,19 +182,17 @@ def prepare(root: str) -> tuple[dict[str, Any], str, int, list[str]]:
     for path in (env.get("PHALANX_STATE_DIR"), env.get("PHALANX_OUTPUT_DIR"), env.get("SM_OUTPUT_DATA_DIR")):
         if path:
             os.makedirs(path, exist_ok=True)
-    node_dir = os.path.join(job_dir, f"attempt_{launch['attempt']}", f"node_{node_rank}")
-    os.makedirs(node_dir, exist_ok=True)
-    path = os.path.join(node_dir, "launch.json")
-    with open(path, "w") as fh:
-        json.dump({"node": node, "job_dir": job_dir, "attempt": launch["attempt"], "grace": launch["grace"],
-                   "sample_interval": launch.get("sample_interval", 5.0)}, fh)
-    return launch, path, node_rank, hosts
+    launch_path = JobPaths(Path(job_dir)).node_launch(launch["attempt"], node_rank)
+    launch_path.parent.mkdir(parents=True, exist_ok=True)
+    write_launch(launch_path, LaunchFile(NodePlan.from_dict(node), job_dir, launch["attempt"], launch["grace"],
+                                         launch.get("sample_interval", 5.0)))
+    return launch, str(launch_path), node_rank, hosts
 
 
 def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> int:
     launch, path, node_rank, hosts = prepare(root)
-    attempt_dir = os.path.join(launch["job_dir"], f"attempt_{launch['attempt']}")
-    streamer = Streamer(attempt_dir, out)
+    paths, attempt = JobPaths(Path(launch["job_dir"])), int(launch["attempt"])
+    streamer = Streamer(paths, attempt, out)
     streamer.emit(f"phalanx: node {node_rank} of {len(hosts)} ({hosts[node_rank]}), job {launch['job_id']} attempt {launch['attempt']}")
     # In the node's working directory (the unpacked code), as every backend starts its agents.
     agent = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path], stdin=subprocess.DEVNULL,
@@ -217,20 +217,20 @@ def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> i
         wait(SCAN)
     reader.join(timeout=5)
     streamer.scan(final=True)
-    result_path = os.path.join(attempt_dir, f"node_{node_rank}", "result.json")
     try:
-        with open(result_path) as fh:
-            result = json.load(fh)
-    except (OSError, ValueError):
+        reported = read_node_result(paths.node_result(attempt, node_rank))
+    except ContractError:
+        reported = None
+    if reported is None:
         code = agent.returncode
-        result = {"node_rank": node_rank, "host": hosts[node_rank], "exitcode": 128 - code if code < 0 else code,
-                  "failures": [], "error": f"the node agent ended without a result (exit status {code})"}
+        reported = NodeResult.synthesize(node_rank, 128 - code if code < 0 else code,
+                                         f"the node agent ended without a result (exit status {code})", host=hosts[node_rank])
+    result = reported.to_dict()
     streamer.frame("result", result)
-    code = int(result.get("exitcode", 1))
-    if code != 0 and not result.get("stopped_by"):
+    if reported.exitcode != 0 and not reported.stopped_by:
         with open(root + layout.FAILURE, "w") as fh:
-            fh.write(failure_text(result, attempt_dir)[:1024])
-    return code
+            fh.write(failure_text(result, paths, attempt)[:1024])
+    return reported.exitcode
 
 
 def main() -> None:

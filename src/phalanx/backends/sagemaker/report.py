@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.paths import JobPaths, read_json
+from ...core.contracts import read_scheduler
+from ...core.paths import JobPaths
+from ...errors import ContractError
 
 
 def described(paths: JobPaths, attempt: int) -> dict[str, Any]:
-    """What SageMaker last said of the attempt's training job (empty before it was asked)."""
-    record = read_json(paths.scheduler_job(attempt)) or {}
-    return dict(record) if record.get("scheduler") == "sagemaker" else {}
+    """What SageMaker last said of the attempt's training job (empty before it was asked, and
+    for a ``scheduler.json`` this phalanx cannot read: ``ps`` shows the rest)."""
+    try:
+        record = read_scheduler(paths.scheduler_job(attempt))
+    except ContractError:
+        return {}
+    return record.to_dict() if record is not None and record.scheduler == "sagemaker" else {}
 
 
 def usage(paths: JobPaths) -> dict[str, float]:

@@ -4,8 +4,8 @@
   prefix is ``channels/<digest>/`` where the digest covers every file's name and bytes, and a
   marker ``channels/<digest>.json`` is written after the last file. A marker present means a
   complete upload, so an unchanged input costs one HEAD request, however large it is. File
-  digests are remembered by (path, size, mtime) in ``$PHALANX_HOME/cache/sagemaker-digests.json``,
-  so an unchanged input is not even read again.
+  digests are remembered by (path, size, mtime) in ``$PHALANX_HOME/cache/sagemaker-digests.json``
+  (``HomePaths.sagemaker_digests``), so an unchanged input is not even read again.
 - The phalanx channel of an attempt holds the bundle (the job's code and phalanx itself,
   ``storage/bundle.py``) and ``launch.json`` (every node's part of the plan).
 """
@@ -19,16 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ...core.paths import HomePaths, write_json
+from ...core.paths import write_json
 from ...storage.bundle import build, code_files
 from .client import Aws
 from .layout import BUNDLE, LAUNCH, JobS3
 
 Say = Callable[[str], None]
-
-
-def _cache_file(home: HomePaths) -> Path:
-    return home.root / "cache" / "sagemaker-digests.json"
 
 
 def _files(path: Path) -> Iterator[tuple[str, Path]]:
@@ -56,23 +52,27 @@ def _file_digest(path: Path, cache: dict[str, Any]) -> str:
     return str(cache[key])
 
 
-def _load_cache(home: HomePaths) -> dict[str, Any]:
+def _load_cache(cache_file: Path | None) -> dict[str, Any]:
+    if cache_file is None:
+        return {}
     try:
-        return dict(json.loads(_cache_file(home).read_text()))
+        return dict(json.loads(cache_file.read_text()))
     except (OSError, ValueError):
         return {}
 
 
-def local_digest(path: str, home: HomePaths, remember: bool = False) -> str:
-    """The content digest of a local input (a file or a directory tree). Reads only files it has
-    not seen with the same size and mtime; ``remember`` writes what it read to the cache."""
-    cache = _load_cache(home)
+def local_digest(path: str, cache_file: Path | None, remember: bool = False) -> str:
+    """The content digest of a local input (a file or a directory tree). Reads only files the
+    cache (``HomePaths.sagemaker_digests``; None: no cache) has not seen with the same size and
+    mtime; ``remember`` writes what it read to the cache."""
+    cache = _load_cache(cache_file)
     before = len(cache)
     digest = hashlib.sha256()
     for name, file in _files(Path(path)):
         digest.update(f"{name}\0{_file_digest(file, cache)}\n".encode())
-    if remember and len(cache) != before:
-        write_json(_cache_file(home), cache)
+    if remember and cache_file is not None and len(cache) != before:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        write_json(cache_file, cache)
     return digest.hexdigest()[:32]
 
 

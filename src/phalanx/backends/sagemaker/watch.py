@@ -1,18 +1,21 @@
 """One attempt's training job, followed from here: status, logs, results and outputs.
 
-A background thread (so that the supervisor's ``poll`` never waits on the network):
+The network is a background thread's (so that neither ``poll`` nor ``collect`` ever waits on it):
 
-- asks DescribeTrainingJob every ``describe_every`` seconds (at once after a stop) and writes
-  what it says into the attempt's ``scheduler.json``: status, secondary status (Starting,
-  Downloading, Training, Interrupted, MaxWaitTimeExceeded...), failure reason, billable seconds;
-- follows every CloudWatch stream of the job (``<job>/algo-<n>-<epoch>``, a new one per instance
-  start: a spot restart adds streams) with ``nextForwardToken``, and writes what the instances
-  printed into the job directory as a local node would: each rank's ``output.log`` (so phalanx's
-  metric regexes run on it), each node's ``agent.log``, each rank's ``error.json``/``proc.json``
-  (``entry.parse_line`` reads the lines);
-- once the job has ended, reads the streams to their end, downloads the model and output
-  archives into the job's output directory, and writes each node's ``result.json``: the one its
-  instance reported last, or one made from what SageMaker says (its FailureReason, a stop).
+- it asks DescribeTrainingJob every ``describe_every`` seconds (at once after a stop) and writes
+  what it says into the attempt's ``scheduler.json`` (``contracts.SchedulerRecord``, its details):
+  status, secondary status (Starting, Downloading, Training, Interrupted, MaxWaitTimeExceeded...),
+  failure reason, billable seconds;
+- it follows every CloudWatch stream of the job (``<job>/algo-<n>-<epoch>``, a new one per
+  instance start: a spot restart adds streams) with ``nextForwardToken`` and sorts what the
+  instances printed (``entry.parse_line``) into what a local node would have written: each
+  rank's ``output.log`` lines (so phalanx's metric regexes run on them), each node's
+  ``agent.log`` lines, each rank's ``error.json``/``proc.json``. ``collect`` (the supervisor's
+  ``NodeHandle.collect``, every tick and once at the end) writes them into the job directory;
+- once the job has ended, it reads the streams to their end, downloads the model and output
+  archives into the job's output directory, and decides each node's result
+  (``contracts.NodeResult``): the one its instance reported last, or one made from what SageMaker
+  says (its FailureReason, a stop). ``result`` hands it to ``poll``, which writes ``result.json``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...core.paths import JobPaths, read_json, write_json
+from ...core.contracts import NodeResult, SchedulerRecord, read_scheduler, write_node_result, write_scheduler
+from ...core.paths import JobPaths, write_json
+from ...errors import ContractError
 from .client import Aws
 from .entry import parse_line
 from .layout import LOG_GROUP, JobS3, host_of_stream, log_stream_prefix
@@ -59,7 +64,11 @@ class TrainingJobWatch:
         self.describe_every = float(os.environ.get("PHALANX_SM_DESCRIBE_EVERY", self.describe_every))
         self.logs_every = float(os.environ.get("PHALANX_SM_LOGS_EVERY", self.logs_every))
         self.description: dict[str, Any] = {}
-        self.results: dict[int, dict[str, Any]] | None = None  # set once, when the job has ended
+        self.results: dict[int, NodeResult] | None = None  # set once, when the job has ended
+        self.written: set[int] = set()  # nodes whose result.json ``result`` has written
+        # What the thread read and ``collect`` writes: (path, lines to append) or (path, JSON to write).
+        self._inbox: list[tuple[Path, list[str] | dict[str, Any]]] = []
+        self._inbox_lock = threading.Lock()
         self.signalled: int | None = None
         self.killed_at: float | None = None
         self.reported: dict[int, tuple[str, dict[str, Any]]] = {}  # node -> (stream, last result frame)
@@ -73,12 +82,41 @@ class TrainingJobWatch:
 
     # -- what the node handles ask ----------------------------------------------------------
 
-    def exit_code(self, node_rank: int) -> int | None:
+    def result(self, node_rank: int) -> NodeResult | None:
+        """The node's result once the job has ended (written to its ``result.json`` the first
+        time it is asked for); None before. Never waits."""
         if self.results is None:
             if self.killed_at is not None and time.monotonic() - self.killed_at > self.abandon_after:
                 self._give_up()
             return None
-        return int(self.results[node_rank]["exitcode"])
+        result = self.results[node_rank]
+        if node_rank not in self.written:
+            self.written.add(node_rank)
+            path = self.paths.node_result(self.attempt, node_rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_node_result(path, result)
+        return result
+
+    def collect(self, final: bool = False) -> None:
+        """Write what the thread has read since the last call into the job directory. Every
+        node's handle calls it; the first takes everything. The thread has read everything once
+        the job has ended (``results`` is set after its last read), so the final call leaves
+        nothing behind."""
+        with self._inbox_lock:
+            items, self._inbox = self._inbox, []
+        for path, content in items:
+            try:
+                if isinstance(content, list):
+                    _append(path, content)
+                else:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_json(path, content)
+            except OSError:
+                pass  # a full disk loses these lines, not the job
+
+    def _put(self, path: Path, content: list[str] | dict[str, Any]) -> None:
+        with self._inbox_lock:
+            self._inbox.append((path, content))
 
     def running(self) -> bool:
         return self.description.get("SecondaryStatus", "Starting") not in WAITING
@@ -137,15 +175,18 @@ class TrainingJobWatch:
             found = {"TrainingJobStatus": "Failed", "SecondaryStatus": "Failed",
                      "FailureReason": f"SageMaker does not know training job {self.name}"}
         self.description = found
-        record = read_json(self.paths.scheduler_job(self.attempt)) or {"scheduler": "sagemaker", "job_id": self.name}
+        path = self.paths.scheduler_job(self.attempt)
+        try:
+            record = read_scheduler(path) or SchedulerRecord("sagemaker", self.name)
+        except ContractError:
+            record = SchedulerRecord("sagemaker", self.name)
         resources = found.get("ResourceConfig") or {}
-        record.update(
+        write_scheduler(path, record.with_details(
             status=found.get("TrainingJobStatus"), secondary=found.get("SecondaryStatus"),
             failure_reason=found.get("FailureReason"), billable_seconds=found.get("BillableTimeInSeconds"),
             training_seconds=found.get("TrainingTimeInSeconds"), instance_count=resources.get("InstanceCount"),
             instance_type=resources.get("InstanceType"), updated=time.time(),
-        )
-        write_json(self.paths.scheduler_job(self.attempt), record)
+        ))
 
     def _tail(self, final: bool, relist: bool) -> None:
         # DescribeLogStreams has a low request rate per account: the streams are listed again only
@@ -174,9 +215,9 @@ class TrainingJobWatch:
             else:
                 agent.append(value)
         for rank, lines in ranks.items():
-            _append(self.paths.rank_log(self.attempt, rank), lines)
+            self._put(self.paths.rank_log(self.attempt, rank), lines)
         if agent:
-            _append(self.paths.agent_log(self.attempt, node), agent)
+            self._put(self.paths.agent_log(self.attempt, node), agent)
 
     def _frame(self, node: int, stream: str, frame: dict[str, Any]) -> None:
         kind, data, rank = frame.get("file"), frame.get("data"), frame.get("rank")
@@ -185,8 +226,9 @@ class TrainingJobWatch:
             if previous is None or previous[0] <= stream:  # the newest instance of this host speaks last
                 self.reported[node] = (stream, data)
         elif kind in ("error", "proc") and isinstance(rank, int) and isinstance(data, dict):
+            # The bootstrap's own files, relayed as they are (the ssh link mirrors them likewise).
             path = self.paths.rank_error(self.attempt, rank) if kind == "error" else self.paths.rank_proc(self.attempt, rank)
-            write_json(path, data)
+            self._put(path, data)
 
     # -- the end ------------------------------------------------------------------------------------
 
@@ -218,10 +260,16 @@ class TrainingJobWatch:
             result.setdefault("host", f"algo-{node + 1}")
             if reason and status == "Failed":
                 result.setdefault("error", reason)
-            results[node] = result
-        for node, result in results.items():
-            write_json(self.paths.node_result(self.attempt, node), result)
+            results[node] = self._typed(node, result)
         self.results = results
+
+    def _typed(self, node: int, result: dict[str, Any]) -> NodeResult:
+        """A node's result as the contract reads it; an instance's report that does not read is
+        replaced by a failure saying so."""
+        try:
+            return NodeResult.from_dict(result, f"the result training job {self.name} reported for node {node}")
+        except ContractError as exc:
+            return NodeResult.synthesize(node, 1, exc.message, host=f"algo-{node + 1}", training_job=self.name)
 
     @staticmethod
     def _failed(reported: tuple[str, dict[str, Any]]) -> bool:
@@ -244,16 +292,16 @@ class TrainingJobWatch:
     def _give_up(self) -> None:
         results = {}
         for node in range(self.nnodes):
-            self._note(node, f"training job {self.name} was still {self.description.get('SecondaryStatus')} "
-                             f"{self.abandon_after:g} s after StopTrainingJob; check it with: aws sagemaker describe-training-job --training-job-name {self.name}")
-            results[node] = {"node_rank": node, "exitcode": 128 + signal.SIGKILL, "failures": [], "stopped_by": "SIGKILL",
-                             "training_job": self.name}
-            write_json(self.paths.node_result(self.attempt, node), results[node])
+            text = (f"training job {self.name} was still {self.description.get('SecondaryStatus')} {self.abandon_after:g} s "
+                    f"after StopTrainingJob; check it with: aws sagemaker describe-training-job --training-job-name {self.name}")
+            self._note(node, text)
+            results[node] = NodeResult.synthesize(node, 128 + signal.SIGKILL, text, stopped_by="SIGKILL",
+                                                  training_job=self.name)
         self.results = results
         self._wake.set()
 
     def _note(self, node: int, text: str) -> None:
-        _append(self.paths.agent_log(self.attempt, node), [f"phalanx: {text}"])
+        self._put(self.paths.agent_log(self.attempt, node), [f"phalanx: {text}"])
 
 
 def _append(path: Path, lines: list[str]) -> None:
