@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.backends.registry import get_backend
+from phalanx.core.contracts import LaunchFile
 from phalanx.core.paths import HomePaths, JobPaths, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 
@@ -99,9 +100,11 @@ def test_launch_tail_and_report(tmp_path, monkeypatch):
     config = next(c[1] for c in fake.calls if c[0] == "Task")
     workdir = Path(config["workdir"])
     assert (workdir / "code" / "train.py").is_file() and (workdir / "lib" / "phalanx" / "launch" / "agent.py").is_file()
-    assert len(json.loads((workdir / "launch.json").read_text())["nodes"]) == 2
+    assert workdir == paths.skypilot_workdir(0)  # JobPaths names it
+    launches = json.loads((workdir / "launch.json").read_text())["nodes"]
+    assert len(launches) == 2 and [LaunchFile.from_dict(n).node.node_rank for n in launches] == [0, 1]
     assert "hello from the nodes" in paths.agent_log(0, 0).read_text()
-    assert json.loads(paths.scheduler_job(0).read_text())["job_id"] == 3
+    assert json.loads(paths.scheduler_job(0).read_text())["job_id"] == "3"  # contracts.SchedulerRecord: ids are strings
 
 
 def test_stop_cancels_and_tears_down(tmp_path, monkeypatch):

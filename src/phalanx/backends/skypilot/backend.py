@@ -12,32 +12,29 @@ thread of the handle, never in ``poll``.
   so phalanx does not retry (``--max-retries`` must be 0);
 - stop: ``sky.cancel`` / ``sky.jobs.cancel``, then ``sky.down``; the output of the job (all nodes,
   as ``sky logs`` shows it) is kept in node 0's ``agent.log``.
+
+The plan is pure: the task (``Plan.submission`` as YAML, ``Plan.context`` as data) names the
+attempt's staging directory (``JobPaths.skypilot_workdir``), which ``start`` fills.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from ...core.contracts import LaunchFile, NodeResult, SchedulerRecord, read_launch, write_scheduler
 from ...core.paths import HomePaths, JobPaths, write_json
+from ...core.plan import Plan
 from ...core.spec import JobSpec
 from ...errors import MissingDependency
-from ...core.contracts import NodeResult
-from ...core.plan import Plan
+from ...launch.host import HostFacts
 from ..base import Backend, Facts, NodeHandle, synthesize
-from ..options import validate
 from .options import OPTIONS
-from .task import nodes, task_config, task_name
-
-
-def staging_dir(paths: JobPaths, attempt: int) -> Path:
-    """The local directory SkyPilot syncs to ``~/sky_workdir`` for one attempt."""
-    return paths.attempt(attempt) / "skypilot-workdir"
+from .task import WORKDIR, nodes, task_config, task_name
 
 
 class SkyPilotBackend(Backend):
@@ -45,38 +42,46 @@ class SkyPilotBackend(Backend):
     options = OPTIONS
     local_slots = False
 
+    def shares_files(self, spec: JobSpec) -> bool:
+        return False  # the VMs run the copy SkyPilot syncs to ~/sky_workdir
+
+    def _facts(self, spec: JobSpec, host: HostFacts) -> Facts:
+        """Nothing to look up: SkyPilot provisions the VMs (their addresses reach the nodes as
+        SKYPILOT_NODE_IPS) and the rendezvous port follows from the job id."""
+        return Facts(host)
+
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         import yaml
 
         opts = dict(spec.backend_options)
-        config = task_config(spec, job_id, attempt, str(staging_dir(paths, attempt)), opts)
+        config = task_config(spec, job_id, attempt, str(paths.skypilot_workdir(attempt)), opts)
+        context = {
+            "task": config, "managed": bool(opts.get("managed")), "cluster": opts.get("cluster"),
+            # What the VMs run: the job's snapshot, a sweep's shared one, or (--no-snapshot) the workdir.
+            "code": spec.code_dir or (str(paths.code_dir) if spec.snapshot else spec.workdir),
+        }
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes(spec, job_id, attempt), grace=spec.grace,
-                    submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True))
-
-    def shares_files(self, spec: JobSpec) -> bool:
-        return False  # the VMs run the copy SkyPilot syncs to ~/sky_workdir
+                    submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True),
+                    context=context)
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
-        import yaml
-
-        spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
-        opts = validate(self.name, self.options, spec.backend_options)
-        config = yaml.safe_load("\n".join(line for line in plan.submission.splitlines() if not line.startswith("#")))
-        stage(plan, paths, Path(spec.workdir) if not spec.snapshot else paths.code_dir, spec.sample_interval)
-        run = SkyRun(config, opts, paths, plan)
+        launch = read_launch(paths.node_launch(plan.attempt, plan.nodes[0].node_rank))
+        stage(plan, paths, Path(plan.context["code"]), launch.sample_interval if launch else 5.0)
+        run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan)
         return [SkyNode(run, node.node_rank) for node in plan.nodes]
 
 
 def stage(plan: Plan, paths: JobPaths, code_dir: Path, sample_interval: float) -> Path:
-    """The workdir: the bundle (code/, lib/) unpacked, and launch.json with every node's part."""
+    """The workdir: the bundle (code/, lib/) unpacked, and ``launch.json`` with every node's
+    launch file (``contracts.LaunchFile``; ``entry`` takes its own and fills in the addresses)."""
     from ...storage.bundle import build, code_files, unpack
 
-    dest = staging_dir(paths, plan.attempt)
+    dest = paths.skypilot_workdir(plan.attempt)
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="phalanx-sky-") as tmp:
         unpack(build(code_files(code_dir), Path(tmp) / "bundle.tar.gz").path, dest)
-    write_json(dest / "launch.json", {"job_dir": "@SKY_WORKDIR@/job", "attempt": plan.attempt, "grace": plan.grace,
-                                      "sample_interval": sample_interval, "nodes": [n.to_dict() for n in plan.nodes]})
+    launches = [LaunchFile(node, f"{WORKDIR}/job", plan.attempt, plan.grace, sample_interval).to_dict() for node in plan.nodes]
+    write_json(dest / "launch.json", {"nodes": launches})
     return dest
 
 
@@ -91,7 +96,7 @@ def _sky() -> Any:
 class SkyRun:
     """One attempt on SkyPilot, driven from a thread: launch, follow, report."""
 
-    def __init__(self, config: dict[str, Any], opts: dict[str, Any], paths: JobPaths, plan: Plan) -> None:
+    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan) -> None:
         self.config, self.opts, self.paths, self.plan = config, opts, paths, plan
         self.managed = bool(opts.get("managed"))
         self.cluster = opts.get("cluster") or task_name(plan.job_id, plan.attempt)
@@ -129,19 +134,17 @@ class SkyRun:
             self.code = 128 + signal.SIGTERM if self.stopped_by else 1
 
     def _record(self, **fields: Any) -> None:
-        write_json(self.paths.scheduler_job(self.plan.attempt),
-                   {"scheduler": "skypilot", "job_id": self.job_id, "submitted": time.time(), **fields})
+        write_scheduler(self.paths.scheduler_job(self.plan.attempt),
+                        SchedulerRecord("skypilot", str(self.job_id), time.time(), details=fields))
 
-    def result(self, node_rank: int) -> int | None:
+    def result(self, node_rank: int) -> NodeResult | None:
+        """The node's end once SkyPilot's job has ended: its own report (SkyPilot does not bring
+        the VMs' files back, so one is written here in its place, with the job's exit code)."""
         if self.code is None:
             return None
-        path = self.paths.node_result(self.plan.attempt, node_rank)
-        if not path.exists():
-            result: dict[str, Any] = {"node_rank": node_rank, "exitcode": self.code, "failures": [], "skypilot_job": self.job_id}
-            if self.stopped_by:
-                result["stopped_by"] = self.stopped_by
-            write_json(path, result)
-        return self.code
+        return synthesize(self.paths, self.plan.attempt, NodeResult.synthesize(
+            node_rank, self.code, f"SkyPilot job {self.job_id} ({self.cluster}) ended with exit code {self.code}",
+            stopped_by=self.stopped_by, skypilot_job=self.job_id))
 
     def stop(self, signum: int) -> None:
         if self.stopped_by is None:
@@ -170,11 +173,7 @@ class SkyNode(NodeHandle):
         self.node_rank = node_rank
 
     def poll(self) -> NodeResult | None:
-        code = self.run.result(self.node_rank)
-        if code is None:
-            return None
-        return synthesize(self.run.paths, self.run.plan.attempt, NodeResult.synthesize(
-            self.node_rank, code, f"SkyPilot job {self.run.job_id}: node {self.node_rank} ended without a report"))
+        return self.run.result(self.node_rank)
 
     def signal(self, signum: int) -> None:
         self.run.stop(signum)

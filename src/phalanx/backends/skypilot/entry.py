@@ -6,19 +6,24 @@ phalanx). SkyPilot runs it in ``~/sky_workdir`` with (docs: running-jobs/environ
 - ``SKYPILOT_NODE_RANK``  this node's rank, 0 .. num_nodes-1;
 - ``SKYPILOT_NODE_IPS``   every node's IP, one per line, in rank order (node 0, the head, first).
 
-It takes this node's part of ``launch.json``, fills in the working directory and the addresses
-(node 0's hosts the rendezvous), binds collectives to the interface that reaches node 0, writes
-the node's launch file and becomes phalanx's node agent (exec: SkyPilot's signals reach it).
+It takes this node's launch file from ``launch.json`` (``contracts.LaunchFile``), fills in the
+working directory and the addresses (node 0's hosts the rendezvous), binds collectives to the
+interface that reaches node 0, writes the node's launch file where ``JobPaths`` puts it and
+becomes phalanx's node agent in the node's working directory (exec: SkyPilot's signals reach it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 
+from phalanx.core.contracts import LaunchFile, read_launch, write_launch
+from phalanx.core.paths import JobPaths
+from phalanx.core.plan import bind_addresses
 from phalanx.launch.netif import interface_for
-from phalanx.core.plan import NodePlan, bind_addresses
 
 WORKDIR = "@SKY_WORKDIR@"
 
@@ -30,11 +35,12 @@ def prepare(workdir: str, environ: dict[str, str]) -> str:
     if not rank_text.isdigit() or not ips:
         raise SystemExit(f"phalanx: SKYPILOT_NODE_RANK={rank_text!r} and SKYPILOT_NODE_IPS={ips!r} do not say which node this is")
     with open(os.path.join(workdir, "launch.json")) as fh:
-        launch = json.loads(fh.read().replace(WORKDIR, json.dumps(workdir)[1:-1]))
+        nodes = json.loads(fh.read().replace(WORKDIR, json.dumps(workdir)[1:-1]))["nodes"]
     rank = int(rank_text)
-    if rank >= len(launch["nodes"]) or len(ips) != len(launch["nodes"]):
-        raise SystemExit(f"phalanx: SkyPilot started {len(ips)} node(s), the plan has {len(launch['nodes'])}")
-    node = bind_addresses(NodePlan.from_dict(launch["nodes"][rank]), ips)
+    if rank >= len(nodes) or len(ips) != len(nodes):
+        raise SystemExit(f"phalanx: SkyPilot started {len(ips)} node(s), the plan has {len(nodes)}")
+    launch = LaunchFile.from_dict(nodes[rank], f"launch.json node {rank}")
+    node = bind_addresses(launch.node, ips)
     env = dict(node.env)
     if env.pop("PHALANX_AUTO_IFNAME", None):
         ifname = interface_for(ips[0])
@@ -42,23 +48,20 @@ def prepare(workdir: str, environ: dict[str, str]) -> str:
             for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                 if key not in environ:
                     env.setdefault(key, ifname)
-    node = NodePlan.from_dict({**node.to_dict(), "env": env})
-    node_dir = os.path.join(launch["job_dir"], f"attempt_{launch['attempt']}", f"node_{rank}")
-    os.makedirs(node_dir, exist_ok=True)
     for key in ("PHALANX_STATE_DIR", "PHALANX_OUTPUT_DIR"):
         if env.get(key):
             os.makedirs(env[key], exist_ok=True)
-    path = os.path.join(node_dir, "launch.json")
-    with open(path, "w") as fh:
-        json.dump({"node": node.to_dict(), "job_dir": launch["job_dir"], "attempt": launch["attempt"],
-                   "grace": launch["grace"], "sample_interval": launch.get("sample_interval", 5.0)}, fh)
-    return path
+    path = JobPaths(Path(launch.job_dir)).node_launch(launch.attempt, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_launch(path, dataclasses.replace(launch, node=dataclasses.replace(node, env=env)))
+    return str(path)
 
 
 def main() -> None:
     path = prepare(os.getcwd(), dict(os.environ))
-    with open(path) as fh:
-        os.chdir(json.load(fh)["node"]["cwd"])  # the node's working directory (the synced code), as every backend starts its agents
+    launch = read_launch(Path(path))
+    assert launch is not None
+    os.chdir(launch.node.cwd)  # the node's working directory (the synced code), as every backend starts its agents
     sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path])
 
