@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 PREFIX = "PHX1 "
@@ -47,12 +48,15 @@ def lost_frames(node: int, place: dict[str, Any], message: str, attempt: int) ->
     """The frames a node whose Ray node died can no longer send: its result (killed from outside,
     as a preemption is: ``contracts.NodeResult``, synthesized) and its exit code."""
     from ...core.contracts import NodeResult
+    from ...core.paths import JobPaths
 
+    paths = JobPaths(Path("job"))  # the frame names the file relative to the attempt directory
+    name = paths.node_result(attempt, node).relative_to(paths.attempt(attempt)).as_posix()
     result = NodeResult.synthesize(node, 137, message, stopped_by="SIGKILL",
                                    host=f"{place.get('ip')} (Ray node {str(place.get('node_id'))[:12]})",
                                    ray_node_id=place.get("node_id"), attempt=attempt)
     body = (json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n").encode()
-    return frame({"f": f"node_{node}/result.json", "w": 1}, body) + frame({"exit": 137})
+    return frame({"f": name, "w": 1}, body) + frame({"exit": 137})
 
 
 class Demux:
