@@ -71,6 +71,50 @@ def test_lost_node_frames_read_as_a_preemption(tmp_path):
     assert result["host"] == "10.0.0.3 (Ray node abababababab)"
 
 
+class _LogOnlyClient:
+    """The Jobs API as RayJob uses it: the job's log (all of it at once), its status."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def tail(self, submission_id, stop):
+        yield self.text
+
+    def status(self, submission_id):
+        return "RUNNING", ""
+
+    def logs(self, submission_id):
+        return self.text
+
+
+def test_a_failure_a_peers_loss_caused_is_reported_after_the_loss(tmp_path):
+    """Node 1's Ray node dies: node 0's rank fails at once (its peer's connection broke), seconds
+    before the driver can report the loss. The supervisor must see the loss alone first (the
+    attempt was taken: preempted), then node 0's failure; supervise's outcome reads it so."""
+    from phalanx.backends.ray.node import RayJob
+    from phalanx.core.contracts import NodeResult
+    from phalanx.core.paths import JobPaths
+    from phalanx.supervise.outcome import taken_by_scheduler
+
+    failed = NodeResult(0, 1, "10.0.0.2", failures=(), details={}).to_dict()
+    failed["failures"] = [{"rank": 0, "exitcode": 1, "timestamp": 1.0}]
+    node0 = relay.frame({"f": "node_0/result.json", "w": 1}, json.dumps(failed).encode()) + relay.frame({"exit": 1})
+    place = {"ip": "10.0.0.3", "node_id": "cd" * 28}
+    text = ("".join(relay.data_lines(0, node0)) + relay.end_line(0)
+            + relay.event_line({"lost": {"node": 1, **place, "message": "lost"}})
+            + "".join(relay.data_lines(1, relay.lost_frames(1, place, "Ray node lost", 0))) + relay.end_line(1))
+    paths = JobPaths(tmp_path / "j")
+    for n in (0, 1):
+        paths.node_dir(0, n).mkdir(parents=True)  # as Backend.start leaves them
+    job = RayJob(_LogOnlyClient(text), "phalanx-j-0", paths, 0, 2, {})
+    assert job.followed.wait(10)
+    ticks = [[job.poll(n) for n in (0, 1)] for _ in range(3)]  # the supervisor polls every node each tick
+    first = next(t for t in ticks if any(r is not None for r in t))
+    assert first[0] is None and first[1] is not None and first[1].stopped_by == "SIGKILL"
+    assert ticks[-1][0] is not None and ticks[-1][0].failures[0].rank == 0
+    assert taken_by_scheduler([ticks[-1][0], ticks[-1][1]], [1]) == 137  # only node 1 had failed when it was seen
+
+
 def test_plan_is_what_dry_run_prints(tmp_path):
     spec = _spec(tmp_path, gpus_per_node=4, pending_timeout=60)
     plan = _plan(spec, "abcd1234", 0, HomePaths(tmp_path / "home"))

@@ -11,6 +11,13 @@ The Jobs API's log tail blocks, so it runs in a thread and the frames are writte
 (as the ssh backend's link does); ``collect(final=True)`` waits for the tail to have read the
 job's whole log (the driver's last lines into ``batch.log``). ``poll`` never waits.
 
+A node lost with its Ray node makes its peers' ranks fail at once (a broken connection), seconds
+before Ray declares the node dead and the driver reports it. So that the loss is what the supervisor
+sees first (the attempt was taken: preempted, retried), a node that ended with a failure is reported
+once every other node has ended and every lost one has been reported in an earlier poll, or
+``settle`` seconds after its end. Nothing waits on it: the driver itself stops the other nodes as
+soon as one fails (its gang stop).
+
 A node's result is the one its stream brought (its ``result.json``). When the Ray job ends without
 a node's (the driver failed before the nodes started, the placement group timed out, the job was
 stopped before a node reported), one is synthesized in the node's place (``base.synthesize``),
@@ -42,6 +49,7 @@ class RayJob:
 
     status_every = 2.0  # seconds between status requests (a sweep may watch many jobs)
     final_wait = 30.0  # seconds ``collect(final=True)`` waits for the rest of the job's log
+    settle = 15.0  # seconds a node's failure may wait for its peers' ends (Ray declares a node dead in ~15 s)
 
     def __init__(self, client: RayClient, submission_id: str, paths: JobPaths, attempt: int, nnodes: int,
                  trees: dict[str, Path]) -> None:
@@ -52,6 +60,9 @@ class RayJob:
         self.nnodes = nnodes
         self.codes: dict[int, int | None] = {}  # node -> exit code, once its stream ended
         self.results: dict[int, NodeResult] = {}  # node -> its result, once polled after its end
+        self.ended_at: dict[int, float] = {}  # node -> when its stream ended (monotonic)
+        self.lost: set[int] = set()  # nodes the driver reported lost with their Ray node
+        self.reported: dict[int, int] = {}  # node -> how many polls have returned its result
         self.placed = False
         self.error: str | None = None  # the driver's one-line reason, when it gave up
         self.signalled: int | None = None
@@ -124,6 +135,7 @@ class RayJob:
         stream.close()
         with self._lock:
             self.codes[node] = code
+            self.ended_at[node] = time.monotonic()
 
     def _end(self, node: int) -> None:
         pipe = self._pipes.pop(node, None)
@@ -138,6 +150,9 @@ class RayJob:
                 write_scheduler(self.paths.scheduler_job(self.attempt), record.with_details(nodes=event["placed"]))
         if "error" in event:
             self.error = str(event["error"])
+        if isinstance(event.get("lost"), dict) and isinstance(event["lost"].get("node"), int):
+            with self._lock:
+                self.lost.add(event["lost"]["node"])
         self._other(relay.event_line(event).rstrip("\n"))
 
     def _other(self, line: str) -> None:
@@ -160,9 +175,12 @@ class RayJob:
         or one synthesized when the stream ended without it); one synthesized in its place when
         the job ended without its stream. None while it runs."""
         if node_rank in self.results:
+            self.reported[node_rank] = self.reported.get(node_rank, 0) + 1
             return self.results[node_rank]
         with self._lock:
             code = self.codes.get(node_rank)
+        if code and not self._settled(node_rank):
+            return None
         if code is None:
             if not self._ended() and not self._given_up():
                 return None
@@ -175,7 +193,23 @@ class RayJob:
         result = self.results[node_rank] = synthesize(self.paths, self.attempt, NodeResult.synthesize(
             node_rank, code, f"node {node_rank} of Ray job {self.submission_id} ended (exit {code}) without a report",
             ray_job=self.submission_id))
+        self.reported[node_rank] = 1
         return result
+
+    def _settled(self, node_rank: int) -> bool:
+        """Whether a node that ended with a failure may be reported now (see the module's
+        docstring): it was lost itself, its peers have all ended and the lost ones among them
+        were reported in an earlier poll (by the supervisor's previous tick), or it has waited
+        ``settle`` seconds."""
+        with self._lock:
+            if node_rank in self.lost:
+                return True
+            waited = time.monotonic() - self.ended_at.get(node_rank, time.monotonic())
+            peers_ended = all(self.codes.get(n) is not None for n in range(self.nnodes) if n != node_rank)
+            lost = set(self.lost)
+        if waited >= self.settle or self._given_up():
+            return True
+        return peers_ended and all(self.reported.get(n, 0) >= 2 for n in lost if n != node_rank)
 
     def collect(self, final: bool) -> None:
         """The frames are written as they come; at the end, wait for the tail to have read the
@@ -210,6 +244,7 @@ class RayJob:
         with self._lock:
             self.codes[node_rank] = result.exitcode
         self.results[node_rank] = result
+        self.reported[node_rank] = 1
         return result
 
     # -- control ------------------------------------------------------------------------
