@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from ..backends.registry import get_backend
