@@ -140,7 +140,9 @@ class PlaneData:
             if not cut:
                 continue
             inst.offset += cut
-            lines = data[:cut].decode(errors="replace").splitlines()
+            # CloudWatch refuses empty messages (PutLogEvents: message length >= 1), and Docker's
+            # awslogs driver, which ships a real container's output, skips empty lines.
+            lines = [line for line in data[:cut].decode(errors="replace").splitlines() if line]
             now = int(time.time() * 1000)
             for start in range(0, len(lines), 500):
                 events = [{"timestamp": now, "message": line} for line in lines[start:start + 500]]
