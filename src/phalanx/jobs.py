@@ -174,8 +174,10 @@ def _identity() -> dict[str, Any]:
 
 
 def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
-        events: Callable[[str], None] | None = None) -> tuple[JobRecord, int]:
+        events: Callable[[str], None] | None = None,
+        started: Callable[[JobRecord], None] | None = None) -> tuple[JobRecord, int]:
     """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
+    ``started`` is called with the record once the job exists (the CLI's start line).
 
     Returns the final record and the job's exit code. Ctrl-C (SIGINT) stops the job
     gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
@@ -188,6 +190,8 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs, **_identity())
+    if started is not None:
+        started(record)
     return _supervise_here(store, record, plan, out, ranks, events)
 
 

@@ -46,7 +46,7 @@ from ..launch.plan import NodePlan, Plan
 from ..launch.remote import PROTOCOL, Receiver
 from .base import Backend, NodeHandle, PortSource
 from .local import RESTART_SAFE_ENV, build_nodes
-from .options import BackendOption
+from .ssh_options import OPTIONS
 
 PORT_RANGE = (29400, 29900)
 # Versions from package metadata, not imports: importing torch on every host costs seconds.
@@ -82,14 +82,7 @@ def parse_hosts(hosts: str | None, hostfile: str | None) -> list[str]:
 
 class SshBackend(Backend):
     name = "ssh"
-    options = (
-        BackendOption("hosts", str, None, "Comma-separated ssh hosts, in node-rank order (node 0 hosts the rendezvous)."),
-        BackendOption("hostfile", str, None, "A file with one host per line (`host [slots=N]`)."),
-        BackendOption("shared_fs", bool, False, "Hosts share this machine's filesystem: no code shipping, no file mirroring."),
-        BackendOption("remote_python", str, None, "Python on the hosts (default: this interpreter's path)."),
-        BackendOption("remote_home", str, "~/.phalanx/remote", "Where jobs live on the hosts (without --shared-fs)."),
-        BackendOption("ssh_config", str, None, "An ssh config file (ssh -F); default: the user's ~/.ssh/config."),
-    )
+    options = OPTIONS  # declared in ssh_options.py, which the CLI reads without importing this module
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource) -> Plan:
         opts = spec.backend_options

@@ -1,0 +1,155 @@
+"""What the user gave (command line and job file) -> typed values, through the option table.
+
+The command line beats the job file, the job file beats the default; mappings (``env``,
+``inputs``, ``metrics``) merge key by key. Both sources go through the same value types
+(``core/optiontypes.py``), so they accept and refuse the same things, in the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..core.options import RUN_OPTIONS, Option
+from ..core.optiontypes import BadValue, Bool, ListOf, MappingOf, Node, show
+from ..errors import UsageError
+from .read import JobFile, load, show_node
+
+def all_options() -> tuple[Option, ...]:
+    """The run options and every backend's (those are declared next to each backend)."""
+    from ..backends.options import backend_options
+
+    return RUN_OPTIONS + backend_options()
+
+
+class RunOptions:
+    """What ``phalanx run`` (or a library caller) was given. ``words``: the script or command and
+    its arguments; every other keyword is an option of the table (``core/options.py``) by name,
+    its value the user's text (or a list of texts for a repeatable flag), or an already typed
+    value from Python code; None (or an empty list) means 'not given'. ``backend_options``:
+    the backend's own options by name (the CLI passes them so)."""
+
+    def __init__(self, words: Iterable[str] = (), backend_options: dict[str, Any] | None = None, **given: Any) -> None:
+        known = {o.name for o in RUN_OPTIONS}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise TypeError(f"RunOptions got unknown option(s) {', '.join(unknown)}")
+        self.words = list(words)
+        self.given = {k: v for k, v in given.items() if _is_given(v)}
+        self.backend_options = {k: v for k, v in (backend_options or {}).items() if _is_given(v)}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("given", "backend_options", "words"):
+            raise AttributeError(name)
+        if name in {o.name for o in RUN_OPTIONS}:
+            return self.given.get(name)
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return f"RunOptions(words={self.words!r}, {', '.join(f'{k}={v!r}' for k, v in self.given.items())})"
+
+
+def _is_given(value: Any) -> bool:
+    return value is not None and not (isinstance(value, (list, tuple, dict)) and not value)
+
+
+@dataclass
+class Values:
+    """Typed values by option name (given or default), and which were given where."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    from_cli: set[str] = field(default_factory=set)
+    from_file: set[str] = field(default_factory=set)
+    file: JobFile | None = None
+    lines: dict[str, int] = field(default_factory=dict)  # option -> its line in the job file
+    cli: dict[str, Any] = field(default_factory=dict)  # typed, from the command line only
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values.get(name)
+
+    def given(self, name: str) -> bool:
+        return name in self.from_cli or name in self.from_file
+
+    def where(self, name: str) -> str:
+        """How to name the option in a message: its flag, or the job file's line and key."""
+        if name in self.from_cli or self.file is None or name not in self.from_file:
+            option = next((o for o in all_options() if o.name == name), None)
+            return option.main_flag if option else name
+        option = next(o for o in all_options() if o.name == name)
+        return f"{self.file.path}:{self.lines.get(name, 0)}: {option.file_key}"
+
+
+def load_job_file(path: str) -> JobFile:
+    """The job file at ``path``, its keys checked against the option table."""
+    options = all_options()
+    top = [o.file_key for o in options if o.file_key and "." not in o.file_key]
+    sections: dict[str, Iterable[str]] = {}
+    for o in options:
+        if o.file_key and "." in o.file_key:
+            section, _, key = o.file_key.partition(".")
+            sections[section] = [*sections.get(section, ()), key]
+    cli_only = {o.name: o.main_flag for o in options if o.file_key is None and o.flags}
+    return load(path, [*top, *sections], sections, cli_only)
+
+
+def resolve(opts: RunOptions) -> Values:
+    """Every option's typed value: command line over job file over default. Raises UsageError."""
+    job = load_job_file(opts.job_file) if opts.job_file else None
+    out = Values(file=job)
+    for option in all_options():
+        raw = opts.backend_options.get(option.name) if option.group == "backend" else opts.given.get(option.name)
+        node = job.node(option.file_key) if job is not None and option.file_key else None
+        from_file = _from_node(option, node, job) if node is not None else None
+        from_cli = _from_cli(option, raw) if raw is not None else None
+        if node is not None:
+            out.from_file.add(option.name)
+            out.lines[option.name] = node.line
+        if raw is not None:
+            out.from_cli.add(option.name)
+            out.cli[option.name] = from_cli
+        out.values[option.name] = _merge(option, from_file, from_cli, node is not None, raw is not None)
+    return out
+
+
+def _merge(option: Option, from_file: Any, from_cli: Any, in_file: bool, in_cli: bool) -> Any:
+    if isinstance(option.type, MappingOf) and in_file and in_cli:
+        return {**from_file, **from_cli}
+    if in_cli:
+        return from_cli
+    if in_file:
+        return from_file
+    return option.default
+
+
+def _from_cli(option: Option, raw: Any) -> Any:
+    """A command-line value (text, a list of texts, or a typed value from Python code)."""
+    label = option.main_flag
+    items = list(raw) if isinstance(raw, (list, tuple)) and option.repeatable else [raw]
+    parsed: list[Any] = []
+    for item in items:
+        try:
+            if isinstance(item, str) and not isinstance(option.type, Bool):
+                parsed.append(option.type.from_text(item))
+            elif isinstance(option.type, (ListOf, MappingOf)) and not isinstance(item, str):
+                parsed.append(option.type.from_node(Node.of(item)))
+            else:
+                parsed.append(option.type.from_node(Node.of(item)))
+        except BadValue as exc:
+            hint = f"use {exc.expected}" + (f" ({exc.hint})" if exc.hint else "")
+            raise UsageError(f"invalid {label} {show(item)}", hint) from None
+    if isinstance(option.type, MappingOf):
+        merged: dict[str, Any] = {}
+        for part in parsed:
+            merged.update(part)
+        return merged
+    if isinstance(option.type, ListOf) and option.repeatable:
+        return [v for part in parsed for v in part]
+    return parsed[0]
+
+
+def _from_node(option: Option, node: Node, job: JobFile | None) -> Any:
+    try:
+        return option.type.from_node(node)
+    except BadValue as exc:
+        where = job.where(node, option.file_key or option.name) if job else option.name
+        raise UsageError(f"{where}: expected {exc.expected}, got {show_node(node)}", exc.hint) from None
