@@ -79,17 +79,24 @@ class Values:
         return f"{self.file.path}:{self.lines.get(name, 0)}: {option.file_key}"
 
 
-def load_job_file(path: str) -> JobFile:
-    """The job file at ``path``, its keys checked against the option table."""
+def file_schema() -> tuple[list[str], dict[str, list[str]], dict[str, str]]:
+    """The job file's keys, from the option table: top-level keys, sections (``sweep``,
+    ``backend_options``) with theirs, and command-line-only options (key -> flag, for messages)."""
     options = all_options()
     top = [o.file_key for o in options if o.file_key and "." not in o.file_key]
-    sections: dict[str, Iterable[str]] = {}
+    sections: dict[str, list[str]] = {}
     for o in options:
         if o.file_key and "." in o.file_key:
             section, _, key = o.file_key.partition(".")
-            sections[section] = [*sections.get(section, ()), key]
+            sections.setdefault(section, []).append(key)
     cli_only = {o.name: o.main_flag for o in options if o.file_key is None and o.flags}
-    return load(path, [*top, *sections], sections, cli_only)
+    return [*top, *sections], sections, cli_only
+
+
+def load_job_file(path: str) -> JobFile:
+    """The job file at ``path``, its keys checked against the option table."""
+    top, sections, cli_only = file_schema()
+    return load(path, top, dict(sections), cli_only)
 
 
 def resolve(opts: RunOptions) -> Values:

@@ -1,0 +1,81 @@
+"""The option table is the one declaration: the docs, the command line and the job-file schema
+list exactly its options, and backends' options arrive without importing the backends."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from phalanx.backends import options as backend_options
+from phalanx.cli.optdocs import render
+from phalanx.core.options import RUN_OPTIONS
+from phalanx.jobfile.values import all_options, file_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "options.md"
+
+
+def test_docs_page_is_generated_from_the_table():
+    assert DOC.read_text() == render(), "docs/options.md is stale: python -m phalanx.cli.optdocs > docs/options.md"
+
+
+def _doc_rows():
+    rows = [line for line in DOC.read_text().splitlines() if line.startswith("| ") and not line.startswith("| flags")]
+    flags, keys = set(), set()
+    for row in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        flags |= {m.split(" ")[0] for m in re.findall(r"`(-[^`]*)`", cells[0])}
+        keys |= set(re.findall(r"`([^`]+)`", cells[1]))
+    return flags, keys
+
+
+def _cli_flags():
+    import typer
+
+    from phalanx.cli.main import app
+
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    return {flag for p in run.params for flag in getattr(p, "opts", []) if flag.startswith("-")} - {"-h", "--help"}
+
+
+def test_docs_cli_and_job_file_list_the_same_options():
+    table = all_options()
+    table_flags = {f for o in table for f in o.flags}
+    table_keys = {o.file_key for o in table if o.file_key}
+    doc_flags, doc_keys = _doc_rows()
+    top, sections, _ = file_schema()
+    file_keys = {k for k in top if k not in sections} | {f"{s}.{k}" for s, keys in sections.items() for k in keys}
+    assert _cli_flags() == table_flags == doc_flags
+    assert file_keys == table_keys == doc_keys
+    assert {"--hosts", "--partition", "--sbatch"} <= table_flags  # backends' own, picked up from their modules
+    assert {"backend_options.hosts", "sweep.trials", "max_retries"} <= table_keys
+
+
+def test_flags_and_keys_are_unique():
+    flags = [f for o in all_options() for f in o.flags]
+    assert len(flags) == len(set(flags))
+    names = [o.name for o in all_options()]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("backend", ["ssh", "slurm", "local"])
+def test_builtin_backends_declare_what_their_light_module_says(backend):
+    from phalanx.backends.registry import get_backend
+
+    assert backend_options.declared(backend) == tuple(get_backend(backend).options)
+
+
+def test_every_option_has_help_and_a_spelling():
+    for option in RUN_OPTIONS:
+        assert option.help.endswith((".", ")")), option.name
+        assert option.flags or option.file_key, option.name
+
+
+def test_listing_backend_options_imports_no_backend():
+    code = ("import sys\nfrom phalanx.backends.options import backend_options\nbackend_options()\n"
+            "print(sorted(m for m in sys.modules if m.startswith('phalanx.backends.') and m not in "
+            "('phalanx.backends.options', 'phalanx.backends.ssh_options', 'phalanx.backends.sbatch')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
