@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 import subprocess
 import time
 from typing import Any
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from ..core.env import Topology, node_env, process_env, template_values
 from ..core.paths import HomePaths, JobPaths, write_json
-from ..core.spec import JobSpec, Framework, in_snapshot, render_template
-from ..launch.plan import NodePlan, Plan, ProcessPlan
+from ..core.spec import JobSpec, Framework, Spawn, in_snapshot, render_template
+from ..launch.plan import NodePlan, Plan, ProcessPlan, is_late, quote_user_text
 from ..launch.procs import exit_code, signal_group, signal_name
 from ..launch.torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
 from . import commands
@@ -61,7 +62,12 @@ def build_nodes(
         for key, value in net_env.items():
             if key not in spec.env and key not in os.environ:
                 env[key] = value
-        args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
+        late = is_late(hosts[node_rank])
+        args = tuple(quote_user_text(a) for a in spec.entrypoint.args) if late else spec.entrypoint.args
+        if spec.spawn is Spawn.SELF:  # {node_rank}-style placeholders are --spawn self's, and only its
+            args = render_template(args, template_values(spec, topo, node_rank))
+        if late:
+            env.update({k: quote_user_text(v) for k, v in spec.env.items()})
         worker = worker_command(spec, args)
         common: dict[str, Any] = dict(
             node_rank=node_rank,
@@ -113,6 +119,8 @@ class LocalBackend(Backend):
         net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **RESTART_SAFE_ENV}
         hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))
         nodes = build_nodes(spec, topo, paths, hosts, (LOOPBACK,) * nnodes, net_env)
+        if spec.rendezvous is not None:  # this machine is one node; the others are started elsewhere
+            nodes = (replace(nodes[spec.rendezvous.node_rank or 0], host="localhost"),)
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:

@@ -367,7 +367,8 @@ class SshNode(NodeHandle):
         )
         log.close()
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._send(json.dumps({"launch": launch, "stream": stream, "trees": {name: remote for name, (remote, _) in trees.items()}}))
+        self._send(json.dumps({"launch": launch, "stream": stream, "home": str(opts.get("remote_home") or ""),
+                               "trees": {name: remote for name, (remote, _) in trees.items()}}))
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self._reader.start()
 

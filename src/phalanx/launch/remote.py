@@ -386,13 +386,27 @@ def _inside(base: Path, rel: str) -> Path | None:
     return target if target != root and target.is_relative_to(root) else None
 
 
+def _expand_home(value: Any, prefix: str) -> Any:
+    if not (prefix == "~" or prefix.startswith("~/")):
+        return value
+    if isinstance(value, str):
+        inside = value == prefix or value.startswith(prefix.rstrip("/") + "/")
+        return os.path.expanduser(value) if inside else value
+    if isinstance(value, list):
+        return [_expand_home(v, prefix) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand_home(v, prefix) for k, v in value.items()}
+    return value
+
+
 def main() -> None:
     first = sys.stdin.readline()
     if not first:
         raise SystemExit(2)
-    # Paths in the plan may start with ~ (the remote home, unknown to the planner): expand here.
-    home = os.path.expanduser("~")
-    request = json.loads(first.replace('"~/', json.dumps(home + "/")[:-1]))
+    # Paths phalanx made under the remote home may start with ~ (that host's home, unknown to
+    # the planner): expand those here, and only those (a script's own "~/x" argument stays as typed).
+    request = json.loads(first)
+    request = _expand_home(request, str(request.get("home") or ""))
     launch = request["launch"]
     node = launch["node"]
     env = node["env"]

@@ -40,10 +40,10 @@ class _Spaced(Sequence[Any]):
     """``count`` values from ``start``: ``start + k*step`` (or log-spaced), computed on demand."""
 
     def __init__(self, start: float, step: float, count: int, log: bool = False, ints: bool = False) -> None:
-        self.start, self.step, self.count, self.log, self.ints = start, step, count, log, ints
+        self.start, self.step, self.size, self.log, self.ints = start, step, count, log, ints
 
     def __len__(self) -> int:
-        return self.count
+        return self.size
 
     @overload
     def __getitem__(self, index: int) -> Any: ...
@@ -53,10 +53,10 @@ class _Spaced(Sequence[Any]):
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(self.count)))
+            return tuple(self[i] for i in range(*index.indices(self.size)))
         if index < 0:
-            index += self.count
-        if not 0 <= index < self.count:
+            index += self.size
+        if not 0 <= index < self.size:
             raise IndexError(index)
         if self.ints:
             return int(self.start) + index * int(self.step)
@@ -186,7 +186,9 @@ def _looks_like(text: str) -> bool:
     if stripped.startswith("["):
         return True
     match = _CALL.match(stripped)
-    return bool(match) and (match.group(1) in _KINDS or bool(difflib.get_close_matches(match.group(1), _KINDS, 1, 0.75)))
+    if match is None:
+        return False
+    return match.group(1) in _KINDS or bool(difflib.get_close_matches(match.group(1), _KINDS, 1, 0.75))
 
 
 def _fail(where: str, text: str, problem: str) -> UsageError:
