@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from .args import count, job_ref, seconds
+
 
 def register(app: typer.Typer) -> None:
     app.command("ps")(ps_cmd)
@@ -71,7 +73,7 @@ def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyp
 
 def ps_cmd(
     all_jobs: bool = typer.Option(False, "-a", "--all", help="Show finished jobs too."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many jobs (default 50 with --all)."),
+    limit: Optional[int] = typer.Option(None, "--limit", callback=count, help="At most this many jobs (default 50 with --all)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List jobs and sweeps: running ones, or all with --all (newest first). A sweep is one row."""
@@ -96,7 +98,7 @@ def ps_cmd(
 
 
 def status_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Details of a job: state, per-rank exit codes and the root-cause error."""
@@ -162,10 +164,10 @@ def status_cmd(
 
 
 def logs_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new output until the job ends."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank (raw, no prefix)."),
-    attempt: Optional[int] = typer.Option(None, "--attempt", help="Attempt number (default: the latest)."),
+    rank: Optional[int] = typer.Option(None, "--rank", callback=count, help="Only this rank (raw, no prefix)."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", callback=count, help="Attempt number (default: the latest)."),
 ) -> None:
     """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank)."""
     from .. import jobs
@@ -180,8 +182,8 @@ def logs_cmd(
 
 
 def wait_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 124)."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", callback=seconds, help="Give up after this many seconds (exit 124)."),
 ) -> None:
     """Block until the job ends; exit with the job's exit code."""
     from .. import jobs
@@ -192,9 +194,9 @@ def wait_cmd(
 
 
 def stop_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     timeout: Optional[float] = typer.Option(
-        None, "--timeout", min=0, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
+        None, "--timeout", callback=seconds, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
         "The upload of outputs and state that follows is waited for in full."),
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
@@ -211,7 +213,7 @@ def stop_cmd(
 
 
 def resume_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Resume in the background."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks."),
 ) -> None:

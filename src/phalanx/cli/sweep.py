@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from .args import job_ref
+
 from .render import ago, dump_json, duration, table
 
 sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run` with a search space).",
@@ -23,6 +25,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
     if dry_run:
+        jobs.check_storage(spec)  # what a real sweep checks first
         slots = slot_plan(spec, settings.parallel)
         out = {
             "strategy": settings.strategy, "trials": strategy.total, "concurrent": len(slots),
@@ -57,7 +60,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 
 @sweep_app.command("show")
 def show_cmd(
-    sweep: str = typer.Argument(..., help="Sweep id, id prefix or name."),
+    sweep: str = typer.Argument(..., callback=job_ref, help="Sweep id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """A sweep's trials, best first: parameters, state and objective."""
