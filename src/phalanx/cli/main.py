@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.ClickException as exc:  # usage errors: one line, exit 2
         if _DEBUG:
             raise
-        message = _one_line(exc.format_message()).rstrip(".")
+        message = _one_line(exc.format_message()).rstrip(".").replace(". Did you mean", "; did you mean")
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path} --help" if ctx is not None else "phalanx --help"
         sys.stderr.write(f"phalanx: error: {message[0].lower() + message[1:] if message else 'bad usage'}; see: {where}\n")

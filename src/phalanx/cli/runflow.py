@@ -30,16 +30,18 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
         from .sweep import run_sweep_cli
 
         run_sweep_cli(spec, sweep, dry_run=bool(values["dry_run"]), detach=bool(values["detach"]), as_json=as_json,
-                      clean=bool(values["clean_state"]))
+                      clean=bool(values["clean_state"]), warnings=values.warnings)
         return
     if values["dry_run"]:
         jobs.check_storage(spec)  # what a real run checks first: a dry run that passes means the run starts
         plan = jobs.plan_job(spec)
+        warn(values.warnings)
         if as_json:
             dump_json(plan.to_dict(), sys.stdout)
         else:
             sys.stdout.write(plan.render())
         return
+    warn(values.warnings)
     if values["clean_state"]:
         moved = jobs.clean_state(spec)
         if moved:
@@ -59,6 +61,11 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
     if as_json:
         dump_json(record.to_dict(), sys.stdout)
     raise typer.Exit(code)
+
+
+def warn(warnings: list[str]) -> None:
+    for text in warnings:
+        sys.stderr.write(f"phalanx: warning: {text}\n")
 
 
 def _backend_options() -> tuple[Any, ...]:

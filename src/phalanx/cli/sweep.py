@@ -16,7 +16,8 @@ sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run
                         no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
-def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool) -> None:
+def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool,
+                  warnings: list[str] | None = None) -> None:
     from .. import jobs
     from ..sweeps.runner import check, slot_plan
     from ..sweeps.space import parse_space
@@ -24,9 +25,14 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
+    if clean:
+        raise typer.BadParameter("--clean-state does not apply to sweeps: each trial has its own state directory")
     if dry_run:
         jobs.check_storage(spec)  # what a real sweep checks first
         slots = slot_plan(spec, settings.parallel)
+        from .runflow import warn
+
+        warn(warnings or [])
         out = {
             "strategy": settings.strategy, "trials": strategy.total, "concurrent": len(slots),
             "params": [p.name for p in space.params],
@@ -41,8 +47,9 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
             for args in out["first"]:
                 typer.echo(f"  {spec.entrypoint.target} {' '.join(args)}")
         return
-    if clean:
-        raise typer.BadParameter("--clean-state does not apply to sweeps: each trial has its own state directory")
+    from .runflow import warn
+
+    warn(warnings or [])
     record, code = jobs.run_sweep(spec, settings, detach=detach, events=event)
     if detach:
         if as_json:

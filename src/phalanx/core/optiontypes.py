@@ -25,10 +25,16 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class BadValue(ValueError):
     """A value that does not fit its option: ``expected`` says what would have."""
 
-    def __init__(self, expected: str, hint: str | None = None) -> None:
+    def __init__(self, expected: str, hint: str | None = None, at: "tuple[str, Node] | None" = None) -> None:
         super().__init__(expected)
         self.expected = expected
         self.hint = hint
+        self.at = at  # inside a list or mapping: (".key" or "[i]", the node that failed)
+
+    def inside(self, step: str, node: "Node") -> "BadValue":
+        """The same problem, located one level further in (``env.A``, ``args[2]``)."""
+        path, inner = self.at if self.at else ("", node)
+        return BadValue(self.expected, self.hint, (step + path, inner))
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -269,7 +275,13 @@ class ListOf(ValueType):
 
     def from_node(self, node: Node) -> Any:
         if node.is_sequence:
-            return [self.item.from_node(n) for n in node.value]
+            out = []
+            for i, item in enumerate(node.value):
+                try:
+                    out.append(self.item.from_node(item))
+                except BadValue as exc:
+                    raise exc.inside(f"[{i}]", item) from None
+            return out
         if isinstance(node.value, str) and self.split is not None:
             return [self.item.from_text(w) for w in self.split(node.value)]
         if node.is_mapping or node.value is None or isinstance(node.value, bool):
@@ -300,7 +312,15 @@ class MappingOf(ValueType):
             raise BadValue(self.expected)
         out = {}
         for key, value in node.value:
-            out[self.key(key.text if key.text is not None else str(key.value))] = self.item.from_node(value)
+            name = key.text if key.text is not None else str(key.value)
+            try:
+                checked = self.key(name)
+            except BadValue as exc:
+                raise exc.inside(f".{name}", key) from None
+            try:
+                out[checked] = self.item.from_node(value)
+            except BadValue as exc:
+                raise exc.inside(f".{name}", value) from None
         return out
 
 

@@ -27,7 +27,8 @@ from .values import RunOptions, Values, all_options, resolve
 
 
 def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
-    """Merge options over the job file; validate; resolve paths. Raises UsageError."""
+    """Merge options over the job file; validate; resolve paths. Raises UsageError. Warnings go
+    to ``values.warnings`` when the caller passes ``values``, else to stderr at the end."""
     v = values or resolve(opts)
     base_dir = v.file.base_dir if v.file else Path.cwd()
     workdir = Path(v["workdir"] or (base_dir if v.file else ".")).resolve()
@@ -65,7 +66,10 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
     if v["local_rank_arg"]:
         spec = _with_local_rank_arg(spec, v["local_rank_arg"])
     if spec.backend == "local":
-        _warn_oversubscribed(spec)
+        _warn_oversubscribed(spec, v)
+    if values is None:
+        for text in v.warnings:
+            sys.stderr.write(f"phalanx: warning: {text}\n")
     return spec
 
 
@@ -178,8 +182,7 @@ def _rendezvous(v: Values, spec: JobSpec) -> Rendezvous | None:
     given = [k for k in RENDEZVOUS_OPTIONS if v.given(k)]
     if v["standalone"]:
         if given:
-            sys.stderr.write(f"phalanx: warning: --standalone ignores {', '.join(v.where(k) for k in given)} "
-                             "(as torchrun does)\n")
+            v.warnings.append(f"--standalone ignores {', '.join(v.where(k) for k in given)} (as torchrun does)")
         if spec.resources.elastic:
             raise UsageError("--standalone runs one node; an elastic --nnodes range needs other machines", "drop one")
         return None
@@ -199,17 +202,16 @@ def _rendezvous(v: Values, spec: JobSpec) -> Rendezvous | None:
                       backend=v["rdzv_backend"], endpoint=v["rdzv_endpoint"], id=v["rdzv_id"], conf=v["rdzv_conf"])
 
 
-def _warn_oversubscribed(spec: JobSpec) -> None:
+def _warn_oversubscribed(spec: JobSpec, v: Values) -> None:
     """More processes than this machine has cores (or GPUs): it runs, slower; say so once."""
     from ..backends.local import local_gpu_count
 
     here = spec.procs_per_node_started * (1 if spec.rendezvous else spec.resources.nnodes)
     gpus, cores = local_gpu_count(), os.cpu_count() or 1
     if gpus and here > gpus and spec.framework is Framework.TORCH:
-        sys.stderr.write(f"phalanx: warning: {here} processes on {gpus} GPU(s) of this machine: ranks share GPUs\n")
+        v.warnings.append(f"{here} processes on {gpus} GPU(s) of this machine: ranks share GPUs")
     elif not gpus and here > cores:
-        sys.stderr.write(f"phalanx: warning: {here} processes on {cores} CPU core(s) of this machine: they share "
-                         "the cores (slower, not wrong)\n")
+        v.warnings.append(f"{here} processes on {cores} CPU core(s) of this machine: they share the cores (slower, not wrong)")
 
 
 # -- backends ---------------------------------------------------------------------------------------
@@ -263,19 +265,19 @@ def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[s
     log_dir = _uri(v, "log_dir")
     if output and log_dir and output != log_dir:
         raise UsageError("--log-dir and --output name different places", "--output DIR copies the logs there too: give one")
-    snapshot = bool(v["snapshot"]) and _snapshot_fits(workdir, entry)
+    snapshot = bool(v["snapshot"]) and _snapshot_fits(workdir, entry, v)
     return {"channels": tuple(channels.values()), "output_uri": output or log_dir, "snapshot": snapshot}
 
 
-def _snapshot_fits(workdir: Path, entry: Entrypoint) -> bool:
+def _snapshot_fits(workdir: Path, entry: Entrypoint, v: Values) -> bool:
     from .. import config
     from ..storage.snapshot import list_workdir
 
     script = entry.target if entry.kind is EntrypointKind.SCRIPT else None
     listing = list_workdir(workdir, config.home(), script)
     if listing.too_big:
-        sys.stderr.write(f"phalanx: warning: {workdir} is too big for a code snapshot ({listing.describe()}); "
-                         "the job runs from it in place (--no-snapshot, or a .phalanxignore, silences this)\n")
+        v.warnings.append(f"{workdir} is too big for a code snapshot ({listing.describe()}); "
+                          "the job runs from it in place (--no-snapshot, or a .phalanxignore, silences this)")
     return not listing.too_big
 
 

@@ -88,7 +88,10 @@ def parse(text: str, path: str) -> Node | None:
         loader = yaml.SafeLoader(text)
         try:
             root = loader.get_single_node()
-            return None if root is None else _convert(loader, root)
+            if root is None:
+                return None
+            loader.construct_document(root)  # the safe loader's checks (tags it refuses) before ours
+            return _convert(loader, root)
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:

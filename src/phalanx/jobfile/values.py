@@ -63,6 +63,8 @@ class Values:
     file: JobFile | None = None
     lines: dict[str, int] = field(default_factory=dict)  # option -> its line in the job file
     cli: dict[str, Any] = field(default_factory=dict)  # typed, from the command line only
+    # Said once everything is checked (a warning before an error would make two lines).
+    warnings: list[str] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> Any:
         return self.values.get(name)
@@ -158,5 +160,7 @@ def _from_node(option: Option, node: Node, job: JobFile | None) -> Any:
     try:
         return option.type.from_node(node)
     except BadValue as exc:
-        where = job.where(node, option.file_key or option.name) if job else option.name
-        raise UsageError(f"{where}: expected {exc.expected}, got {show_node(node)}", exc.hint) from None
+        path, inner = exc.at if exc.at else ("", node)
+        key = (option.file_key or option.name) + path
+        where = job.where(inner, key) if job else key
+        raise UsageError(f"{where}: expected {exc.expected}, got {show_node(inner)}", exc.hint) from None
