@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import List, Optional
@@ -50,7 +51,7 @@ app.command("run", cls=RunCommand, context_settings={"allow_interspersed_args": 
 @app.command("help")
 def help_cmd(command: Optional[List[str]] = typer.Argument(None, help="A command, e.g. run or sweep show.")) -> None:
     """Show the help of phalanx or of one of its commands (phalanx help run)."""
-    group = typer.main.get_command(app)
+    group = _command()
     ctx = click.get_current_context().find_root()
     target: click.Command = group
     for name in command or []:
@@ -81,12 +82,18 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
+@functools.lru_cache(maxsize=1)
+def _command() -> click.Command:
+    """The click command tree, built once per process (building it is most of --help's time)."""
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one error boundary for the whole CLI."""
     global _DEBUG
     args = sys.argv[1:] if argv is None else argv
     _DEBUG = os.environ.get("PHALANX_DEBUG") == "1" or "--debug" in _leading_options(args)
-    command = typer.main.get_command(app)
+    command = _command()
     try:
         code = command.main(args=args, prog_name="phalanx", standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
@@ -117,13 +124,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _one_line(text: str) -> str:
-    """Errors are one line: a value with a newline in it must not break that."""
-    return " ".join(text.split("\n")) if "\n" in text else text
+    """Errors are one line: a value with a line break in it (any that str.splitlines knows)
+    must not break that."""
+    return " ".join(text.splitlines())
 
 
 def _leading_options(args: list[str]) -> list[str]:
     """Options before the run target (``--debug`` after the script belongs to the script)."""
-    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    commands = set(_command().commands)  # type: ignore[attr-defined]
     lead = []
     for word in args:
         if not word.startswith("-") and word not in commands:

@@ -37,6 +37,10 @@ class BadValue(ValueError):
         return BadValue(self.expected, self.hint, (step + path, inner))
 
 
+def _key(key: Any) -> str:
+    return key if isinstance(key, str) and re.fullmatch(r"[\w.-]+", key) else show(key)
+
+
 def show(value: Any, limit: int = 60) -> str:
     """A value as the user wrote it, for messages: strings quoted, YAML's spelling of the rest."""
     if isinstance(value, bool):
@@ -46,7 +50,7 @@ def show(value: Any, limit: int = 60) -> str:
     elif isinstance(value, str):
         text = repr(value)
     elif isinstance(value, dict):
-        text = "{" + ", ".join(f"{k}: {show(v, limit)}" for k, v in value.items()) + "}"
+        text = "{" + ", ".join(f"{_key(k)}: {show(v, limit)}" for k, v in value.items()) + "}"
     elif isinstance(value, (list, tuple)):
         text = "[" + ", ".join(show(v, limit) for v in value) + "]"
     elif isinstance(value, bytes):
