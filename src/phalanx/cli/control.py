@@ -41,16 +41,20 @@ def parse_ranks(text: str | None) -> set[int] | None:
 
 
 def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyped-def]
+    """The end line of a foreground run: succeeded in 1m32s / failed: where and why / cancelled."""
     from ..core.state import JobState
+    from .render import duration
 
     err = sys.stderr
+    took = duration(record.duration)
     if record.state is JobState.SUCCEEDED:
+        err.write(f"phalanx: job {record.id} ({record.name}) succeeded in {took}\n")
         return
     if record.state is JobState.CANCELLED:
-        err.write(f"phalanx: job {record.id} cancelled\n")
+        err.write(f"phalanx: job {record.id} ({record.name}) cancelled after {took}\n")
         return
     if record.state is JobState.PREEMPTED:
-        err.write(f"phalanx: job {record.id} preempted; continue it with: phalanx resume {record.id}\n")
+        err.write(f"phalanx: job {record.id} preempted after {took}; continue it with: phalanx resume {record.id}\n")
         return
     cause = record.root_cause_dict() or {}
     where = []
@@ -63,12 +67,12 @@ def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyp
     if cause.get("type"):
         msg = f"{cause['type']}: {msg}"
     msg = "" if msg in ("", how) else f": {msg}"  # a signal's message is only its name
-    err.write(f"phalanx: job {record.id} {record.state.value.lower()}: {' on '.join(where) or 'job'} ({how}){msg}\n")
     if shown is not None and cause.get("rank") not in shown and cause.get("traceback"):
         err.write(cause["traceback"])
     rank = cause.get("rank")
     hint = f"phalanx logs {record.id}" + (f" --rank {rank}" if rank is not None else "")
-    err.write(f"phalanx: see `{hint}` and `phalanx status {record.id}`\n")
+    err.write(f"phalanx: job {record.id} {record.state.value.lower()} after {took}: {' on '.join(where) or 'job'} "
+              f"({how}){msg}; see `{hint}` and `phalanx status {record.id}`\n")
 
 
 def ps_cmd(
