@@ -8,14 +8,15 @@ it (``split_argv``), which click alone cannot do for an option that takes a valu
 
 from __future__ import annotations
 
-import difflib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from typer.core import TyperCommand
 
-from ..core.options import GROUPS, Option
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..core.options import Option
 
 RUN_HELP = """Run SCRIPT (or -m MODULE, or any COMMAND) like `python SCRIPT ARGS`, distributed.
 
@@ -77,6 +78,8 @@ def split_argv(args: list[str], options: tuple[Option, ...]) -> list[str]:
 
 
 def _suggest(word: str, flags: dict[str, Option]) -> str:
+    import difflib
+
     close = difflib.get_close_matches(word, [f for f in flags if f.startswith("--")], n=1, cutoff=0.6)
     return f"did you mean {close[0]}?" if close else "see: phalanx run --help"
 
@@ -94,22 +97,41 @@ def _param(option: Option) -> click.Option:
 
 
 class RunCommand(TyperCommand):
-    """The ``run`` command, its parameters from the option table (``typer`` registers it)."""
+    """The ``run`` command, its parameters from the option table (``typer`` registers it). They are
+    built on first use, so ``phalanx --help`` and the other commands never read the table."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.table = run_options()
-        kwargs["params"] = [
-            click.Argument(["words"], nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT|COMMAND] [ARGS]..."),
-            *(_param(o) for o in self.table),
-        ]
+        self._table: tuple[Option, ...] | None = None
+        self._params: list[click.Parameter] | None = None
         kwargs["callback"] = _callback
         kwargs["help"] = RUN_HELP
         super().__init__(*args, **kwargs)
+
+    @property
+    def table(self) -> tuple[Option, ...]:
+        if self._table is None:
+            self._table = run_options()
+        return self._table
+
+    @property  # type: ignore[override]
+    def params(self) -> list[click.Parameter]:
+        if self._params is None:
+            self._params = [
+                click.Argument(["words"], nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT|COMMAND] [ARGS]..."),
+                *(_param(o) for o in self.table),
+            ]
+        return self._params
+
+    @params.setter
+    def params(self, value: list[click.Parameter]) -> None:
+        """typer's (none: the function takes no arguments) are replaced by the table's."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, split_argv(list(args), self.table))
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from ..core.options import GROUPS
+
         records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
         help_option = self.get_help_option(ctx)
         for group, title in GROUPS.items():

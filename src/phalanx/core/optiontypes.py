@@ -114,12 +114,24 @@ def _kind(node: Node) -> str:
     return ""
 
 
-@dataclass(frozen=True, kw_only=True)
 class ValueType:
-    """Base: a text is parsed by ``parse``; a job-file scalar by its text; anything else is refused."""
+    """Base: a text is parsed by ``parse``; a job-file scalar by its text; anything else is refused.
+
+    Fields are class attributes (the defaults) that keyword arguments override per instance; plain
+    classes rather than dataclasses, because generating a dozen dataclasses costs `phalanx run
+    --help` several milliseconds at every start."""
 
     expected: str = "a value"
     metavar: str = "TEXT"
+
+    def __init__(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            if not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__} has no field {name!r}")
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
     def from_text(self, text: str) -> Any:
         return self.parse(text)
@@ -139,7 +151,6 @@ class ValueType:
         return f"{_kind(node)}{show(node.plain())}"
 
 
-@dataclass(frozen=True, kw_only=True)
 class Str(ValueType):
     expected: str = "a string"
     allow_empty: bool = False
@@ -152,7 +163,6 @@ class Str(ValueType):
         return text
 
 
-@dataclass(frozen=True, kw_only=True)
 class Int(ValueType):
     expected: str = "an integer"
     metavar: str = "N"
@@ -181,7 +191,6 @@ class Int(ValueType):
         return self.expected
 
 
-@dataclass(frozen=True, kw_only=True)
 class Float(ValueType):
     """A finite number: ``nan`` and ``inf`` never mean a duration or a count."""
 
@@ -208,7 +217,6 @@ class Float(ValueType):
         return f"{self.expected} {'above' if self.positive else 'of at least'} {self.low:g}"
 
 
-@dataclass(frozen=True, kw_only=True)
 class Bool(ValueType):
     """A real boolean in a job file (``true``/``false``): a string such as ``"false"`` is an error,
     never read as truthy. On the command line a boolean is a flag without a value."""
@@ -227,7 +235,6 @@ class Bool(ValueType):
         raise BadValue(self.expected)
 
 
-@dataclass(frozen=True, kw_only=True)
 class Choice(ValueType):
     choices: tuple[str, ...] = ()
     metavar: str = "CHOICE"
@@ -241,7 +248,6 @@ class Choice(ValueType):
         return f"one of {', '.join(self.choices)}"
 
 
-@dataclass(frozen=True, kw_only=True)
 class Custom(ValueType):
     """A value with its own grammar: ``parser(text)`` returns the value or raises BadValue."""
 
@@ -256,7 +262,6 @@ class Custom(ValueType):
         return self.parser(text)
 
 
-@dataclass(frozen=True, kw_only=True)
 class ListOf(ValueType):
     """A list: a repeatable flag on the command line, a YAML list in a job file. A YAML string
     is split by ``split`` when the option says how (args: like a shell), else it is one item:
@@ -296,7 +301,6 @@ class ListOf(ValueType):
         return f"a list of {self.item.expected.removeprefix('a ').removeprefix('an ')}s"
 
 
-@dataclass(frozen=True, kw_only=True)
 class MappingOf(ValueType):
     """``KEY=VALUE`` on the command line (repeatable), a YAML mapping in a job file."""
 

@@ -19,10 +19,19 @@ A job file is YAML; its keys are the option table's (``docs/options.md`` lists t
 
 from __future__ import annotations
 
-from .build import build_spec
-from .read import JobFile
-from .sweep import build_sweep, check_objective
-from .values import RunOptions, Values, all_options, load_job_file, resolve
+from typing import Any
 
-__all__ = ["RunOptions", "Values", "JobFile", "build_spec", "build_sweep", "check_objective", "resolve",
-           "load_job_file", "all_options"]
+# Imported on first use: `phalanx run --help` needs the option table (values), not the builders.
+_WHERE = {
+    "build_spec": "build", "JobFile": "read", "build_sweep": "sweep", "check_objective": "sweep",
+    "RunOptions": "values", "Values": "values", "all_options": "values", "load_job_file": "values", "resolve": "values",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
