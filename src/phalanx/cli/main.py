@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         if _DEBUG:
             raise
         message = _one_line(exc.format_message()).rstrip(".").replace(". Did you mean", "; did you mean")
+        message = re.sub(r"\.? \(Did you mean (?:one of: )?(.*)\?\)$", r"; did you mean \1?", message)
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path} --help" if ctx is not None else "phalanx --help"
         sys.stderr.write(f"phalanx: error: {message[0].lower() + message[1:] if message else 'bad usage'}; see: {where}\n")

@@ -62,6 +62,9 @@ def split_argv(args: list[str], options: tuple[Option, ...]) -> list[str]:
             out.append(word)
             i += 1
             continue
+        if word == "--debug":  # phalanx's own (main() has seen it), wherever before the script
+            i += 1
+            continue
         if option is None and not word.startswith("--") and word[:2] in flags and flags[word[:2]].takes_value:
             option, eq = flags[word[:2]], "="  # -n4, -n2x2: the value is attached
         if option is None:
