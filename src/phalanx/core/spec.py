@@ -114,7 +114,7 @@ _TOPOLOGY = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
 
 def parse_topology(text: str) -> Resources:
     """``"4"`` -> 1 node x 4 processes; ``"2x4"`` -> 2 nodes x 4 processes."""
-    from .options import topology
+    from .grammar import topology
     from .optiontypes import BadValue
 
     try:
