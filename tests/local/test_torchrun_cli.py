@@ -108,3 +108,17 @@ def test_torchrun_command_lines_work_with_phalanx_run(tmp_path, case, machines, 
     if extra not in ("shown", "logs"):
         expected = 2 * len(machines) if case not in ("nproc-cpu", "fault-tolerant", "static-two-machines") else None
         assert len(got) == (expected or len(want)) and len(want) == len(got)
+
+
+def test_old_launch_scripts_get_their_local_rank_argument(tmp_path):
+    """``python -m torch.distributed.launch`` (without --use-env) passes --local-rank=N; phalanx does
+    on request, so scripts written for it run unchanged."""
+    (tmp_path / "envdump.py").write_text(ENVDUMP)
+    env = {**os.environ, "PHALANX_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    machines, script = [["--nproc-per-node=2"]], ["envdump.py", "--lr", "1"]
+    launch = _launch([sys.executable, "-m", "torch.distributed.launch"], machines, script, tmp_path, env, tmp_path)
+    ours = _launch([sys.executable, "-m", "phalanx", "run", "-q", "--local-rank-arg=--local-rank"], machines, script,
+                   tmp_path, env, tmp_path)
+    want, got = _seen(launch), _seen(ours)
+    assert [a for _, a in got] == [a for _, a in want] == [["--local-rank=0", "--lr", "1"], ["--local-rank=1", "--lr", "1"]]
+    assert [_normal(e) for e, _ in got] == [_normal(e) for e, _ in want]

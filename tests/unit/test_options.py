@@ -76,6 +76,40 @@ def test_every_option_has_help_and_a_spelling():
 def test_listing_backend_options_imports_no_backend():
     code = ("import sys\nfrom phalanx.backends.options import backend_options\nbackend_options()\n"
             "print(sorted(m for m in sys.modules if m.startswith('phalanx.backends.') and m not in "
-            "('phalanx.backends.options', 'phalanx.backends.ssh_options', 'phalanx.backends.sbatch')))")
+            "('phalanx.backends.options', 'phalanx.backends.ssh_options', 'phalanx.backends.sbatch', "
+            "'phalanx.backends.registry')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+THIRD_PARTY = {
+    "mybackend/__init__.py": "",
+    # The backend module stands for one that imports a heavy SDK: --help must not import it.
+    "mybackend/backend.py": "import sys\nsys.modules['HEAVY_SDK_IMPORTED'] = sys\n"
+                            "from phalanx.backends.local import LocalBackend\nfrom .options import OPTIONS\n"
+                            "class MineBackend(LocalBackend):\n    name = 'mine'\n    options = OPTIONS\n",
+    "mybackend/options.py": "from phalanx.backends.options import BackendOption\n"
+                            "OPTIONS = (BackendOption('mine_zone', str, 'z1', 'Zone of the mine backend.'),)\n",
+    "mybackend-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: mybackend\nVersion: 1.0\n",
+    "mybackend-1.0.dist-info/entry_points.txt": "[phalanx.backends]\nmine = mybackend.backend:MineBackend\n",
+}
+
+
+def test_an_installed_backend_adds_its_options_without_being_imported(tmp_path):
+    site = tmp_path / "site"
+    for rel, text in THIRD_PARTY.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (tmp_path / "t.py").write_text("print('ok')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(site), "PHALANX_HOME": str(tmp_path / "home")}
+    probe = ("import sys\nfrom phalanx.cli.main import main\ntry:\n    main(['run', '--help'])\nexcept SystemExit:\n"
+             "    pass\nprint('HEAVY' if 'HEAVY_SDK_IMPORTED' in sys.modules else 'LIGHT')\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+    assert "--mine-zone" in out and "mine: Zone of the mine backend." in " ".join(out.split())
+    assert out.strip().endswith("LIGHT")
+    run = [sys.executable, "-m", "phalanx", "run", "--dry-run"]
+    ok = subprocess.run([*run, "--backend", "mine", "--mine-zone", "z9", "t.py"], capture_output=True, text=True,
+                        env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    wrong = subprocess.run([*run, "--mine-zone", "z9", "t.py"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert wrong.returncode == 2 and "--mine-zone is an option of the mine backend, not of local" in wrong.stderr

@@ -71,8 +71,27 @@ def _load(target: str) -> tuple[BackendOption, ...]:
 
 @lru_cache(maxsize=1)
 def _declared() -> dict[str, str | None]:
-    found: dict[str, str | None] = dict(installed_entry_points(ENTRY_POINT_GROUP))
+    from .registry import BUILTIN
+
+    found: dict[str, str | None] = {}
+    backends = {**installed_entry_points("phalanx.backends"), **BUILTIN}
+    for name, target in backends.items():  # by convention: the options module of the backend's package
+        package = target.partition(":")[0].rpartition(".")[0]
+        if package and package != __package__ and _exists(f"{package}.options"):
+            found[name] = f"{package}.options:OPTIONS"
+    found.update(installed_entry_points(ENTRY_POINT_GROUP))
     return {**found, **BUILTIN_OPTIONS}
+
+
+def _exists(module: str) -> bool:
+    """Whether ``module`` can be imported (its parent package is imported to find out: keep a
+    backend package's ``__init__`` free of SDK imports)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def installed_entry_points(group: str) -> dict[str, str]:

@@ -132,8 +132,8 @@ def _default_name(entry: Entrypoint) -> str:
 
 
 def _with_local_rank_arg(spec: JobSpec, flag: str) -> JobSpec:
-    """``--local-rank=N`` for each worker, as torch.distributed.launch passed it: torchrun fills in
-    ``${local_rank}`` per worker (its macro); a lone process is local rank 0."""
+    """``--local-rank=N`` for each worker, first, as torch.distributed.launch passed it: torchrun
+    fills in ``${local_rank}`` per worker (its macro); a lone process is local rank 0."""
     if spec.uses_torchrun:
         value = "${local_rank}"
     elif spec.procs_per_node_started == 1:
@@ -141,7 +141,7 @@ def _with_local_rank_arg(spec: JobSpec, flag: str) -> JobSpec:
     else:
         raise UsageError("--local-rank-arg needs torchrun to start the workers", "use the torch framework and --spawn auto")
     entry = spec.entrypoint
-    return spec.with_(entrypoint=replace(entry, args=(*entry.args, f"{flag}={value}")))
+    return spec.with_(entrypoint=replace(entry, args=(f"{flag}={value}", *entry.args)))
 
 
 # -- topology -------------------------------------------------------------------------------------
