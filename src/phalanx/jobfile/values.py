@@ -104,6 +104,10 @@ def load_job_file(path: str) -> JobFile:
 def resolve(opts: RunOptions) -> Values:
     """Every option's typed value: command line over job file over default. Raises UsageError."""
     job = load_job_file(opts.job_file) if opts.job_file else None
+    declared = {o.name for o in all_options() if o.group == "backend"}
+    unknown = sorted(set(opts.backend_options) - declared)
+    if unknown:
+        raise UsageError(f"no backend has the option(s) {', '.join(unknown)}", "see: phalanx run --help")
     out = Values(file=job)
     for option in all_options():
         raw = opts.backend_options.get(option.name) if option.group == "backend" else opts.given.get(option.name)
