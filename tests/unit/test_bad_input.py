@@ -105,7 +105,7 @@ ARGV: list[tuple[list[str], int, str]] = [
     # sweeps
     (["run", "t.py", "--lr", "[0.1, 0.01"], 2, "--lr '[0.1, 0.01' is not a valid search space"),
     (["run", "t.py", "--lr", "logunifrom(1e-4, 1e-1)"], 2, "did you mean loguniform?"),
-    (["run", "t.py", "--lr=[0.1, 0.1]"], 2, "appears twice"),
+    (["run", "t.py", "--lr=[0.1, [0.2]]"], 2, "nested lists are not values"),
     (["run", "t.py", "--x", "range(1e8)"], 2, "the grid has 100,000,000 trials"),
     (["run", "t.py", "--x", "uniform(0, 1)"], 2, "a grid needs finite values"),
     (["run", "--strategy", "bayes", "t.py", "--x", "[1, 2]"], 2, "invalid --strategy 'bayes'"),

@@ -218,7 +218,7 @@ def _parse_value(text: str, where: str) -> _Parsed:
     if kind == "choice":
         values, texts = _items(f"[{body}]", where, text)
         return kind, values, 0.0, 0.0, texts
-    _, words = _items(f"[{body}]", where, text, unique=False)
+    _, words = _items(f"[{body}]", where, text)
     numbers = [_number(w, where, text) for w in words]
     if kind == "range":
         return _range(numbers, where, text)
@@ -257,8 +257,10 @@ def _uniform(kind: str, numbers: list[int | float], where: str, text: str) -> _P
     return kind, _spaced(low, (high - low) / (count - 1), count), low, high, ()
 
 
-def _items(flow: str, where: str, text: str, unique: bool = True) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    """The values of a YAML flow list, each as typed (a plain number also as that number)."""
+def _items(flow: str, where: str, text: str) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """The values of a YAML flow list, each as typed (a plain number also as that number).
+    Repeats are kept (a configuration run twice); numbers equal but written differently (``1``
+    and ``1.0``) stay text, so each reaches the script as typed."""
     import yaml
 
     try:
@@ -273,10 +275,8 @@ def _items(flow: str, where: str, text: str, unique: bool = True) -> tuple[tuple
     if any(not isinstance(item, yaml.ScalarNode) for item in node.value):
         raise _fail(where, text, "nested lists are not values; write plain numbers or words")
     texts = tuple(item.value for item in node.value)
-    values = tuple(_typed(item.value) if item.style is None else item.value for item in node.value)
-    duplicates = sorted({t for v, t in zip(values, texts) if values.count(v) > 1}) if unique else []
-    if duplicates:
-        raise _fail(where, text, f"{', '.join(duplicates)} appears twice")
+    typed = [_typed(item.value) if item.style is None else item.value for item in node.value]
+    values = tuple(t if any(v == w and t != u for w, u in zip(typed, texts)) else v for v, t in zip(typed, texts))
     return values, texts
 
 
