@@ -8,9 +8,9 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
-from ..core.options import RENDEZVOUS_OPTIONS, SWEEP_OPTIONS, TOPOLOGY_OPTIONS
+from ..core.options import RENDEZVOUS_OPTIONS, RUN_OPTIONS, SWEEP_OPTIONS, TOPOLOGY_OPTIONS
 from ..core.spec import (
     Entrypoint,
     EntrypointKind,
@@ -47,18 +47,12 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         workdir=str(workdir),
         backend=backend,
         python=sys.executable,
-        max_restarts=v["max_restarts"],
         grace=float(v["grace"] if v["grace"] is not None else _config("grace")),
-        max_retries=v["max_retries"],
         retry_on_exit_codes=tuple(v["retry_on_exit_codes"] or ()),
-        stall_timeout=v["stall_timeout"],
         state_uri=_uri(v, "state"),
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
-        auto_metrics=v["auto_metrics"],
-        sample_interval=v["sample_interval"],
-        monitor_interval=v["monitor_interval"],
-        skip_if_done=v["skip_if_done"],
         backend_options={o.name: v[o.name] for o in all_options() if o.group == "backend" and v.given(o.name)},
+        **_plain_fields(v),
     )
     if v["no_retry_on"]:
         spec = spec.with_(no_retry_on=tuple(v["no_retry_on"]))
@@ -71,6 +65,16 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         for text in v.warnings:
             sys.stderr.write(f"phalanx: warning: {text}\n")
     return spec
+
+
+def _plain_fields(v: Values) -> dict[str, Any]:
+    """Options whose value is their ``JobSpec`` field as is (a number, a flag): a new one needs
+    only its line in the option table. The others are built above, one by one."""
+    hints = get_type_hints(JobSpec)
+    plain = (int, float, bool, int | None, float | None)
+    built = ("grace", "snapshot")  # a default from the settings; a check of the directory
+    return {o.name: v[o.name] for o in RUN_OPTIONS
+            if o.field == o.name and o.name not in built and hints.get(o.name) in plain and v[o.name] is not None}
 
 
 def _config(key: str) -> Any:
