@@ -19,6 +19,7 @@ import pytest
 from phalanx.cli.main import main
 
 SCRIPT = "import sys\nprint('loss=0.5', sys.argv[1:])\n"
+ROLE = "arn:aws:iam::123456789012:role/sm"
 
 # (argv after `phalanx`, exit code, fragment of the one-line message). `run` cases run with --dry-run.
 ARGV: list[tuple[list[str], int, str]] = [
@@ -102,6 +103,30 @@ ARGV: list[tuple[list[str], int, str]] = [
     (["run", "--backend", "slurm", "--gpus-per-node", "many", "t.py"], 2, "invalid --gpus-per-node 'many'"),
     (["run", "--backend", "slurm", "--time", "4h", "t.py"], 2, "invalid --time '4h'"),
     (["run", "--backend", "slurm", "--hosts", "a", "t.py"], 2, "option of the ssh backend, not of slurm"),
+    # backends' declared options (their modules' OPTIONS: rules in the table, the rest in each backend's plan)
+    (["run", "--backend", "sagemaker", "--region", "us-east-1", "t.py"], 2, "the sagemaker backend needs an IAM role"),
+    (["run", "--backend", "sagemaker", "--role", "sm-role", "t.py"], 2, "invalid --role 'sm-role'; use an IAM role ARN"),
+    (["run", "--backend", "sagemaker", "--region", "us-east-1", "--role", ROLE, "--instance-type", "ml.g5.13xlarge",
+      "t.py"], 2, "SageMaker offers no instance type 'ml.g5.13xlarge'"),
+    (["run", "--backend", "sagemaker", "--max-run", "0", "t.py"], 2, "invalid --max-run '0'; use a number of seconds of at least 1"),
+    (["run", "--backend", "sagemaker", "--max-wait", "1h", "t.py"], 2, "invalid --max-wait '1h'"),
+    (["run", "--backend", "sagemaker", "--volume-size", "-1", "t.py"], 2, "invalid --volume-size '-1'; use a size in GB"),
+    (["run", "--backend", "sagemaker", "--tag", "novalue", "t.py"], 2, "invalid --tag 'novalue'; use KEY=VALUE"),
+    (["run", "--backend", "sagemaker", "--s3-prefix", "bkt/phx", "t.py"], 2, "invalid --s3-prefix 'bkt/phx'; use an s3:// URI"),
+    (["run", "--backend", "sagemaker", "--region", "us-east-1", "--role", ROLE, "--max-wait", "60", "t.py"], 2,
+     "--max-wait applies to spot training only"),
+    (["run", "--role", ROLE, "t.py"], 2, "--role is an option of the sagemaker backend, not of local"),
+    (["run", "--backend", "ray", "--instance-type", "x", "t.py"], 2, "--instance-type is an option of the sagemaker, skypilot backend, not of ray"),
+    (["run", "--backend", "skypilot", "--disk-size", "0", "t.py"], 2, "invalid --disk-size '0'; use a size in GB of at least 1"),
+    (["run", "--backend", "skypilot", "--cpus", "many", "t.py"], 2, "invalid --cpus 'many'"),
+    (["run", "--backend", "skypilot", "--memory", "-4", "t.py"], 2, "invalid --memory '-4'"),
+    (["run", "--backend", "skypilot", "--managed", "--max-retries", "2", "t.py"], 2, "--managed lets SkyPilot recover the job"),
+    (["run", "--backend", "ray", "--pending-timeout", "0", "t.py"], 2, "invalid --pending-timeout '0'; use a number of seconds above 0"),
+    (["run", "--backend", "ray", "--pending-timeout", "nan", "t.py"], 2, "invalid --pending-timeout 'nan'"),
+    (["run", "--backend", "ray", "--cpus-per-node", "-1", "t.py"], 2, "invalid --cpus-per-node '-1'"),
+    (["run", "--backend", "ray", "--gpus-per-node", "-1", "t.py"], 2, "invalid --gpus-per-node '-1'"),
+    (["run", "--backend", "ray", "--ray", "{}", "t.py"], 2, "no such option: --ray"),
+    (["run", "--address", "http://head:8265", "t.py"], 2, "--address is an option of the ray backend, not of local"),
     # sweeps
     (["run", "t.py", "--lr", "[0.1, 0.01"], 2, "--lr '[0.1, 0.01' is not a valid search space"),
     (["run", "t.py", "--lr", "logunifrom(1e-4, 1e-1)"], 2, "did you mean loguniform?"),
@@ -216,6 +241,20 @@ FILES: list[tuple[str, int, str]] = [
      "job.yaml:3: backend_options.gpus_per_node: expected an integer, got 'many'"),
     ("script: t.py\nbackend: ssh\nbackend_options: {shared_fs: 'yes'}\n", 2, "backend_options.shared_fs: expected true or false"),
     ("script: t.py\nbackend_options: {hosts: a}\n", 2, "job.yaml:2: backend_options.hosts is an option of the ssh backend, not of local"),
+    # a backend's own section (sagemaker:), checked by its validator; backend_options.ray by ray's
+    ("script: t.py\nbackend: sagemaker\nsagemaker: {spot: 'yes'}\n", 2, "job.yaml:3: sagemaker.spot: expected true or false"),
+    ("script: t.py\nbackend: sagemaker\nsagemaker: {volume_size: big}\n", 2, "job.yaml:3: sagemaker: volume_size must be a positive whole number"),
+    ("script: t.py\nbackend: sagemaker\nsagemaker: {role: sm-role}\n", 2, "job.yaml:3: sagemaker.role: expected an IAM role ARN, got 'sm-role'"),
+    ("script: t.py\nbackend: sagemaker\nsagemaker: {rol: x}\n", 2, "unknown key(s) rol in the job file's 'sagemaker' section"),
+    ("script: t.py\nbackend: sagemaker\nsagemaker: [a]\n", 2, "job.yaml:3: sagemaker: the job file's 'sagemaker' section must be a mapping"),
+    ("script: t.py\nbackend: sagemaker\nsagemaker: {vpc: {subnets: [a], extra: 1}}\n", 2, "vpc must be a mapping with subnets and security_groups"),
+    ("script: t.py\nsagemaker: {role: 'arn:aws:iam::123456789012:role/sm'}\n", 2,
+     "job.yaml:2: sagemaker is an option of the sagemaker backend, not of local"),
+    ("script: t.py\nbackend: ray\nbackend_options: {ray: {pip: 3}}\n", 2, "job.yaml:3: backend_options.ray: ray.pip must be a list"),
+    ("script: t.py\nbackend: ray\nbackend_options: {ray: {pipp: [x]}}\n", 2, "unknown key(s) pipp in the job file's 'ray' section"),
+    ("script: t.py\nbackend: ray\nbackend_options: {pending_timeout: .nan}\n", 2, "backend_options.pending_timeout: expected a number of seconds above 0"),
+    ("script: t.py\nbackend: skypilot\nbackend_options: {disk_size: big}\n", 2,
+     "job.yaml:3: backend_options.disk_size: expected a size in GB of at least 1, got 'big'"),
 ]
 
 
@@ -305,6 +344,16 @@ MEANINGS: list[tuple[str | None, list[str], str, object]] = [
     (None, ["--log-dir", "logs", "t.py"], "output_uri", "{cwd}/logs"),
     (None, ["--monitor-interval", "0.5", "t.py"], "monitor_interval", 0.5),
     (None, ["-e", "A=", "-e", "B=x=y", "t.py"], "env", {"A": "", "B": "x=y"}),
+    # a backend's section, under backend_options, under flags; each value read by its backend's rules
+    ("script: t.py\nbackend: sagemaker\nsagemaker:\n  role: 'arn:aws:iam::123456789012:role/sm'\n  volume_size: 50\n"
+     "  max_run: 100\n  spot: true\n  tags: {team: ml}\n  vpc: {subnets: [s-1, s-2], security_groups: sg-1}\n"
+     "backend_options: {volume_size: 60}\n", ["--max-run", "200"], "backend_options",
+     {"role": ROLE, "volume_size": 60, "max_run": 200, "spot": True, "tag": ["team=ml"], "subnets": "s-1,s-2",
+      "security_groups": "sg-1"}),
+    (None, ["--backend", "skypilot", "--instance-type", "n2-standard-8", "--spot", "t.py"], "backend_options",
+     {"instance_type": "n2-standard-8", "spot": True}),
+    ("script: t.py\nbackend: ray\nbackend_options: {ray: {pip: einops==0.8.0, env_vars: {A: 1}}}\n", [],
+     "backend_options", {"ray": {"pip": ["einops==0.8.0"], "env_vars": {"A": "1"}}}),
 ]
 
 

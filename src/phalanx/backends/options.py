@@ -108,7 +108,7 @@ def _load(target: str) -> tuple[BackendOption, ...]:
 
 @lru_cache(maxsize=1)
 def _declared() -> dict[str, str | None]:
-    from .registry import BUILTIN
+    from .builtin import BACKENDS as BUILTIN
 
     found: dict[str, str | None] = {}
     backends = {**installed_entry_points("phalanx.backends"), **BUILTIN}

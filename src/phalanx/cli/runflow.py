@@ -14,7 +14,7 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
     from .. import jobs
     from ..jobfile import RunOptions, build_spec, build_sweep, resolve
     from .control import event, report_end
-    from .render import dump_json
+    from .render import dump_json, warn
 
     backend_names = {o.name for o in _backend_options()}
     opts = RunOptions(
@@ -61,14 +61,6 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
     if as_json:
         dump_json(record.to_dict(), sys.stdout)
     raise typer.Exit(code)
-
-
-def warn(warnings: list[str], notes: list[str] | None = None) -> None:
-    """What the checks found worth saying, once all of them passed: notes, then warnings."""
-    for text in notes or []:
-        sys.stderr.write(f"phalanx: {text}\n")
-    for text in warnings:
-        sys.stderr.write(f"phalanx: warning: {text}\n")
 
 
 def _backend_options() -> tuple[Any, ...]:

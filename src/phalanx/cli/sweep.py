@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from .args import job_ref
-from .render import ago, dump_json, duration, table
+from .render import ago, dump_json, duration, table, warn
 
 sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run` with a search space).",
                         no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -29,8 +29,6 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
     if dry_run:
         jobs.check_storage(spec)  # what a real sweep checks first
         slots = slot_plan(spec, settings.parallel)
-        from .runflow import warn
-
         warn(warnings or [], notes)
         out = {
             "strategy": settings.strategy, "trials": strategy.total, "concurrent": len(slots),
@@ -46,8 +44,6 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
             for args in out["first"]:
                 typer.echo(f"  {spec.entrypoint.target} {' '.join(args)}")
         return
-    from .runflow import warn
-
     warn(warnings or [], notes)
     record, code = jobs.run_sweep(spec, settings, detach=detach, events=event)
     if detach:
