@@ -34,6 +34,12 @@ def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan
     return submit.plan_job(spec, home(), job_id, attempt)
 
 
+def check_storage(spec: JobSpec) -> None:
+    """What a dry run checks before it prints the plan: the stores the job names (state, inputs,
+    output), as a real run does; not the backend's cluster or credentials (a dry run is offline)."""
+    submit.check_storage(spec, home(), backend=False)
+
+
 def clean_state(spec: JobSpec) -> Path | None:
     """``--clean-state``: move the job name's state directory aside (never delete a checkpoint);
     with a state URI, mark the remote copy empty. Returns where the old state went."""
@@ -41,8 +47,10 @@ def clean_state(spec: JobSpec) -> Path | None:
 
 
 def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
-        events: Events | None = None) -> tuple[JobRecord, int]:
+        events: Events | None = None,
+        started: Callable[[JobRecord], None] | None = None) -> tuple[JobRecord, int]:
     """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
+    ``started`` is called with the record once the job exists (the CLI's start line).
 
     Returns the final record and the job's exit code. Ctrl-C (SIGINT) stops the job
     gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
@@ -55,6 +63,8 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         return done, 0
     plan = submit.plan_job(spec, where)
     record = submit.create_job(store, where, spec, plan, inputs=inputs, **liveness.identity())
+    if started is not None:
+        started(record)
     _say_at_submit(store, record, events, plan=plan)
     return _supervise_here(store, record, plan, out, ranks, events)
 

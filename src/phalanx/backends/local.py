@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 
 from ..core.contracts import NodeResult
 from ..core.env import Topology
@@ -50,6 +51,8 @@ class LocalBackend(Backend):
         net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **RESTART_SAFE_ENV}
         hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))
         nodes = build_nodes(spec, topo, paths, hosts, (LOOPBACK,) * nnodes, net_env)
+        if spec.rendezvous is not None:  # this machine is one node; the others are started elsewhere
+            nodes = (replace(nodes[spec.rendezvous.node_rank or 0], host="localhost"),)
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:

@@ -18,19 +18,14 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from . import builtin
 
 if TYPE_CHECKING:
     from .base import Backend
 
 GROUP = "phalanx.backends"
-BUILTIN: dict[str, str] = {
-    "local": "phalanx.backends.local:LocalBackend",
-    "ssh": "phalanx.backends.ssh:SshBackend",
-    "slurm": "phalanx.backends.slurm:SlurmBackend",
-    "sagemaker": "phalanx.backends.sagemaker.backend:SageMakerBackend",
-    "skypilot": "phalanx.backends.skypilot.backend:SkyPilotBackend",
-    "ray": "phalanx.backends.ray.backend:RayBackend",
-}
+# The built-ins (builtin.py: no imports, so backends/options.py reads it without this module).
+BUILTIN = builtin.BACKENDS
 
 
 @lru_cache(maxsize=1)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
+from .args import count, job_ref, seconds
+
 if TYPE_CHECKING:
     from ..store import JobRecord
     from ..store.sweeps import SweepRecord
@@ -43,16 +45,20 @@ def parse_ranks(text: str | None) -> set[int] | None:
 
 
 def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyped-def]
+    """The end line of a foreground run: succeeded in 1m32s / failed: where and why / cancelled."""
     from ..core.state import JobState
+    from .render import duration
 
     err = sys.stderr
+    took = duration(record.duration)
     if record.state is JobState.SUCCEEDED:
+        err.write(f"phalanx: job {record.id} ({record.name}) succeeded in {took}\n")
         return
     if record.state is JobState.CANCELLED:
-        err.write(f"phalanx: job {record.id} cancelled\n")
+        err.write(f"phalanx: job {record.id} ({record.name}) cancelled after {took}\n")
         return
     if record.state is JobState.PREEMPTED:
-        err.write(f"phalanx: job {record.id} preempted; continue it with: phalanx resume {record.id}\n")
+        err.write(f"phalanx: job {record.id} preempted after {took}; continue it with: phalanx resume {record.id}\n")
         return
     cause = record.root_cause_dict() or {}
     where = []
@@ -65,17 +71,17 @@ def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyp
     if cause.get("type"):
         msg = f"{cause['type']}: {msg}"
     msg = "" if msg in ("", how) else f": {msg}"  # a signal's message is only its name
-    err.write(f"phalanx: job {record.id} {record.state.value.lower()}: {' on '.join(where) or 'job'} ({how}){msg}\n")
     if shown is not None and cause.get("rank") not in shown and cause.get("traceback"):
         err.write(cause["traceback"])
     rank = cause.get("rank")
     hint = f"phalanx logs {record.id}" + (f" --rank {rank}" if rank is not None else "")
-    err.write(f"phalanx: see `{hint}` and `phalanx status {record.id}`\n")
+    err.write(f"phalanx: job {record.id} {record.state.value.lower()} after {took}: {' on '.join(where) or 'job'} "
+              f"({how}){msg}; see `{hint}` and `phalanx status {record.id}`\n")
 
 
 def ps_cmd(
     all_jobs: bool = typer.Option(False, "-a", "--all", help="Show finished jobs too."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many jobs (default 50 with --all)."),
+    limit: Optional[int] = typer.Option(None, "--limit", callback=count, help="At most this many jobs (default 50 with --all)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List jobs and sweeps: running ones, or all with --all (newest first). A sweep is one row."""
@@ -107,7 +113,7 @@ def ps_cmd(
 
 
 def status_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Details of a job: state, per-rank exit codes and the root-cause error."""
@@ -183,10 +189,10 @@ def status_cmd(
 
 
 def logs_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new output until the job ends."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank (raw, no prefix)."),
-    attempt: Optional[int] = typer.Option(None, "--attempt", help="Attempt number (default: the latest)."),
+    rank: Optional[int] = typer.Option(None, "--rank", callback=count, help="Only this rank (raw, no prefix)."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", callback=count, help="Attempt number (default: the latest)."),
 ) -> None:
     """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank)."""
     from .. import query
@@ -201,8 +207,8 @@ def logs_cmd(
 
 
 def wait_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 124)."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", callback=seconds, help="Give up after this many seconds (exit 124)."),
 ) -> None:
     """Block until the job ends; exit with the job's exit code."""
     from .. import jobs
@@ -213,9 +219,9 @@ def wait_cmd(
 
 
 def stop_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     timeout: Optional[float] = typer.Option(
-        None, "--timeout", min=0, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
+        None, "--timeout", callback=seconds, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
         "The upload of outputs and state that follows is waited for in full."),
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
@@ -232,7 +238,7 @@ def stop_cmd(
 
 
 def resume_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Resume in the background."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks."),
 ) -> None:

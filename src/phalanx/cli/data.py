@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from .args import job_ref
+
 
 def register(app: typer.Typer) -> None:
     app.command("artifacts")(artifacts_cmd)
@@ -15,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def artifacts_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List a job's outputs: path, size, and where they are (the --output URI or the job directory)."""
@@ -41,7 +43,7 @@ def artifacts_cmd(
 
 
 def download_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     dest: Optional[Path] = typer.Option(None, "-o", "--output-dir", help="Where to put them (default: ./NAME-ID)."),
     logs: bool = typer.Option(False, "--logs", help="Also the logs (DIR/logs)."),
     state: bool = typer.Option(False, "--state", help="Also the state directory (DIR/state)."),

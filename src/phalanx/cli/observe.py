@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 import typer
 
+from .args import count, job_ref, positive_seconds
+
 
 def register(app: typer.Typer) -> None:
     app.command("metrics")(metrics_cmd)
@@ -20,9 +22,9 @@ def register(app: typer.Typer) -> None:
 
 
 def metrics_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
-    attempt: Optional[int] = typer.Option(None, "--attempt", help="Only this attempt (default: all, a later attempt's value wins at a step)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose metrics to show (default: 0, or the lowest rank that has any)."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", callback=count, help="Only this attempt (default: all, a later attempt's value wins at a step)."),
+    rank: Optional[int] = typer.Option(None, "--rank", callback=count, help="Rank whose metrics to show (default: 0, or the lowest rank that has any)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Every record as a JSON line (name, value, step, epoch, rank, "
                                "attempt, time), all ranks unless --rank: the export of the compact metrics files."),
@@ -61,8 +63,8 @@ def _num(value: float) -> str:
 
 
 def top_cmd(
-    job: str = typer.Argument(..., help="Job id, id prefix or name."),
-    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
+    interval: float = typer.Option(2.0, "--interval", callback=positive_seconds, help="Seconds between refreshes."),
     once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
 ) -> None:
     """Live CPU, RAM, GPU use per node and rank of a job (from its resource samples)."""
@@ -162,7 +164,7 @@ def _age(seconds: Any) -> str:
 
 def ui_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs --token."),
-    port: int = typer.Option(0, "--port", help="Port (default 0: a free one)."),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port (default 0: a free one)."),
     token: Optional[str] = typer.Option(None, "--token", help="Require this token on every request (?token= or Authorization: Bearer)."),
 ) -> None:
     """Serve the dashboard (jobs, logs, metric and resource charts) until Ctrl-C."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any, Iterable, TextIO
 
@@ -111,3 +112,11 @@ def _float(value: float) -> str:
     if value in (float("inf"), float("-inf")):
         return "Infinity" if value > 0 else "-Infinity"
     return float.__repr__(value)
+
+
+def warn(warnings: list[str], notes: list[str] | None = None) -> None:
+    """What the checks found worth saying, once all of them passed: notes, then warnings."""
+    for text in notes or []:
+        sys.stderr.write(f"phalanx: {text}\n")
+    for text in warnings:
+        sys.stderr.write(f"phalanx: warning: {text}\n")

@@ -8,13 +8,15 @@ from typing import Any
 
 import typer
 
-from .render import ago, dump_json, duration, table
+from .args import job_ref
+from .render import ago, dump_json, duration, table, warn
 
 sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run` with a search space).",
                         no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
-def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool) -> None:
+def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool,
+                  warnings: list[str] | None = None, notes: list[str] | None = None) -> None:
     from .. import jobs
     from ..sweeps.settings import check, slot_plan
     from ..sweeps.space import parse_space
@@ -22,8 +24,12 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
+    if clean:
+        raise typer.BadParameter("--clean-state does not apply to sweeps: each trial has its own state directory")
     if dry_run:
+        jobs.check_storage(spec)  # what a real sweep checks first
         slots = slot_plan(spec, settings.parallel)
+        warn(warnings or [], notes)
         out = {
             "strategy": settings.strategy, "trials": strategy.total, "concurrent": len(slots),
             "params": [p.name for p in space.params],
@@ -38,8 +44,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
             for args in out["first"]:
                 typer.echo(f"  {spec.entrypoint.target} {' '.join(args)}")
         return
-    if clean:
-        raise typer.BadParameter("--clean-state does not apply to sweeps: each trial has its own state directory")
+    warn(warnings or [], notes)
     record, code = jobs.run_sweep(spec, settings, detach=detach, events=event)
     if detach:
         if as_json:
@@ -57,7 +62,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 
 @sweep_app.command("show")
 def show_cmd(
-    sweep: str = typer.Argument(..., help="Sweep id, id prefix or name."),
+    sweep: str = typer.Argument(..., callback=job_ref, help="Sweep id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """A sweep's trials, best first: parameters, state and objective."""

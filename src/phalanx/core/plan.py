@@ -25,6 +25,16 @@ def late_addresses(nnodes: int) -> tuple[str, ...]:
     return tuple(f"@NODE_ADDR_{i}@" for i in range(nnodes))
 
 
+def is_late(address: str) -> bool:
+    return bool(_LATE_ADDR.fullmatch(address))
+
+
+def quote_user_text(text: str) -> str:
+    """User text (script arguments, env values) in a plan with late addresses, so that a
+    placeholder the user typed is neither replaced nor an error: ``bind_addresses`` undoes it."""
+    return text.replace("@NODE_ADDR_", "@NODE_ADDR_@")
+
+
 @dataclass(frozen=True)
 class ProcessPlan:
     local_rank: int
@@ -67,12 +77,14 @@ class NodePlan:
 
 def bind_addresses(node: NodePlan, addrs: Sequence[str]) -> NodePlan:
     """``node`` with its ``@NODE_ADDR_<i>@`` placeholders replaced by ``addrs[i]``. Pure.
+    Only a plan made with late addresses (its host is one) is bound; the user's text in it was
+    quoted (``quote_user_text``) and comes back as typed.
 
     Raises ValueError when the plan needs more addresses than ``addrs`` holds.
     """
-    text = json.dumps(node.to_dict())
-    if not _LATE_ADDR.search(text):
+    if not is_late(node.host):
         return node
+    text = json.dumps(node.to_dict())
 
     def address(match: re.Match[str]) -> str:
         index = int(match.group(1))
@@ -80,7 +92,7 @@ def bind_addresses(node: NodePlan, addrs: Sequence[str]) -> NodePlan:
             raise ValueError(f"the plan needs the address of node {index}, but only {len(addrs)} address(es) were given")
         return json.dumps(addrs[index])[1:-1]
 
-    return NodePlan.from_dict(json.loads(_LATE_ADDR.sub(address, text)))
+    return NodePlan.from_dict(json.loads(_LATE_ADDR.sub(address, text).replace("@NODE_ADDR_@", "@NODE_ADDR_")))
 
 
 @dataclass(frozen=True)

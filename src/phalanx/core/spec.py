@@ -7,9 +7,11 @@ A spec says *what* runs (entrypoint, topology, framework, environment); it never
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from collections import abc
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
-from typing import Any, Mapping
+from types import UnionType
+from typing import Any, Mapping, Union, get_args, get_origin, get_type_hints
 
 from ..errors import UsageError
 
@@ -67,18 +69,47 @@ class Entrypoint:
 
 @dataclass(frozen=True)
 class Resources:
-    nnodes: int = 1
+    nnodes: int = 1  # with an elastic range (min_nodes set): the most nodes
     nproc_per_node: int = 1
-    # The user gave a topology (-n, --nnodes, --nproc-per-node or the job file's). Without one,
-    # a single process runs as python would run it: no torchrun variables (see core/env.py).
-    explicit: bool = False
+    # The user gave a topology (-n, --nnodes, --nproc-per-node, or the job file's n, nnodes,
+    # nproc_per_node). Without one a job is one process run like python; an explicit -n 1 is
+    # torchrun with one process. How a topology was given is not part of what it is: not compared.
+    explicit: bool = field(default=False, compare=False)
+    min_nodes: int | None = None  # elastic: start with at least this many nodes (torchrun --nnodes MIN:MAX)
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes != self.nnodes
+
     def display(self) -> str:
-        return f"{self.nnodes}x{self.nproc_per_node}"
+        nodes = f"{self.min_nodes}:{self.nnodes}" if self.elastic else str(self.nnodes)
+        return f"{nodes}x{self.nproc_per_node}"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """torchrun's rendezvous settings as the user typed them (``--node-rank``, ``--master-addr``,
+    ``--master-port``, ``--rdzv-*``): this machine runs one node of a job whose other nodes are
+    started by hand on the other machines, as with torchrun. None: not given (torchrun's default)."""
+
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    backend: str | None = None
+    endpoint: str | None = None
+    id: str | None = None
+    conf: str | None = None
+
+    def torchrun_args(self) -> tuple[str, ...]:
+        """The given settings, in torchrun's spelling."""
+        given = [("--node-rank", self.node_rank), ("--master-addr", self.master_addr),
+                 ("--master-port", self.master_port), ("--rdzv-backend", self.backend),
+                 ("--rdzv-endpoint", self.endpoint), ("--rdzv-id", self.id), ("--rdzv-conf", self.conf)]
+        return tuple(f"{flag}={value}" for flag, value in given if value is not None)
 
 
 _TOPOLOGY = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
@@ -86,15 +117,13 @@ _TOPOLOGY = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
 
 def parse_topology(text: str) -> Resources:
     """``"4"`` -> 1 node x 4 processes; ``"2x4"`` -> 2 nodes x 4 processes."""
-    match = _TOPOLOGY.match(text or "")
-    if not match:
-        raise UsageError(
-            f"invalid -n '{text}'", "use NPROC or NNODESxNPROC, for example -n 4 or -n 2x4"
-        )
-    nnodes = int(match.group(1) or 1)
-    nproc = int(match.group(2))
-    if nnodes < 1 or nproc < 1:
-        raise UsageError(f"invalid -n '{text}': counts must be at least 1", "for example -n 2x4")
+    from .grammar import topology
+    from .optiontypes import BadValue
+
+    try:
+        nnodes, nproc = topology(text or "")
+    except BadValue as exc:
+        raise UsageError(f"invalid -n '{text}'", f"use {exc.expected}") from None
     return Resources(nnodes=nnodes, nproc_per_node=nproc, explicit=True)
 
 
@@ -216,6 +245,8 @@ class JobSpec:
     # The state directory's key ($PHALANX_HOME/state/<key>), shared on purpose only: the
     # --name given, or derived from --state; resolved per job otherwise (storage/statedir.py).
     state_name: str = ""
+    monitor_interval: float = 0.1  # seconds between torchrun's checks of its workers
+    rendezvous: Rendezvous | None = None  # one node of a job started by hand on each machine (torchrun's way)
 
     @property
     def state_key(self) -> str:
@@ -239,50 +270,50 @@ class JobSpec:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["entrypoint"]["kind"] = self.entrypoint.kind.value
-        data["entrypoint"]["args"] = list(self.entrypoint.args)
-        data["framework"] = self.framework.value
-        data["spawn"] = self.spawn.value
-        data["env"] = dict(self.env)
-        data["no_retry_on"] = list(self.no_retry_on)
-        data["retry_on_exit_codes"] = list(self.retry_on_exit_codes)
-        data["metrics"] = [asdict(m) for m in self.metrics]
-        data["backend_options"] = dict(self.backend_options)
-        data["channels"] = [asdict(c) for c in self.channels]
-        return data
+        """Plain JSON-able data: enums by value, tuples as lists, nested parts as mappings."""
+        return _encode(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "JobSpec":
-        ep = data["entrypoint"]
-        return cls(
-            entrypoint=Entrypoint(EntrypointKind(ep["kind"]), ep["target"], tuple(ep["args"]), ep.get("typed", "")),
-            resources=Resources(**data["resources"]),
-            name=data["name"],
-            framework=Framework(data["framework"]),
-            spawn=Spawn(data["spawn"]),
-            env=dict(data["env"]),
-            workdir=data["workdir"],
-            backend=data["backend"],
-            python=data["python"],
-            max_restarts=int(data["max_restarts"]),
-            grace=float(data["grace"]),
-            max_retries=int(data.get("max_retries", 0)),
-            no_retry_on=tuple(data.get("no_retry_on", DEFAULT_NO_RETRY)),
-            retry_on_exit_codes=tuple(int(c) for c in data.get("retry_on_exit_codes", ())),
-            stall_timeout=data.get("stall_timeout"),
-            state_uri=data.get("state_uri"),
-            metrics=tuple(MetricDef(**m) for m in data.get("metrics", ())),
-            auto_metrics=bool(data.get("auto_metrics", True)),
-            sample_interval=float(data.get("sample_interval", 5.0)),
-            backend_options=dict(data.get("backend_options", {})),
-            channels=tuple(Channel(**c) for c in data.get("channels", ())),
-            output_uri=data.get("output_uri"),
-            skip_if_done=bool(data.get("skip_if_done", False)),
-            snapshot=bool(data.get("snapshot", False)),
-            code_dir=str(data.get("code_dir", "")),
-            state_name=str(data.get("state_name", "")),
-        )
+        """The inverse of ``to_dict``; fields missing from ``data`` (older specs) take their default."""
+        return _decode_fields(cls, data)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def _decode_fields(cls: Any, data: Mapping[str, Any]) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    return cls(**{name: _decode(hints[name], value) for name, value in data.items() if name in known})
+
+
+def _decode(kind: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin, args = get_origin(kind), get_args(kind)
+    if origin in (Union, UnionType):
+        return _decode(next(a for a in args if a is not type(None)), value)
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return kind(value)
+    if isinstance(kind, type) and is_dataclass(kind):
+        return _decode_fields(kind, value)
+    if origin is tuple:
+        return tuple(_decode(args[0], v) for v in value)
+    if origin in (dict, Mapping, abc.Mapping):
+        return dict(value)
+    if kind in (int, float, bool, str):
+        return kind(value)
+    return value
 
 
 def code_root(spec: JobSpec) -> str:

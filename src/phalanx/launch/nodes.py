@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 from ..core.env import Topology, node_env, process_env, runs_as_python, template_values
 from ..core.paths import JobPaths
-from ..core.plan import NodePlan, ProcessPlan
-from ..core.spec import JobSpec, render_template
+from ..core.plan import NodePlan, ProcessPlan, is_late, quote_user_text
+from ..core.spec import JobSpec, Spawn, render_template
 from .torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
 
 # torchrun's in-place restarts (--max-restarts) hang or fail most of the time when workers
@@ -40,7 +40,12 @@ def build_nodes(
         for key, value in ({} if runs_as_python(spec) else net_env).items():  # python sets no network variables
             if key not in spec.env and key not in preset:
                 env[key] = value
-        args = render_template(spec.entrypoint.args, template_values(spec, topo, node_rank))
+        late = is_late(hosts[node_rank])
+        args = tuple(quote_user_text(a) for a in spec.entrypoint.args) if late else spec.entrypoint.args
+        if spec.spawn is Spawn.SELF:  # {node_rank}-style placeholders are --spawn self's, and only its
+            args = render_template(args, template_values(spec, topo, node_rank))
+        if late:
+            env.update({k: quote_user_text(v) for k, v in spec.env.items()})
         worker = worker_command(spec, args)
         common: dict[str, Any] = dict(
             node_rank=node_rank,

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..core.contracts import LaunchFile, write_launch
 from ..core.paths import JobPaths
@@ -54,13 +54,27 @@ __all__ = ["PROTOCOL", "main"]
 SCAN_INTERVAL = 0.2
 
 
+def _expand_home(value: Any, prefix: str) -> Any:
+    if not (prefix == "~" or prefix.startswith("~/")):
+        return value
+    if isinstance(value, str):
+        inside = value == prefix or value.startswith(prefix.rstrip("/") + "/")
+        return os.path.expanduser(value) if inside else value
+    if isinstance(value, list):
+        return [_expand_home(v, prefix) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand_home(v, prefix) for k, v in value.items()}
+    return value
+
+
 def main() -> None:
     first = sys.stdin.readline()
     if not first:
         raise SystemExit(2)
-    # Paths in the plan may start with ~ (the remote home, unknown to the planner): expand here.
-    home = os.path.expanduser("~")
-    request = json.loads(first.replace('"~/', json.dumps(home + "/")[:-1]))
+    # Paths phalanx made under the remote home may start with ~ (that host's home, unknown to
+    # the planner): expand those here, and only those (a script's own "~/x" argument stays as typed).
+    request = json.loads(first)
+    request = _expand_home(request, str(request.get("home") or ""))
     data = request["launch"]
     env = data["node"]["env"]
     if env.pop("PHALANX_AUTO_IFNAME", None):

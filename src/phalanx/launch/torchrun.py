@@ -34,20 +34,29 @@ def torchrun_argv(spec: JobSpec, topo: Topology, node_rank: int, local_addr: str
     """Arguments for ``torch.distributed.run`` on node ``node_rank`` (without the program name)."""
     res = spec.resources
     is_host = "true" if node_rank == 0 else "false"
+    if spec.rendezvous is not None:
+        # One node of a job started by hand on each machine: torchrun gets the rendezvous as typed.
+        nnodes = f"{res.min_nodes}:{res.nnodes}" if res.elastic else str(res.nnodes)
+        rendezvous: tuple[str, ...] = (f"--nnodes={nnodes}", f"--nproc-per-node={res.nproc_per_node}",
+                                       *spec.rendezvous.torchrun_args())
+    else:
+        rendezvous = (
+            f"--nnodes={res.nnodes}",
+            f"--nproc-per-node={res.nproc_per_node}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={topo.master_addr}:{topo.master_port}",
+            f"--rdzv-id={topo.job_id}",
+            # Several agents may share one machine: say who hosts the store instead of guessing.
+            f"--rdzv-conf=is_host={is_host},join_timeout=600",
+        )
     return (
-        f"--nnodes={res.nnodes}",
-        f"--nproc-per-node={res.nproc_per_node}",
-        f"--node-rank={node_rank}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={topo.master_addr}:{topo.master_port}",
-        f"--rdzv-id={topo.job_id}",
-        # Several agents may share one machine: say who hosts the store instead of guessing.
-        f"--rdzv-conf=is_host={is_host},join_timeout=600",
+        *rendezvous,
         f"--max-restarts={spec.max_restarts}",
-        "--monitor-interval=0.1",
+        f"--monitor-interval={spec.monitor_interval:g}",
         "--start-method=spawn",
         "--role=default",
-        f"--local-addr={local_addr}",
+        *((f"--local-addr={local_addr}",) if spec.rendezvous is None else ()),
         "--redirects=0",
         "--tee=0",
         f"--signals-to-handle={SIGNALS_TO_HANDLE}",

@@ -42,10 +42,13 @@ def plan_job(spec: JobSpec, home: HomePaths, job_id: str | None = None, attempt:
     return plan_attempt(get_backend(spec.backend), for_job(spec, job_id), job_id, attempt, home)
 
 
-def check_storage(spec: JobSpec, home: HomePaths) -> None:
+def check_storage(spec: JobSpec, home: HomePaths, backend: bool = True) -> None:
     """Reach every store the job names, and let the backend check what it needs from the
-    outside world, before anything starts (a typo should not cost a run)."""
-    get_backend(spec.backend).check(spec)
+    outside world, before anything starts (a typo should not cost a run). ``backend=False``
+    (``--dry-run``): the stores only; a dry run plans offline, without the backend's cluster or
+    credentials."""
+    if backend:
+        get_backend(spec.backend).check(spec)
     if spec.state_uri:
         from ..storage.state import StateSync
 

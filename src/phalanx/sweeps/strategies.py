@@ -31,7 +31,7 @@ class Strategy:
         if early_stop is not None and early_stop not in EARLY_STOP:
             raise UsageError(f"unknown --early-stop '{early_stop}'", f"use one of: {', '.join(EARLY_STOP)}")
         if kind == "grid":
-            space.require_grid()
+            space.require_grid(trials)
             size = space.grid_size()
             self.total = min(size, trials) if trials else size
         else:

@@ -190,12 +190,13 @@ def test_the_validator_counts_list_members_and_requires_members(tmp_path):
 
 @pytest.mark.parametrize("change, expect", [
     ({"role": None}, "needs an IAM role"),
-    ({"role": "sm-role"}, "is not an IAM role ARN"),
+    ({"role": "sm-role"}, "invalid --role 'sm-role'; use an IAM role ARN"),  # the option's own rule
     ({"instance_type": "ml.g5.13xlarge"}, "offers no instance type 'ml.g5.13xlarge'"),
     ({"max_wait": 60}, "shorter than --max-run"),
     ({"spot": False, "max_wait": 7200}, "--max-wait applies to spot training only"),
     ({"subnets": "subnet-1"}, "needs both --subnets and --security-groups"),
-    ({"s3_prefix": "bkt/phx"}, "is not an s3:// URI"),
+    ({"s3_prefix": "bkt/phx"}, "invalid --s3-prefix 'bkt/phx'; use an s3:// URI"),
+    ({"max_run": 0}, "invalid --max-run 0; use a number of seconds of at least 1"),
     ({"tag": ["novalue"]}, "invalid --tag"),
 ])
 def test_bad_options_are_usage_errors(tmp_path, change, expect):
@@ -276,7 +277,7 @@ def test_cli_dry_run_prints_the_request_and_the_job_file_section_applies(tmp_pat
 
 
 @pytest.mark.parametrize("args, expect", [
-    (["--role", "not-an-arn", "--region", "us-east-1"], "is not an IAM role ARN; give it as arn:aws:iam::"),
+    (["--role", "not-an-arn", "--region", "us-east-1"], "invalid --role 'not-an-arn'; use an IAM role ARN (e.g. arn:aws:iam::"),
     (["--role", ROLE, "--region", "us-east-1", "--instance-type", "ml.p9.huge"], "SageMaker offers no instance type"),
     (["--role", ROLE], "no AWS region is configured"),
     (["--role", ROLE, "--region", "us-east-1", "--spot", "--max-run", "100", "--max-wait", "50"], "shorter than --max-run"),

@@ -7,16 +7,17 @@ Job file::
     backend_options:
       address: http://head:8265
       pending_timeout: 600
-    ray:                                   # additions to the Ray job's runtime_env
-      pip: [einops==0.8.0]                 # installed by Ray on every node, for this job
-      env_vars: {NCCL_DEBUG: INFO}         # set for the driver and every node agent
-      py_executable: /opt/conda/bin/python # the interpreter on the cluster (default: Ray's own)
+      ray:                                   # additions to the Ray job's runtime_env
+        pip: [einops==0.8.0]                 # installed by Ray on every node, for this job
+        env_vars: {NCCL_DEBUG: INFO}         # set for the driver and every node agent
+        py_executable: /opt/conda/bin/python # the interpreter on the cluster (default: Ray's own)
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ...core.optiontypes import Checked, Float, Int
 from ...errors import UsageError
 from ..options import BackendOption
 
@@ -30,13 +31,17 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("pending_timeout", float, None,
                   f"Seconds the job may wait for its nodes (placement group pending) before it fails, showing the "
                   f"cluster's resources (default {DEFAULT_PENDING_TIMEOUT:g}); given, a cluster too small now is "
-                  "waited for (an autoscaler may add nodes)."),
+                  "waited for (an autoscaler may add nodes).", kind=Float(positive=True)),
     BackendOption("gpus_per_node", int, None,
-                  "GPUs each node of the job takes (default: the GPU count of the cluster's largest GPU node, 0 without GPUs)."),
-    BackendOption("cpus_per_node", float, 1.0, "CPUs each node of the job reserves in Ray's accounting."),
+                  "GPUs each node of the job takes (default: the GPU count of the cluster's largest GPU node, 0 without GPUs).",
+                  kind=Int(low=0, expected="a GPU count")),
+    BackendOption("cpus_per_node", float, 1.0, "CPUs each node of the job reserves in Ray's accounting.",
+                  kind=Float(expected="a number of CPUs"), metavar="CPUS"),
     BackendOption("remote_python", str, None,
                   "The Python on the cluster nodes, a path or a command (default: the interpreter Ray itself runs with there)."),
-    BackendOption("ray", dict, None, "Job file only: runtime_env additions (pip, env_vars) and py_executable."),
+    # A mapping, so a job-file key only (backend_options.ray), checked by validate_section below.
+    BackendOption("ray", dict, None, "Job file only: runtime_env additions (pip, env_vars) and py_executable.",
+                  kind=Checked(check=lambda section: validate_section(section)), cli=False),
 )
 
 # What a job file's ``ray:`` section may hold: additions to the Ray job's runtime_env.

@@ -1,14 +1,39 @@
-"""The SageMaker backend's options, declared once as data, and the job file's ``sagemaker:`` section.
+"""The SageMaker backend's options, declared once as data, and the job file's ``sagemaker:`` section
+(``SECTIONS``: validated by ``section_options``). What each value must be is said here (``kind``),
+so ``--max-run 0`` or ``sagemaker: {spot: "yes"}`` fails before anything is planned.
 
 Standard library only: ``phalanx run --help`` shows these without importing boto3.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
+from ...core.optiontypes import BadValue, Custom, Int
 from ...errors import UsageError
-from ..options import BackendOption
+from ..options import BackendOption, BackendSection
+
+ROLE_ARN = re.compile(r"arn:aws[a-z\-]*:iam::(\d{12}):role/?[a-zA-Z_0-9+=,.@\-_/]+")
+
+
+def _role(text: str) -> str:
+    if not ROLE_ARN.fullmatch(text.strip()):
+        raise BadValue("an IAM role ARN", "e.g. arn:aws:iam::123456789012:role/NAME")
+    return text.strip()
+
+
+def _s3_prefix(text: str) -> str:
+    if not text.startswith("s3://") or not text[len("s3://"):].strip("/"):
+        raise BadValue("an s3:// URI", "e.g. s3://my-bucket/phalanx")
+    return text
+
+
+def _tag(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise BadValue("KEY=VALUE", "e.g. --tag team=ml")
+    return text
 
 # SageMaker sends SIGTERM on StopTrainingJob and SIGKILL 120 s later ("docker stop -t120",
 # https://docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-training-algo.html). phalanx's
@@ -18,20 +43,26 @@ MAX_GRACE = 110
 
 OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("instance_type", str, "ml.m5.xlarge", "SageMaker instance type of every node, e.g. ml.g5.12xlarge."),
-    BackendOption("role", str, None, "IAM role ARN the training job runs as (or `role:` in the job file's sagemaker: section)."),
+    BackendOption("role", str, None, "IAM role ARN the training job runs as (or `role:` in the job file's sagemaker: section).",
+                  kind=Custom(expected="an IAM role ARN", parser=_role), metavar="ARN"),
     BackendOption("region", str, None, "AWS region (default: AWS_REGION, AWS_DEFAULT_REGION or the profile's)."),
     BackendOption("profile", str, None, "AWS profile of ~/.aws/config (default: AWS_PROFILE)."),
     BackendOption("s3_prefix", str, None,
-                  "s3://bucket/prefix for the job's code, uploads, state and outputs (default: s3://sagemaker-REGION-ACCOUNT/phalanx)."),
+                  "s3://bucket/prefix for the job's code, uploads, state and outputs (default: s3://sagemaker-REGION-ACCOUNT/phalanx).",
+                  kind=Custom(expected="an s3:// URI", parser=_s3_prefix), metavar="URI"),
     BackendOption("image", str, None, "Training image URI (default: AWS's framework image for --framework, the instance and the region)."),
     BackendOption("framework_version", str, None, "Version of the default framework image (default: the newest phalanx knows)."),
     BackendOption("spot", bool, False, "Managed spot training; SageMaker restarts interrupted instances from the checkpoint."),
-    BackendOption("max_run", int, 86400, "Seconds the job may train (MaxRuntimeInSeconds)."),
-    BackendOption("max_wait", int, None, "Seconds a spot job may wait and train in all (MaxWaitTimeInSeconds; default 2x --max-run)."),
-    BackendOption("volume_size", int, 30, "Storage volume per instance in GB (VolumeSizeInGB)."),
+    BackendOption("max_run", int, 86400, "Seconds the job may train (MaxRuntimeInSeconds).",
+                  kind=Int(low=1, expected="a number of seconds"), metavar="SECONDS"),
+    BackendOption("max_wait", int, None, "Seconds a spot job may wait and train in all (MaxWaitTimeInSeconds; default 2x --max-run).",
+                  kind=Int(low=1, expected="a number of seconds"), metavar="SECONDS"),
+    BackendOption("volume_size", int, 30, "Storage volume per instance in GB (VolumeSizeInGB).",
+                  kind=Int(low=1, expected="a size in GB"), metavar="GB"),
     BackendOption("subnets", str, None, "VPC subnets, comma-separated (with --security-groups)."),
     BackendOption("security_groups", str, None, "VPC security groups, comma-separated (with --subnets)."),
-    BackendOption("tag", str, None, "A tag KEY=VALUE on the training job (repeatable).", multiple=True),
+    BackendOption("tag", str, None, "A tag KEY=VALUE on the training job (repeatable).", multiple=True,
+                  kind=Custom(expected="KEY=VALUE", parser=_tag), metavar="KEY=VALUE"),
     BackendOption("volume_kms_key", str, None, "KMS key for the instances' storage volumes."),
     BackendOption("output_kms_key", str, None, "KMS key for the model and output archives."),
 )
@@ -84,6 +115,13 @@ def section_options(section: Any) -> dict[str, Any]:
         if key in kms:
             out[f"{key}_kms_key"] = str(kms[key])
     return out
+
+
+SECTIONS = (
+    BackendSection("sagemaker", "SageMaker settings: the options above by name (role, instance_type, spot, "
+                   "max_run...), plus vpc: {subnets, security_groups}, tags: {KEY: VALUE}, kms: {volume, output} "
+                   "(a mapping; backend_options and flags win over it).", section_options),
+)
 
 
 def effective_grace(grace: float) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,9 @@ from ...core.plan import NodePlan, Plan
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..base import Facts
 from . import images, layout, schema
-from .options import MAX_GRACE, effective_grace
+from .options import MAX_GRACE, ROLE_ARN, effective_grace
 from .request import Request, training_request
 
-ROLE_ARN = re.compile(r"arn:aws[a-z\-]*:iam::(\d{12}):role/?[a-zA-Z_0-9+=,.@\-_/]+")
 # Filled in on the instance at start (entry.py), unless the job sets them itself.
 RUNTIME_ENV = ("SM_NUM_GPUS", "SM_NUM_CPUS")
 

@@ -23,13 +23,26 @@ Without ``--shared-fs`` each host keeps its own copy of the job under ``--remote
   the local ones (``node.py``, :mod:`phalanx.launch.frames`), so ``--state`` uploads,
   ``phalanx resume`` and ``--output`` uploads work from the local copies as for local jobs.
 
-Modules: ``backend.py`` (options, facts, the pure plan, start, preflight, copying),
-``ship.py`` (what is copied and how a host receives it), ``node.py`` (one node's session).
+Modules: ``backend.py`` (facts, the pure plan, start, preflight, copying), ``options.py`` (its
+options, read by ``phalanx run --help`` without importing the rest), ``ship.py`` (what is copied
+and how a host receives it), ``node.py`` (one node's session). This package imports them on first
+use, so reading ``options`` imports nothing else.
 """
 
-from ...launch.frames import PROTOCOL
-from .backend import PREFLIGHT, SshBackend, SshFacts, parse_hosts
-from .ship import Shipment, channel_copy, remote_path, shipments
+from __future__ import annotations
 
-__all__ = ["PREFLIGHT", "PROTOCOL", "Shipment", "SshBackend", "SshFacts", "channel_copy", "parse_hosts", "remote_path",
-           "shipments"]
+from typing import Any
+
+_WHERE = {
+    "PREFLIGHT": "backend", "SshBackend": "backend", "SshFacts": "backend", "parse_hosts": "backend",
+    "PROTOCOL": "backend", "Shipment": "ship", "channel_copy": "ship", "remote_path": "ship", "shipments": "ship",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

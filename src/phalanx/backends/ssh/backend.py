@@ -30,8 +30,8 @@ from ...launch.host import HostFacts
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 from .. import commands
 from ..base import Backend, Facts, NodeHandle
-from ..options import BackendOption
 from .node import SshNode
+from .options import OPTIONS
 from .ship import Shipment, channel_copy, is_single_file, remote_path, shipments
 
 PORT_RANGE = (29400, 29900)
@@ -75,14 +75,7 @@ class SshFacts(Facts):
 
 class SshBackend(Backend):
     name = "ssh"
-    options = (
-        BackendOption("hosts", str, None, "Comma-separated ssh hosts, in node-rank order (node 0 hosts the rendezvous)."),
-        BackendOption("hostfile", str, None, "A file with one host per line (`host [slots=N]`)."),
-        BackendOption("shared_fs", bool, False, "Hosts share this machine's filesystem: no code shipping, no file mirroring."),
-        BackendOption("remote_python", str, None, "Python on the hosts (default: this interpreter's path)."),
-        BackendOption("remote_home", str, "~/.phalanx/remote", "Where jobs live on the hosts (without --shared-fs)."),
-        BackendOption("ssh_config", str, None, "An ssh config file (ssh -F); default: the user's ~/.ssh/config."),
-    )
+    options = OPTIONS  # declared in options.py, which the CLI reads without importing this module
 
     def _facts(self, spec: JobSpec, host: HostFacts) -> SshFacts:
         opts = spec.backend_options
@@ -124,6 +117,7 @@ class SshBackend(Backend):
         context: dict[str, Any] = {"ssh_config": opts["ssh_config"], "shared_fs": shared}
         if not shared:
             context["ship"] = [s.to_dict() for s in shipments(spec, home, paths, remote_home, remote, facts.single_files)]
+            context["remote_home"] = str(opts["remote_home"])  # the remote end expands ~ only under it
             context["trees"] = {"state": [str(remote_home.state_dir(spec.state_key)), str(home.state_dir(spec.state_key))],
                                 "output": [str(remote.output_dir), str(paths.output_dir)]}
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace, context=context)
@@ -172,7 +166,8 @@ class SshBackend(Backend):
             checked.result()
             if shipped is not None:
                 shipped.result()
-        return [SshNode(self.ssh_argv(opts, launch.node.host), launch, paths, stream=not shared, trees=trees)
+        home = str(plan.context.get("remote_home") or "")
+        return [SshNode(self.ssh_argv(opts, launch.node.host), launch, paths, stream=not shared, trees=trees, home=home)
                 for launch in launches]
 
     def preflight(self, opts: Mapping[str, Any], hosts: list[str], plan: Any) -> None:

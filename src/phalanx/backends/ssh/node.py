@@ -29,7 +29,7 @@ class SshNode(NodeHandle):
     kill_margin = 15.0
 
     def __init__(self, ssh_argv: list[str], launch: LaunchFile, paths: JobPaths, stream: bool,
-                 trees: dict[str, tuple[str, Path]] | None = None) -> None:
+                 trees: dict[str, tuple[str, Path]] | None = None, home: str = "") -> None:
         node = launch.node
         self.node_rank = node.node_rank
         self.host = node.host
@@ -42,7 +42,9 @@ class SshNode(NodeHandle):
         remote_cmd = f"exec {shlex.quote(node.agent_argv[0])} -m phalanx.launch.remote"
         self.proc = commands.link([*ssh_argv, remote_cmd], paths.ssh_log(launch.attempt, node.node_rank))
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._send(json.dumps({"launch": launch.to_dict(), "stream": stream,
+        # ``home``: the remote home the plan's paths start with (``~/...``); the remote end expands
+        # ``~`` only under it, so a script's own ``~/x`` argument reaches it as typed.
+        self._send(json.dumps({"launch": launch.to_dict(), "stream": stream, "home": home,
                                "trees": {name: remote for name, (remote, _) in trees.items()}}))
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self._reader.start()

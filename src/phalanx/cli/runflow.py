@@ -1,0 +1,95 @@
+"""What ``phalanx run`` does with its parsed options: build the spec (one library call), then
+dry-run, detach, sweep or run in the foreground, and tell the person at the terminal what
+happened: one line when the job starts, one when it ends (``-q`` silences both)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+
+def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
+    from .. import jobs
+    from ..jobfile import RunOptions, build_spec, build_sweep, resolve
+    from .control import event, report_end
+    from .render import dump_json, warn
+
+    backend_names = {o.name for o in _backend_options()}
+    opts = RunOptions(
+        words=words,
+        backend_options={k: v for k, v in given.items() if k in backend_names},
+        **{k: v for k, v in given.items() if k not in backend_names},
+    )
+    values = resolve(opts)
+    spec, sweep = build_sweep(opts, build_spec(opts, values), values)
+    as_json, quiet = bool(values["as_json"]), bool(values["quiet"])
+    say = (lambda text: None) if quiet else event
+    if sweep is not None:
+        from .sweep import run_sweep_cli
+
+        run_sweep_cli(spec, sweep, dry_run=bool(values["dry_run"]), detach=bool(values["detach"]), as_json=as_json,
+                      clean=bool(values["clean_state"]), warnings=values.warnings, notes=values.notes)
+        return
+    if values["dry_run"]:
+        jobs.check_storage(spec)  # the stores a real run checks first (offline: not the backend's cluster)
+        plan = jobs.plan_job(spec)
+        warn(values.warnings, values.notes)
+        if as_json:
+            dump_json(plan.to_dict(), sys.stdout)
+        else:
+            sys.stdout.write(plan.render())
+        return
+    warn(values.warnings, values.notes)
+    if values["clean_state"]:
+        moved = jobs.clean_state(spec)
+        if moved:
+            say(f"previous state of '{spec.name}' moved to {moved}")
+    if values["detach"]:
+        record = jobs.submit_detached(spec, events=say)
+        if as_json:
+            dump_json({"id": record.id, "name": record.name, "job_dir": record.job_dir}, sys.stdout)
+        else:
+            typer.echo(record.id)
+        return
+    shown = terminal_ranks(values, spec)
+    out = sys.stderr if as_json else sys.stdout  # --json: stdout holds only the JSON
+    record, code = jobs.run(spec, out=out, ranks=shown, events=say, started=None if quiet else announce)
+    if not quiet:
+        report_end(record, shown=shown)
+    if as_json:
+        dump_json(record.to_dict(), sys.stdout)
+    raise typer.Exit(code)
+
+
+def _backend_options() -> tuple[Any, ...]:
+    from ..backends.options import backend_options
+
+    return backend_options()
+
+
+def announce(record: Any) -> None:
+    """The start line: which job, and where its logs are."""
+    from .control import event
+
+    event(f"job {record.id} ({record.name}) started: {record.topology} on {record.backend}; "
+          f"logs: phalanx logs {record.id} (in {record.job_dir})")
+
+
+def terminal_ranks(values: Any, spec: Any) -> set[int] | None:
+    """Which ranks' output the terminal shows: --ranks, torchrun's --local-ranks-filter (local
+    ranks of every node) and --redirects (a rank whose output torchrun would redirect to a file
+    is not shown; phalanx logs every rank anyway). None: all."""
+    nproc, nnodes = spec.procs_per_node_started, spec.resources.nnodes
+    world = range(nproc * nnodes)
+    shown: set[int] | None = set(values["ranks"]) if values["ranks"] is not None else None
+    if values["local_ranks_filter"] is not None:
+        local = {n * nproc + r for n in range(nnodes) for r in values["local_ranks_filter"] if r < nproc}
+        shown = local if shown is None else shown & local
+    redirects = values["redirects"]
+    if redirects and redirects != "0":
+        hidden = set(world) if ":" not in redirects else {
+            int(rank) for rank, _, how in (p.partition(":") for p in redirects.split(",")) if how != "0"}
+        shown = (set(world) if shown is None else shown) - hidden
+    return shown

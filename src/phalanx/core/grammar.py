@@ -1,0 +1,118 @@
+"""Option values with a syntax of their own (a topology, a node range, an endpoint, ...): each
+parser takes the user's text and returns the value, or raises BadValue saying what it must be.
+Pure."""
+
+from __future__ import annotations
+
+import re
+
+from .optiontypes import MAX_NODES, MAX_PROCS_PER_NODE, BadValue
+
+_TOPOLOGY = re.compile(r"^\s*(?:(\d+)\s*[xX]\s*)?(\d+)\s*$")
+
+
+def topology(text: str) -> tuple[int, int]:
+    """``"4"`` -> (1, 4); ``"2x4"`` -> (2, 4)."""
+    match = _TOPOLOGY.match(text)
+    if not match:
+        raise BadValue("NPROC or NNODESxNPROC, e.g. 4 or 2x4")
+    nnodes, nproc = _count(match.group(1) or "1"), _count(match.group(2))
+    _check_counts(nnodes, nproc)
+    return nnodes, nproc
+
+
+def _count(digits: str) -> int:
+    return int(digits) if len(digits) <= 12 else 10**12  # beyond any limit below, without a huge int
+
+
+def _check_counts(nnodes: int, nproc: int) -> None:
+    if nnodes < 1 or nproc < 1:
+        raise BadValue("counts of at least 1, e.g. 4 or 2x4")
+    if nnodes > MAX_NODES or nproc > MAX_PROCS_PER_NODE:
+        raise BadValue(f"at most {MAX_NODES:,} nodes of at most {MAX_PROCS_PER_NODE:,} processes each")
+
+
+def node_range(text: str) -> tuple[int, int]:
+    """torchrun's ``--nnodes``: ``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4), an elastic range."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
+    if not match:
+        raise BadValue("a number of nodes, or MIN:MAX for an elastic range (e.g. 2 or 1:4)")
+    low = _count(match.group(1))
+    high = _count(match.group(2)) if match.group(2) is not None else low
+    if low < 1 or high < low or high > MAX_NODES:
+        raise BadValue(f"a number of nodes of at least 1 and at most {MAX_NODES:,}, or MIN:MAX with MIN <= MAX")
+    return low, high
+
+
+def procs_per_node(text: str) -> int | str:
+    """torchrun's ``--nproc-per-node``: a number, or gpu, cpu, auto (resolved on this machine)."""
+    word = text.strip()
+    if word in ("gpu", "cpu", "auto"):
+        return word
+    if not re.fullmatch(r"\d+", word) or not 1 <= _count(word) <= MAX_PROCS_PER_NODE:
+        raise BadValue(f"a number of processes from 1 to {MAX_PROCS_PER_NODE:,}, or gpu, cpu, auto")
+    return int(word)
+
+
+def endpoint(text: str) -> str:
+    """``host[:port]`` (torchrun's --rdzv-endpoint; its port defaults to 29400)."""
+    host, sep, port = text.strip().rpartition(":") if ":" in text and not text.strip().endswith("]") else (text, "", "")
+    host = host.strip() if sep else text.strip()
+    if not host or " " in host or (sep and not (port.isdigit() and 0 <= int(port) <= 65535)):
+        raise BadValue("HOST or HOST:PORT, e.g. node1.example.com:29400")
+    return text.strip()
+
+
+def stream_spec(text: str) -> str:
+    """torchrun's ``--redirects``/``--tee``: 0-3 for every rank, or ``RANK:N,...``."""
+    word = text.strip()
+    if re.fullmatch(r"[0-3]", word) or re.fullmatch(r"\d+:[0-3](,\d+:[0-3])*", word):
+        return word
+    raise BadValue("0 (none), 1 (stdout), 2 (stderr), 3 (both), or RANK:N pairs such as 0:3,1:0")
+
+
+def rank_list(text: str) -> tuple[int, ...]:
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or not all(re.fullmatch(r"\d{1,9}", w) for w in words):
+        raise BadValue("rank numbers separated by commas, e.g. 0 or 0,3")
+    return tuple(sorted({int(w) for w in words}))
+
+
+def regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise BadValue("a regular expression", f"{exc}") from None
+    return text
+
+
+def metric_regex(text: str) -> str:
+    regex(text)
+    if re.compile(text).groups < 1:
+        raise BadValue("a regular expression with a group for the number", "e.g. loss=([0-9.eE+-]+)")
+    return text
+
+
+def metric_name(text: str) -> str:
+    if not text.strip():
+        raise BadValue("NAME=REGEX with a name, e.g. loss=loss=([0-9.]+)")
+    return text.strip()
+
+
+def channel_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", text.strip()):
+        raise BadValue("an input name: letters, digits, - and _, starting with a letter")
+    return text.strip()
+
+
+def objective(text: str) -> str:
+    name, _, direction = text.strip().partition(":")
+    if not name or direction not in ("", "min", "max"):
+        raise BadValue("METRIC:min or METRIC:max, e.g. val_loss:min")
+    return text.strip()
+
+
+def python_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", text.strip()):
+        raise BadValue("a module name such as my_pkg.train")
+    return text.strip()

@@ -1,0 +1,286 @@
+"""Every option of ``phalanx run`` and of a job file, declared once.
+
+From this table (plus each backend's own options, ``backends/options.py``) come the flags of
+``phalanx run`` (``cli/runcmd.py``), the job-file keys and their validation (``jobfile.py``),
+the values a ``JobSpec`` is built from, and the option reference ``docs/options.md``
+(``cli/optdocs.py``, checked by a test). To add an option: add one ``Option`` here, then use
+its value where the spec is built (``jobfile.build_spec``) if it is not a plain field.
+
+An option is read from the command line as text (``flags``), from a job file as a YAML value
+(``file``: the key, ``sweep.trials`` for a nested one), and both go through the same
+``type`` (``core/optiontypes.py``), so the two can never disagree. The command line beats the
+job file; the job file beats ``default``. Pure data; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .grammar import (
+    channel_name,
+    endpoint,
+    metric_name,
+    metric_regex,
+    node_range,
+    objective,
+    procs_per_node,
+    python_name,
+    rank_list,
+    regex,
+    stream_spec,
+    topology,
+)
+from .optiontypes import (
+    MAX_NODES,
+    MAX_PROCS_PER_NODE,
+    Bool,
+    Choice,
+    Custom,
+    Float,
+    Int,
+    ListOf,
+    MappingOf,
+    Str,
+    ValueType,
+    env_name,
+    shell_words,
+)
+
+GROUPS = {
+    "what": "What runs",
+    "topology": "Topology",
+    "torchrun": "torchrun's rendezvous and launch settings",
+    "terminal": "At the terminal",
+    "survival": "Failures, retries and state",
+    "monitoring": "Metrics and resources",
+    "data": "Data in, results out",
+    "sweep": "Sweeps (a search space in the script's arguments)",
+    "backend": "Backend options",
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``name`` is its key in ``RunOptions`` and, unless ``file`` says otherwise, in
+    the job file; ``flags`` its command-line spellings (none: job file only); ``file`` None: the
+    command line only. ``flag_value``: the option is a flag without a value that sets this.
+    ``backends``: the backends that honour it (empty: all); given for another, it is an error.
+    ``field``: the ``JobSpec`` field it ends up in (documentation; ``jobfile`` does the work).
+    ``expands``: a backend's own job-file section (``backends/options.py: BackendSection``)."""
+
+    name: str
+    type: ValueType
+    help: str
+    flags: tuple[str, ...] = ()
+    group: str = "what"
+    default: Any = None
+    default_doc: str = ""  # the default in words, when it is computed
+    file: str | None = ""  # "" = name
+    field: str | None = None
+    backends: tuple[str, ...] = ()
+    flag_value: Any = None
+    metavar: str = ""
+    label: str = ""  # how messages name it, when not by its first long flag
+    # A backend's job-file section (``sagemaker:``): its value is a mapping of that backend's
+    # options, which go into the spec as if given one by one, under those given by name.
+    expands: bool = False
+
+    @property
+    def file_key(self) -> str | None:
+        return self.name if self.file == "" else self.file
+
+    @property
+    def is_flag(self) -> bool:
+        return self.flag_value is not None
+
+    @property
+    def repeatable(self) -> bool:
+        return isinstance(self.type, (ListOf, MappingOf)) and not (isinstance(self.type, ListOf) and self.type.commas)
+
+    @property
+    def takes_value(self) -> bool:
+        return bool(self.flags) and not self.is_flag
+
+    @property
+    def main_flag(self) -> str:
+        if self.label:
+            return self.label
+        long = [f for f in self.flags if f.startswith("--")]
+        return (long or list(self.flags) or [f"{self.file_key}:"])[0]
+
+    @property
+    def shown_metavar(self) -> str:
+        return self.metavar or self.type.metavar
+
+    def default_text(self) -> str:
+        if self.default_doc:
+            return self.default_doc
+        if self.default is None or self.default == () or self.default == {}:
+            return ""
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        return str(self.default)
+
+
+# -- the table -----------------------------------------------------------------------------
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    # What runs
+    Option("job_file", Str(expected="a path"), "A YAML job file; options given here override it.",
+           ("-f", "--file"), file=None, metavar="FILE"),
+    Option("script", Str(expected="a path"), "The Python file to run (on the command line: the first word after the options).",
+           file="script", field="entrypoint"),
+    Option("module", Custom(expected="a module name", parser=python_name), "Run a Python module, like python -m; "
+           "everything after it goes to the module.", ("-m", "--module"), field="entrypoint", metavar="MODULE"),
+    Option("command", ListOf(item=Str(), split=shell_words), "Any command, as a list or a string split like a shell "
+           "(on the command line: a first word that is not a .py file, or --no-python).", field="entrypoint"),
+    Option("args", ListOf(item=Str(allow_empty=True), split=shell_words),
+           "Arguments of the script, module or command: a list, or a string split like a shell "
+           "(\"--lr 0.1\" is two arguments). Arguments typed after the script override flags of the same name.",
+           field="entrypoint"),
+    Option("no_python", Bool(), "Run the first word as a command, not with python, even if it is a .py file "
+           "(torchrun's --no-python).", ("--no-python", "--no_python"), flag_value=True, field="entrypoint"),
+    Option("name", Str(), "Job name: the state directory and `phalanx status NAME` go by it.", ("--name",),
+           field="name", default_doc="the script's or module's name"),
+    Option("workdir", Str(expected="a path"), "Directory the job runs in.", ("--workdir",), field="workdir",
+           default_doc="the current directory (the job file's, with -f)", metavar="DIR"),
+    Option("env", MappingOf(key=env_name), "Extra environment variable KEY=VALUE (repeatable; job file: a mapping).",
+           ("-e", "--env"), field="env"),
+    Option("framework", Choice(choices=("torch", "tf", "jax")), "torch, tf or jax.", ("--framework",),
+           field="framework", default="torch", label="framework"),
+    Option("spawn", Choice(choices=("auto", "self")), "auto, or self: one process per node that spawns its own "
+           "workers; {node_rank}-style placeholders in the arguments are filled in only then.", ("--spawn",),
+           field="spawn", default="auto"),
+    Option("local_rank_arg", Choice(choices=("--local-rank", "--local_rank")), "Append this argument with each "
+           "worker's local rank (--local-rank=N), as python -m torch.distributed.launch did without --use-env.",
+           ("--local-rank-arg", "--local_rank_arg"), field="entrypoint", metavar="FLAG"),
+    Option("backend", Str(), "Where the job runs: local, ssh, slurm, or an installed backend.", ("--backend",),
+           field="backend", default_doc="local (setting: backend)"),
+    # Topology
+    Option("n", Custom(expected="a topology", parser=topology), "Topology: NPROC or NNODESxNPROC (e.g. 4, 2x4).",
+           ("-n", "--n"), group="topology", field="resources", metavar="TOPOLOGY", label="-n"),
+    Option("nnodes", Custom(expected="a node count", parser=node_range), "Number of nodes, or MIN:MAX for an "
+           "elastic job that runs with as many nodes as join (torchrun's spelling).", ("--nnodes",),
+           group="topology", field="resources", metavar="N|MIN:MAX"),
+    Option("nproc_per_node", Custom(expected="a process count", parser=procs_per_node), "Processes per node: "
+           "a number, or gpu, cpu, auto (as torchrun counts them on this machine).",
+           ("--nproc-per-node", "--nproc_per_node"), group="topology", field="resources", metavar="N"),
+    Option("standalone", Bool(), "One node with its own rendezvous on a free port (torchrun's --standalone; "
+           "phalanx always does this for jobs on this machine).", ("--standalone",), group="topology",
+           flag_value=True, backends=("local",)),
+    # torchrun
+    Option("node_rank", Int(high=MAX_NODES - 1), "This machine is node N of a job started by hand on each machine "
+           "(torchrun's static rendezvous, with --master-addr/--master-port).", ("--node-rank", "--node_rank"),
+           group="torchrun", field="rendezvous", backends=("local",)),
+    Option("master_addr", Str(), "Address of node 0, which hosts the rendezvous (torchrun's static rendezvous).",
+           ("--master-addr", "--master_addr"), group="torchrun", field="rendezvous", backends=("local",),
+           metavar="ADDR"),
+    Option("master_port", Int(low=1, high=65535), "Port of the rendezvous on node 0.",
+           ("--master-port", "--master_port"), group="torchrun", field="rendezvous", backends=("local",),
+           metavar="PORT"),
+    Option("rdzv_backend", Str(), "torchrun's rendezvous backend (c10d, static, etcd-v2) for a job whose other "
+           "nodes join from other machines.", ("--rdzv-backend", "--rdzv_backend"), group="torchrun",
+           field="rendezvous", backends=("local",), metavar="NAME"),
+    Option("rdzv_endpoint", Custom(expected="an endpoint", parser=endpoint), "Where the rendezvous is, HOST[:PORT].",
+           ("--rdzv-endpoint", "--rdzv_endpoint"), group="torchrun", field="rendezvous", backends=("local",),
+           metavar="HOST:PORT"),
+    Option("rdzv_id", Str(), "The rendezvous id every node of the job shares.", ("--rdzv-id", "--rdzv_id"),
+           group="torchrun", field="rendezvous", backends=("local",), metavar="ID"),
+    Option("rdzv_conf", Str(), "torchrun's rendezvous settings, KEY=VALUE,... (e.g. join_timeout=900).",
+           ("--rdzv-conf", "--rdzv_conf"), group="torchrun", field="rendezvous", backends=("local",),
+           metavar="CONF"),
+    Option("max_restarts", Int(high=10_000), "torchrun's in-place worker restarts.",
+           ("--max-restarts", "--max_restarts"), group="torchrun", field="max_restarts", default=0),
+    Option("monitor_interval", Float(positive=True), "Seconds between torchrun's checks of its workers.",
+           ("--monitor-interval", "--monitor_interval"), group="torchrun", field="monitor_interval", default=0.1),
+    # At the terminal
+    Option("ranks", Custom(expected="ranks", parser=rank_list), "Only show the output of these ranks at the "
+           "terminal, e.g. 0 or 0,3 (every rank's output is in its log).", ("--ranks",), group="terminal",
+           file=None, metavar="RANKS"),
+    Option("local_ranks_filter", Custom(expected="local ranks", parser=rank_list), "Only show the output of "
+           "these local ranks of every node (torchrun's spelling of --ranks).",
+           ("--local-ranks-filter", "--local_ranks_filter"), group="terminal", file=None, metavar="RANKS"),
+    Option("redirects", Custom(expected="a stream setting", parser=stream_spec), "torchrun's --redirects: ranks "
+           "whose output it redirects are not shown at the terminal (phalanx logs every rank's output anyway).",
+           ("--redirects",), group="terminal", file=None, metavar="N|RANK:N,..."),
+    Option("tee", Custom(expected="a stream setting", parser=stream_spec), "torchrun's --tee: accepted; phalanx "
+           "always both logs every rank's output and shows it at the terminal.", ("--tee",), group="terminal",
+           file=None, metavar="N|RANK:N,..."),
+    Option("log_dir", Str(expected="a path"), "Also copy every rank's log to DIR/NAME-ID/logs/ at the end "
+           "(torchrun's --log-dir; the same as --output DIR, which copies the outputs too).",
+           ("--log-dir", "--log_dir"), group="terminal", file=None, metavar="DIR"),
+    Option("quiet", Bool(), "No start and end lines from phalanx (the script's output and errors still show).",
+           ("-q", "--quiet"), group="terminal", file=None, flag_value=True),
+    Option("as_json", Bool(), "Machine-readable output: only JSON on stdout (the script's output goes to stderr).",
+           ("--json",), group="terminal", file=None, flag_value=True),
+    Option("dry_run", Bool(), "Check everything a run checks, print the plan (per-node argv and env), and exit.",
+           ("--dry-run",), group="terminal", file=None, flag_value=True),
+    Option("detach", Bool(), "Run in the background; print the job id.", ("-d", "--detach"), group="terminal",
+           file=None, flag_value=True),
+    # Failures, retries and state
+    Option("grace", Float(), "Seconds between SIGTERM and SIGKILL when stopping.", ("--grace",), group="survival",
+           field="grace", default_doc="30 (setting: grace)"),
+    Option("max_retries", Int(high=10_000), "Rerun the whole job up to N times after a failure.", ("--max-retries",),
+           group="survival", field="max_retries", default=0),
+    Option("no_retry_on", ListOf(item=Custom(expected="a regular expression", parser=regex)), "A failure whose output "
+           "matches this regex is final (repeatable; replaces the defaults; job file: a list, or one pattern).",
+           ("--no-retry-on",), group="survival", field="no_retry_on", metavar="REGEX",
+           default_doc="CUDA out of memory, OutOfMemoryError, unrecognized arguments, ModuleNotFoundError, SyntaxError"),
+    Option("retry_on_exit_codes", ListOf(item=Int(expected="an exit code", high=255), commas=True),
+           "Only retry these exit codes, e.g. 1,137.", ("--retry-on-exit-codes",), group="survival",
+           field="retry_on_exit_codes", metavar="CODES"),
+    Option("stall_timeout", Float(positive=True), "Fail (and dump stacks) when no rank prints for this many seconds.",
+           ("--stall-timeout",), group="survival", field="stall_timeout"),
+    Option("state", Str(expected="a URI"), "Sync the state directory with this URI (s3://, gs://, file://, path).",
+           ("--state",), group="survival", field="state_uri", metavar="URI"),
+    Option("clean_state", Bool(), "Start from an empty state directory (the old one is moved aside).",
+           ("--clean-state",), group="survival", file=None, flag_value=True),
+    # Metrics and resources
+    Option("metrics", MappingOf(key=metric_name, item=Custom(expected="a regular expression", parser=metric_regex),
+                                expected="a mapping of metric name to regular expression", metavar="NAME=REGEX"),
+           "A metric NAME=REGEX over each rank's output; group 1 is the value (repeatable; job file: a mapping).",
+           ("--metric",), group="monitoring", field="metrics"),
+    Option("auto_metrics", Bool(), "Pick up name=value numbers automatically (--no-auto-metrics: do not).",
+           ("--no-auto-metrics",), group="monitoring", field="auto_metrics", default=True, flag_value=False),
+    Option("sample_interval", Float(positive=True), "Seconds between resource samples.", ("--sample-interval",),
+           group="monitoring", field="sample_interval", default=5.0),
+    # Data in, results out
+    Option("inputs", MappingOf(key=channel_name, item=Str(expected="a URI"),
+                               expected="a mapping of input name to URI", metavar="NAME=URI"),
+           "Input channel NAME=URI: a path, s3://, gs://, http(s)://, job:NAME[/state]; URI#extract unpacks an "
+           "archive (repeatable; job file: a mapping, paths relative to the file).", ("--input",), group="data",
+           field="channels"),
+    Option("output", Str(expected="a URI"), "Upload PHALANX_OUTPUT_DIR and the logs to this URI at the end.",
+           ("--output",), group="data", field="output_uri", metavar="URI"),
+    Option("skip_if_done", Bool(), "Do nothing if the last successful run of this name had the same code, "
+           "command and inputs.", ("--skip-if-done",), group="data", field="skip_if_done", default=False,
+           flag_value=True),
+    Option("snapshot", Bool(), "Run from a copy of the working directory taken at submit time "
+           "(--no-snapshot: from the directory itself).", ("--no-snapshot",), group="data", field="snapshot",
+           default=True, flag_value=False),
+    # Sweeps
+    Option("strategy", Choice(choices=("grid", "random", "tpe")), "grid, random or tpe.", ("--strategy",),
+           group="sweep", file="sweep.strategy", default_doc="grid when every value is finite, else random"),
+    Option("trials", Int(low=1), "Number of trials (random, tpe; caps a grid).", ("--trials",), group="sweep",
+           file="sweep.trials"),
+    Option("seed", Int(low=None), "Seed of random and tpe.", ("--seed",), group="sweep", file="sweep.seed",
+           default=0),
+    Option("objective", Custom(expected="an objective", parser=objective), "METRIC:min or METRIC:max; the metric "
+           "must be a --metric or appear in the script.", ("--objective",), group="sweep", file="sweep.objective",
+           metavar="METRIC:DIR"),
+    Option("early_stop", Choice(choices=("median", "halving")), "Prune hopeless trials: median or halving.",
+           ("--early-stop",), group="sweep", file="sweep.early_stop"),
+    Option("parallel", Int(low=1), "At most this many trials at once.", ("--parallel",), group="sweep",
+           file="sweep.parallel", default_doc="as many as fit"),
+    Option("fail_fast", Bool(), "Stop at the first failed trial.", ("--fail-fast",), group="sweep",
+           file="sweep.fail_fast", default=False, flag_value=True),
+)
+
+TOPOLOGY_OPTIONS = ("n", "nnodes", "nproc_per_node")
+RENDEZVOUS_OPTIONS = ("node_rank", "master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf")
+SWEEP_OPTIONS = tuple(o.name for o in RUN_OPTIONS if o.group == "sweep")
+
+
+def by_name(options: tuple[Option, ...] = RUN_OPTIONS) -> dict[str, Option]:
+    return {o.name: o for o in options}
