@@ -161,11 +161,12 @@ def _age(seconds: Any) -> str:
 
 
 def ui_cmd(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs --token."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; any other than loopback is served with a token (made for you)."),
     port: int = typer.Option(0, "--port", help="Port (default 0: a free one)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Require this token on every request (?token= or Authorization: Bearer)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Require this token (16+ characters; default: a strong one is made when not on loopback)."),
 ) -> None:
-    """Serve the dashboard (jobs, logs, metric and resource charts) until Ctrl-C."""
+    """Serve the dashboard (jobs and sweeps: filter, compare, stop, resume, delete; logs, metric
+    and resource charts, artifacts) until Ctrl-C."""
     from ..errors import MissingDependency
 
     try:
@@ -177,4 +178,7 @@ def ui_cmd(
         typer.echo(f"phalanx ui: {url}  (Ctrl-C stops)")
         sys.stdout.flush()
 
-    serve(host=host, port=port, token=token, announce=announce)
+    def warn(text: str) -> None:
+        typer.echo(text, err=True)
+
+    serve(host=host, port=port, token=token, announce=announce, warn=warn)

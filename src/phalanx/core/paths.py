@@ -5,7 +5,7 @@
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
       state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
-      sweeps/<id>/                    a sweep's own files (runner.log when detached)
+      sweeps/<id>/                    a sweep's own files (runner.log when detached, sampler.pkl for tpe)
       cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
       cache/code/pyc/<dev>-<ino>-...  their bytecode, compiled once for every job that runs them
       cache/channels/<key>/           a remote (or extracted) input, staged; key = sha256(source)[:16]
@@ -34,6 +34,7 @@
           rank_<r>/metrics.jsonl      the same as JSON lines, from phalanx before metrics.bin (read only)
           rank_<r>/user_metrics.jsonl metrics the script wrote itself (PHALANX_METRICS_FILE)
           rank_<r>/output.log         stdout+stderr of global rank r, in order
+          rank_<r>/output.idx         "time size" lines: how long output.log was when (logs --since)
           rank_<r>/error.json         the rank's uncaught exception, if any
           rank_<r>/proc.json          the rank's pid, node and host, written at start
           rank_<r>/torchelastic_error.json  TORCHELASTIC_ERROR_FILE of a rank started without torchrun (-n 1)
@@ -95,6 +96,10 @@ class HomePaths:
 
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.root / "sweeps" / sweep_id
+
+    def sweep_sampler(self, sweep_id: str) -> Path:
+        """The search's sampler state (pickled Optuna sampler), kept so a resume continues it."""
+        return self.sweep_dir(sweep_id) / "sampler.pkl"
 
     def sweep_code(self, sweep_id: str) -> tuple[Path, Path]:
         """The code snapshot a sweep's trials share, and its manifest."""
@@ -252,6 +257,10 @@ class JobPaths:
 
     def rank_log(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "output.log"
+
+    def rank_log_index(self, attempt: int, rank: int) -> Path:
+        """When the rank's log had which size (``monitor/logindex.py``: ``logs --since``)."""
+        return self.rank_dir(attempt, rank) / "output.idx"
 
     def rank_error(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "error.json"

@@ -38,9 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import endings
 from ..core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
 from ..core.spec import JobSpec
 from ..core.state import JobState
+from ..monitor import logindex
 from ..store import JobRecord, Store
 from .plan import NodePlan, Plan
 from .procs import ChildWatcher, signal_name
@@ -262,6 +264,7 @@ class JobRun:
             self._collector.poll(final=final, max_bytes=None if final else 32 << 20)
         except OSError as exc:  # metrics are an aid; never let them stop the job
             self.say(f"warning: reading metrics failed: {exc}")
+        logindex.note(self.paths, self.plan.attempt)  # logs --since: how long each log is now
 
     def _attempt_over(self, codes: list[int | None]) -> None:
         self._collect(final=True)
@@ -270,6 +273,7 @@ class JobRun:
         outcome = self._outcome(codes)
         retry, reason = _should_retry(self.spec, outcome, self.retries, self.paths, self.plan)
         _log_attempt(self.paths, self.plan.attempt, self._started, outcome, retry, reason)
+        endings.attempt_over(self, outcome, retry, reason)  # notify a retry
         if retry:
             self.retries += 1
             self.say(f"attempt {self.plan.attempt} {outcome.kind} (exit {outcome.exit_code}): {_short(outcome)}; "
@@ -304,6 +308,7 @@ class JobRun:
         outcome = _upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = _finish(self.store, self.record, outcome)
+        endings.job_ended(self, outcome)  # usage, metric summary, notification
 
 
 # -- attempts that outlived their supervisor ------------------------------------------------
