@@ -169,7 +169,9 @@ def job_row(record: JobRecord, metrics: dict[str, dict[str, Any]] | None = None,
     row["tags"] = tags or {}
     summary = metrics or {}
     row["columns"] = {c.label: (summary.get(c.metric) or {}).get(c.agg) for c in columns}
-    if live_usage and (record.gpu_hours is None or not is_terminal(record.state)):
+    # Counted up to now while it runs; a job that ended has it recorded (one recorded before
+    # accounting existed shows none in lists: ``status`` still counts it).
+    if live_usage and not is_terminal(record.state):
         from .monitor.accounting import job_usage
 
         used = job_usage(record)

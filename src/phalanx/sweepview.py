@@ -16,6 +16,17 @@ from .core.state import JobState, is_terminal
 from .store import JobRecord, Store
 
 
+def param_order(sweep: Any) -> list[str]:
+    """The sweep's parameters in the order the command line gives them."""
+    try:
+        from .sweeps.space import parse_space
+
+        args = json.loads(sweep.spec_json)["entrypoint"]["args"]
+        return [p.name for p in parse_space(args).params]
+    except Exception:  # noqa: BLE001 - a spec of another version: the trials' order will do
+        return []
+
+
 def pruned_info(record: JobRecord) -> dict[str, Any] | None:
     """For a pruned trial: the step it was stopped at, its objective then, and why (the sweep
     runner records them)."""
@@ -35,7 +46,7 @@ def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
 
     trials = store.trials(sweep.id)
     recorded = metrics_of(store, [t.id for t in trials])
-    params: list[str] = []
+    params: list[str] = param_order(sweep)
     metrics: list[str] = []
     rows = []
     for t in trials:

@@ -369,14 +369,28 @@ def test_tokens_and_hosts_of_phalanx_ui():
         access("127.0.0.1", "x")
     with pytest.raises(UsageError, match="repeats too few different characters"):
         access("0.0.0.0", "a" * 32)
-    with pytest.raises(UsageError, match="cannot resolve --host 'no-such-host.invalid'"):
-        access("no-such-host.invalid", None)
+    with pytest.raises(UsageError, match="cannot resolve --host 'no such host'"):
+        access("no such host", None)
     loopback, token = access("0.0.0.0", None)
     assert not loopback and token is not None and len(token) >= 32, "a strong token is made for a public address"
     assert access("0.0.0.0", None)[1] != token
     assert access("127.0.0.2", None) == (True, None) and access("localhost", None) == (True, None)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.0.0.2")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")
+
+
+def test_a_name_dns_does_not_know_is_said_so(monkeypatch):
+    """Resolution itself failing (DNS answers NXDOMAIN): stood in for by getaddrinfo raising
+    what it raises then, so no query leaves this machine."""
+    from phalanx.errors import UsageError
+    from phalanx.web import guard
+
+    def nxdomain(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(guard.socket, "getaddrinfo", nxdomain)
+    with pytest.raises(UsageError, match="cannot resolve --host 'dashboard.example.org'; give an address"):
+        guard.resolve("dashboard.example.org")
 
 
 def test_the_peer_of_a_loopback_connection_is_known_by_its_uid():
@@ -405,5 +419,5 @@ def test_ui_command_refuses_a_weak_token_and_an_unresolvable_host(demo_env):
     register(app)
     weak = CliRunner().invoke(app, ["ui", "--token", "abc"])
     assert weak.exit_code != 0 and "too weak" in str(weak.exception)
-    lost = CliRunner().invoke(app, ["ui", "--host", "no-such-host.invalid"])
+    lost = CliRunner().invoke(app, ["ui", "--host", "no such host"])
     assert lost.exit_code != 0 and "cannot resolve" in str(lost.exception)

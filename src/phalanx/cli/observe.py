@@ -27,10 +27,17 @@ def metrics_cmd(
     jsonl: bool = typer.Option(False, "--jsonl", help="Every record as a JSON line (name, value, step, epoch, rank, "
                                "attempt, time), all ranks unless --rank: the export of the compact metrics files."),
 ) -> None:
-    """Metrics of a job: last / min / max / count per metric, and a sparkline by step."""
+    """Metrics of a job: last / min / max / count per metric, and a sparkline by step (a
+    sweep: every trial's final values)."""
     from .. import jobs
     from ..monitor.report import metrics_report
+    from . import sweepcmds
     from .render import dump_json
+
+    sweep = sweepcmds.sweep_named(job)
+    if sweep is not None and not jsonl:
+        sweepcmds.metrics(sweep, as_json)
+        return
 
     if jsonl:
         from ..monitor.report import export_metrics
@@ -63,7 +70,7 @@ def _num(value: float) -> str:
 def top_cmd(
     job: str = typer.Argument(..., help="Job id, id prefix or name."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes."),
-    once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
+    once: bool = typer.Option(False, "--once", help="Print one frame and exit (what it does anyway when not on a terminal)."),
 ) -> None:
     """Live CPU, RAM, GPU use per node and rank of a job (from its resource samples)."""
     from .. import jobs
@@ -76,7 +83,7 @@ def top_cmd(
         raise UsageError(f"invalid --interval {interval:g}", "use a number of seconds above 0, e.g. --interval 2")
     record = jobs.get_job(job)
     frame = top_frame(record)
-    if once or is_terminal(record.state):
+    if once or is_terminal(record.state) or not sys.stdout.isatty():  # piped or logged: one snapshot
         _render_top(frame, sys.stdout)
         return
     from rich.console import Console

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import socket
 from http.cookies import SimpleCookie
@@ -237,10 +238,20 @@ async def _plain(send: Any, status: int, text: str, headers: dict[str, str]) -> 
     await send({"type": "http.response.body", "body": body})
 
 
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
+
+
 def resolve(host: str) -> list[str]:
-    """The addresses ``host`` names (UsageError when it names none)."""
+    """The addresses ``host`` names (UsageError when it names none). A name that is no host
+    name at all is refused without asking DNS."""
     from ..errors import UsageError
 
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOSTNAME.match(host or ""):
+            raise UsageError(f"cannot resolve --host '{host}': it is not a host name",
+                             "give an address of this machine (127.0.0.1, 0.0.0.0, ::1) or a name it resolves") from None
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError):
