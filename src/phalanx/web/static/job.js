@@ -289,6 +289,9 @@
     // Artifacts: images and text shown in place, everything downloadable.
     async function refreshArtifacts() {
       const data = await get(`/api/jobs/${job}/artifacts`);
+      const key = JSON.stringify(data);
+      if (key === refreshArtifacts.shown) return;  // unchanged: keep what the person opened
+      refreshArtifacts.shown = key;
       $("art-where").textContent = data.uploaded ? `uploaded to ${data.location}` : (data.files.length ? data.location : "");
       if (!data.files.length) {
         $("artifacts").replaceChildren(el("p", { class: "muted", text: "no outputs: files the script writes to $PHALANX_OUTPUT_DIR show here" }));
