@@ -123,7 +123,7 @@
           el("div", { class: "track" }, el("div", {
             class: "span " + cls, style: `left:${(100 * (a.start - t0)) / span}%;width:${Math.max(0.8, (100 * (end - a.start)) / span)}%`,
           })),
-          a.message && outcome !== "succeeded" ? el("div", { class: "amsg", text: a.message + (after ? ` → ${after}` : "") }) : null);
+          a.message && outcome !== "succeeded" && a.message !== outcome ? el("div", { class: "amsg", text: a.message + (after ? ` → ${after}` : "") }) : null);
       });
       $("attempts").replaceChildren(...rows);
     }
