@@ -57,6 +57,8 @@ FILE_KEYS = {
     "backend_options": "options of the backend (mapping), e.g. {hosts: 'gpu1,gpu2'} for ssh",
     "sagemaker": "SageMaker settings: role, instance_type, vpc, volume_size, tags, kms, max_run, max_wait... (mapping)",
     "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
+    "tags": "labels of the job (mapping KEY: VALUE), as --tag",
+    "notify": "where the outcome is sent (a list of webhook URLs, mailto:ADDR, desktop), as --notify",
 }
 SWEEP_KEYS = ("strategy", "trials", "seed", "objective", "early_stop", "parallel", "fail_fast")
 
@@ -99,6 +101,8 @@ class RunOptions:
     early_stop: str | None = None
     parallel: int | None = None
     fail_fast: bool | None = None
+    tags: list[str] = field(default_factory=list)  # KEY=VALUE
+    notify: list[str] = field(default_factory=list)
 
 
 def load_job_file(path: str) -> dict[str, Any]:
@@ -209,10 +213,27 @@ def build_spec(opts: RunOptions) -> JobSpec:
         from .backends.sagemaker.options import section_options
 
         file_opts = {**section_options(file["sagemaker"]), **file_opts}
-    spec = spec.with_(backend_options={**file_opts, **given})
+    spec = spec.with_(backend_options={**file_opts, **given}, **_labels(opts, file))
     if spec.max_restarts < 0 or spec.grace < 0 or spec.max_retries < 0:
         raise UsageError("--max-restarts, --max-retries and --grace must not be negative", "use 0 or more")
     return spec
+
+
+def _labels(opts: RunOptions, file: dict[str, Any]) -> dict[str, Any]:
+    """--tag and --notify (the job file's ``tags:`` and ``notify:``; the notify setting by default)."""
+    from .core.spec import parse_tag
+    from .supervise.notify import default_targets, parse_targets
+
+    file_tags = file.get("tags") or {}
+    if not isinstance(file_tags, dict):
+        raise UsageError("the job file's 'tags' must be a mapping", "e.g. tags: {team: vision}")
+    tags = dict(parse_tag(f"{k}={v}") for k, v in file_tags.items())
+    tags.update(parse_tag(t) for t in opts.tags)
+    given = list(opts.notify)
+    if not given and file.get("notify"):
+        listed = file["notify"]
+        given = [listed] if isinstance(listed, str) else [str(t) for t in listed]
+    return {"tags": tags, "notify": parse_targets(given) if given else default_targets()}
 
 
 def _pick(cli: Any, file: dict[str, Any], key: str, default: Any) -> Any:

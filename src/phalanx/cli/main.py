@@ -138,7 +138,8 @@ def run_cmd(
     volume_size: Optional[int] = typer.Option(None, "--volume-size", help=_help("sagemaker", "volume_size")),
     subnets: Optional[str] = typer.Option(None, "--subnets", help=_help("sagemaker", "subnets")),
     security_groups: Optional[str] = typer.Option(None, "--security-groups", help=_help("sagemaker", "security_groups")),
-    tags: List[str] = typer.Option([], "--tag", help=_help("sagemaker", "tag")),
+    tags: List[str] = typer.Option([], "--tag", help="A label KEY=VALUE of the job (repeatable): a filter in ps and the dashboard; SageMaker also tags its training job with it."),
+    notify: List[str] = typer.Option([], "--notify", help="Send the outcome to URL (a webhook, Slack-compatible), mailto:ADDR or desktop (repeatable; default: the notify setting)."),
     volume_kms_key: Optional[str] = typer.Option(None, "--volume-kms-key", help=_help("sagemaker", "volume_kms_key")),
     output_kms_key: Optional[str] = typer.Option(None, "--output-kms-key", help=_help("sagemaker", "output_kms_key")),
     gpus: Optional[str] = typer.Option(None, "--gpus", help=_help("skypilot", "gpus")),
@@ -176,7 +177,7 @@ def run_cmd(
             auto_metrics=False if no_auto_metrics else None, sample_interval=sample_interval,
             inputs=inputs, output=output, skip_if_done=skip_if_done or None, snapshot=False if no_snapshot else None,
             strategy=strategy, trials=trials, seed=seed, objective=objective, early_stop=early_stop,
-            parallel=parallel, fail_fast=fail_fast or None,
+            parallel=parallel, fail_fast=fail_fast or None, tags=tags, notify=notify,
             backend_options={"hosts": hosts, "hostfile": hostfile, "shared_fs": shared_fs, "remote_python": remote_python,
                              "ssh_config": ssh_config, "remote_home": remote_home,
                              "partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
@@ -184,7 +185,7 @@ def run_cmd(
                              "instance_type": instance_type, "role": role, "region": region, "profile": profile,
                              "s3_prefix": s3_prefix, "image": image, "framework_version": framework_version, "spot": spot,
                              "max_run": max_run, "max_wait": max_wait, "volume_size": volume_size, "subnets": subnets,
-                             "security_groups": security_groups, "tag": tags, "volume_kms_key": volume_kms_key,
+                             "security_groups": security_groups, "volume_kms_key": volume_kms_key,
                              "output_kms_key": output_kms_key, "gpus": gpus, "infra": infra, "disk_size": disk_size,
                              "cpus": cpus, "memory": memory, "cluster": cluster, "managed": managed, "setup": setup,
                              "address": address, "token_file": token_file, "pending_timeout": pending_timeout, "cpus_per_node": cpus_per_node},
@@ -226,6 +227,7 @@ def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
     from .control import register as register_control
     from .data import register as register_data
+    from .manage import register as register_manage
     from .observe import register as register_observe
     from .sweep import sweep_app
 
@@ -233,6 +235,7 @@ def _register_subcommands() -> None:
     app.add_typer(sweep_app, name="sweep")
     register_observe(app)
     register_data(app)
+    register_manage(app)
 
 
 _register_subcommands()

@@ -216,6 +216,11 @@ class JobSpec:
     # The state directory's key ($PHALANX_HOME/state/<key>), shared on purpose only: the
     # --name given, or derived from --state; resolved per job otherwise (storage/statedir.py).
     state_name: str = ""
+    # Labels of the job (--tag KEY=VALUE): filters in ps and the dashboard; SageMaker also
+    # puts them on the training job's Tags.
+    tags: Mapping[str, str] = field(default_factory=dict)
+    # Where the job's outcome is announced (--notify): webhook URLs, mailto:ADDR, desktop.
+    notify: tuple[str, ...] = ()
 
     @property
     def state_key(self) -> str:
@@ -250,6 +255,8 @@ class JobSpec:
         data["metrics"] = [asdict(m) for m in self.metrics]
         data["backend_options"] = dict(self.backend_options)
         data["channels"] = [asdict(c) for c in self.channels]
+        data["tags"] = dict(self.tags)
+        data["notify"] = list(self.notify)
         return data
 
     @classmethod
@@ -282,6 +289,8 @@ class JobSpec:
             snapshot=bool(data.get("snapshot", False)),
             code_dir=str(data.get("code_dir", "")),
             state_name=str(data.get("state_name", "")),
+            tags={str(k): str(v) for k, v in (data.get("tags") or {}).items()},
+            notify=tuple(str(t) for t in data.get("notify") or ()),
         )
 
 
@@ -318,6 +327,18 @@ def in_snapshot(spec: JobSpec, code_dir: str, shipped: bool = False) -> JobSpec:
             rel = os.path.relpath(target, root)
             entry = replace(entry, target=os.path.join(code_dir, rel), typed=rel)
     return spec.with_(workdir=code_dir, entrypoint=entry, code_dir="")
+
+
+_TAG_KEY = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,128}$")
+
+
+def parse_tag(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (the --tag syntax) -> (key, value)."""
+    key, sep, value = str(text).partition("=")
+    key = key.strip()
+    if not sep or not _TAG_KEY.match(key) or len(value) > 256:
+        raise UsageError(f"invalid --tag '{text}'", "use KEY=VALUE, the key of letters, digits and _.:/@+-, e.g. --tag team=vision")
+    return key, value
 
 
 def merge_args(base: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[str, ...]:
