@@ -6,6 +6,7 @@ Each setting's environment variable is ``PHALANX_<KEY>`` upper-cased.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,35 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("grace", 30.0, float, "Seconds a stopped job gets between SIGTERM and SIGKILL."),
     Setting("ps_limit", 50, int, "Rows `phalanx ps --all` shows unless --limit is given."),
     Setting("state_sync_interval", 60.0, float, "Seconds between uploads of the state directory to --state."),
+    # The control room (issue 16): notifications, and prices for the estimated cost of jobs.
+    Setting("notify", "", str, "Where job and sweep outcomes go when --notify is not given (comma-separated)."),
+    Setting("smtp_host", "localhost", str, "SMTP server for mailto: notifications."),
+    Setting("smtp_port", 25, int, "Its port."),
+    Setting("smtp_security", "none", str, "none, starttls or ssl."),
+    Setting("smtp_user", "", str, "SMTP login (none when empty)."),
+    Setting("smtp_password", "", str, "SMTP password."),
+    Setting("smtp_from", "", str, "The From address (default phalanx@HOST)."),
+    Setting("prices", {}, lambda text: _mapping(text, "prices"),
+            "Prices per hour: an instance type, a GPU model, or cpu, e.g. {ml.g5.xlarge: 1.41, H100: 2.5, cpu: 0.04}."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
+
+
+def _mapping(text: str, key: str) -> dict[str, float]:
+    """A YAML mapping of name -> number (the config file's value arrives as its repr, which
+    YAML reads too; the environment variable as YAML or JSON)."""
+    import yaml
+
+    from .errors import UsageError
+
+    try:
+        data = yaml.safe_load(text) if text.strip() else {}
+        if not isinstance(data, dict):
+            raise ValueError(text)
+        return {str(k): float(v) for k, v in data.items()}
+    except (yaml.YAMLError, ValueError, TypeError):
+        raise UsageError(f"setting '{key}' must map names to numbers, not {text[:60]!r}",
+                         f"e.g. {key}: {{H100: 2.5, cpu: 0.04}} in config.yaml") from None
 
 
 def home() -> Path:
@@ -68,5 +96,6 @@ def get(key: str) -> Any:
         return setting.parse(os.environ[setting.env_var])
     values = _file_values()
     if key in values:
-        return setting.parse(str(values[key]))
+        value = values[key]
+        return setting.parse(json.dumps(value) if isinstance(value, (dict, list)) else str(value))
     return setting.default

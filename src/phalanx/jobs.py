@@ -256,6 +256,21 @@ def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events
     return store.sweeps.get(sweep.id), code
 
 
+def wait_sweep(sweep_id: str, timeout: float | None = None, poll: float = 0.5) -> SweepRecord:
+    """Block until the sweep ends (a vanished runner counts: LOST); returns its record. Raises
+    ``WaitTimeout`` after ``timeout`` seconds. Writes nothing."""
+    store = open_store()
+    sweep = effective(store.sweeps.get(sweep_id))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not is_terminal(sweep.state):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"sweep {sweep.id} still {sweep.state.value} after {timeout:g}s",
+                              f"wait longer or look: phalanx sweep show {sweep.id}")
+        time.sleep(poll)
+        sweep = effective(store.sweeps.get(sweep_id))
+    return sweep
+
+
 def stop_sweep(sweep: SweepRecord, timeout: float | None = None) -> SweepRecord:
     """Cancel every running trial of a sweep and the sweep itself. Idempotent; blocks."""
     store = open_store()

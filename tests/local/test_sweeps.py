@@ -67,7 +67,7 @@ def test_grid_sweep_runs_every_combination_with_its_params(phx_home, trial_scrip
     show = json.loads(phalanx("sweep", "show", sweeps[0]["id"], "--json", check=True).stdout)
     assert [t["params"] for t in show["trials"]][0] == {"bs": 2, "lr": 0.1}  # best first
     assert "best loss=" in proc.stderr
-    assert "[sweep 6/6, best loss=" in phalanx("ps", "--all", check=True).stdout
+    assert "[sweep 6/6 done, best loss=" in phalanx("ps", "--all", check=True).stdout
 
 
 def test_concurrency_never_exceeds_parallel(phx_home, trial_script, tmp_path):

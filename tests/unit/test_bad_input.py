@@ -169,6 +169,18 @@ ARGV: list[tuple[list[str], int, str]] = [
     (["metrics", "x", "--attempt", "-1"], 2, "invalid --attempt -1"),
     (["ui", "--port", "99999"], 2, "not in the range"),
     (["ps", "--limit", "many"], 2, "'many' is not a valid integer"),
+    # --tag and --notify (labels and notifications, every backend)
+    (["run", "--tag", "team", "t.py"], 2, "invalid --tag 'team'; use KEY=VALUE"),
+    (["run", "--tag", "=vision", "t.py"], 2, "invalid --tag '=vision'; use a tag key of 1 to 128 letters"),
+    (["run", "--tag", "team vision=x", "t.py"], 2, "invalid --tag 'team vision=x'; use a tag key"),
+    (["run", "--tag", "team=" + "v" * 257, "t.py"], 2, "use a tag value of at most 256 characters"),
+    (["run", "--notify", "ftp://example.org/x", "t.py"], 2,
+     "invalid --notify 'ftp://example.org/x'; use a webhook URL (https://...), mailto:ADDR or desktop"),
+    (["run", "--notify", "mailto:nobody", "t.py"], 2, "'nobody' is not an email address"),
+    (["run", "--notify", "https://:443/x", "t.py"], 2, "no host in the URL"),
+    (["run", "--notify", "http://host:port/x", "t.py"], 2, "the port is not a number"),
+    (["run", "--notify", " , ", "t.py"], 2, "invalid --notify ' , '"),
+    (["run", "--notify", "slack", "t.py"], 2, "invalid --notify 'slack'"),
 ]
 
 # (job-file text, exit code, fragment). Run as `phalanx run --dry-run -f job.yaml`.
@@ -255,6 +267,16 @@ FILES: list[tuple[str, int, str]] = [
     ("script: t.py\nbackend: ray\nbackend_options: {pending_timeout: .nan}\n", 2, "backend_options.pending_timeout: expected a number of seconds above 0"),
     ("script: t.py\nbackend: skypilot\nbackend_options: {disk_size: big}\n", 2,
      "job.yaml:3: backend_options.disk_size: expected a size in GB of at least 1, got 'big'"),
+    # tags: and notify:
+    ("script: t.py\ntags: [team=vision]\n", 2, "job.yaml:2: tags: expected a mapping of tag key to value, got a list"),
+    ("script: t.py\ntags: {'team vision': x}\n", 2, "job.yaml:2: tags.team vision: expected a tag key of 1 to 128 letters"),
+    ("script: t.py\ntags: {team: null}\n", 2, "job.yaml:2: tags.team: expected a tag value"),
+    ("script: t.py\ntags: {team: " + "v" * 257 + "}\n", 2, "tags.team: expected a tag value of at most 256 characters"),
+    ("script: t.py\nnotify: ftp://example.org/x\n", 2,
+     "job.yaml:2: notify: expected a webhook URL (https://...), mailto:ADDR or desktop, got 'ftp://example.org/x'"),
+    ("script: t.py\nnotify: [desktop, mailto:nobody]\n", 2, "job.yaml:2: notify[1]: expected mailto: and email addresses"),
+    ("script: t.py\nnotify: {url: 'https://h/x'}\n", 2, "job.yaml:2: notify: expected a list of"),
+    ("script: t.py\nnotify: true\n", 2, "job.yaml:2: notify: expected a list of"),
 ]
 
 
@@ -354,6 +376,19 @@ MEANINGS: list[tuple[str | None, list[str], str, object]] = [
      {"instance_type": "n2-standard-8", "spot": True}),
     ("script: t.py\nbackend: ray\nbackend_options: {ray: {pip: einops==0.8.0, env_vars: {A: 1}}}\n", [],
      "backend_options", {"ray": {"pip": ["einops==0.8.0"], "env_vars": {"A": "1"}}}),
+    # --tag / tags: and --notify / notify: (labels and notifications, every backend)
+    ("script: t.py\ntags: {team: vision, run: 3}\n", ["--tag", "team=audio", "--tag", "empty="], "tags",
+     {"team": "audio", "run": "3", "empty": ""}),
+    (None, ["--tag", "a/b:c@d=x=y", "t.py"], "tags", {"a/b:c@d": "x=y"}),
+    (None, ["--backend", "sagemaker", "--tag", "team=ml", "t.py"], "tags", {"team": "ml"}),
+    (None, ["--backend", "sagemaker", "--tag", "team=ml", "t.py"], "backend_options", {}),
+    (None, ["--notify", "https://hooks.example/x, mailto:a@x.org,b@x.org", "--notify", "desktop", "--notify",
+            "desktop", "t.py"], "notify", ("https://hooks.example/x", "mailto:a@x.org,b@x.org", "desktop")),
+    ("script: t.py\nnotify: mailto:me@x.org\n", [], "notify", ("mailto:me@x.org",)),
+    ("script: t.py\nnotify: [desktop, 'https://hooks.example/y']\n", [], "notify", ("desktop", "https://hooks.example/y")),
+    ("script: t.py\nnotify: [desktop]\n", ["--notify", "mailto:me@x.org"], "notify", ("mailto:me@x.org",)),
+    (None, ["t.py"], "notify", ()),
+    (None, ["t.py"], "tags", {}),
 ]
 
 
@@ -375,6 +410,17 @@ def test_valid_input_keeps_its_meaning(project, text, argv, path, value):
     got = _attr(build_spec(opts), path)
     expected = value.replace("{cwd}", str(project)) if isinstance(value, str) else value
     assert got == expected
+
+
+def test_notify_defaults_to_the_setting_and_a_flag_replaces_it(project, monkeypatch, capsys):
+    from phalanx.jobfile import build_spec
+
+    monkeypatch.setenv("PHALANX_NOTIFY", "https://hooks.example/x, mailto:a@x.org,b@x.org")
+    assert build_spec(_run_options(["t.py"])).notify == ("https://hooks.example/x", "mailto:a@x.org,b@x.org")
+    assert build_spec(_run_options(["--notify", "desktop", "t.py"])).notify == ("desktop",)
+    monkeypatch.setenv("PHALANX_NOTIFY", "ftp://x")
+    exit_code, _, err = cli(["run", "--dry-run", "t.py"], capsys)
+    assert_one_line_error(exit_code, err, 2, "invalid --notify 'ftp://x'")
 
 
 def _run_options(args: list[str]):

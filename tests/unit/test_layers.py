@@ -21,8 +21,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
-    ("query",),  # read-only views
-    ("jobs",),  # the library's verbs
+    ("query", "lists", "sweepview"),  # read-only views; filtered listings (ps, dashboard); a sweep's trial table
+    ("jobs", "cleanup"),  # the library's verbs; rm and prune
     ("jobfile", "web"),  # job file + flags -> spec; the dashboard
     ("cli",),
     ("__init__", "__main__"),  # the public API, ``python -m phalanx``

@@ -93,7 +93,7 @@ def test_the_cli_and_the_dashboard_only_look(world):
                                                                     "stuck": "LOST", "sw1": "LOST"}
     status = CliRunner().invoke(app, ["status", "orphan"])
     assert "state     LOST" in status.output and "root cause: node ?: the supervisor (pid" in status.output
-    client = TestClient(create_app(check_host=False))
+    client = TestClient(create_app(), base_url="http://127.0.0.1:8000")  # the dashboard as `phalanx dashboard` serves it
     assert client.get("/api/jobs/orphan").json()["state"] == "LOST"
     assert {j["id"]: j["state"] for j in client.get("/api/jobs").json()}["orphan"] == "LOST"
     show = CliRunner().invoke(app, ["sweep", "show", "sw1", "--json"])

@@ -94,7 +94,7 @@ def test_older_jsonl_files_read_the_same_everywhere(paths):
 
 def test_the_dashboard_charts_both_formats_alike(paths):
     pytest.importorskip("starlette")
-    from phalanx.web import data
+    from phalanx.web import series as data  # the dashboard's chart data (web/series.py)
 
     log(paths, "val=3\nstep=1 loss=0.9\nstep=2 loss=0.5\n")
     MetricsCollector(paths, 0).poll()

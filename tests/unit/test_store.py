@@ -201,3 +201,41 @@ def test_job_ids_skip_directories_a_moved_store_left(tmp_path, monkeypatch):
     draws = iter(["0000aaaa", "0000bbbb", "0000cccc"])
     monkeypatch.setattr(db.secrets, "token_hex", lambda n: next(draws))
     assert new_job_id(query.home()) == "0000cccc"
+
+
+def test_a_store_from_before_the_control_room_upgrades_in_place(tmp_path):
+    """A store phalanx left at schema 4 (main before issue 16: jobs, sweeps and their trials)
+    gains migration 5 (tags, metric summaries, usage columns) when opened, keeping every row;
+    the listings of ps and the dashboard then work on the old jobs."""
+    from phalanx.store.listing import Filter, Sort, metrics_of, page_jobs, save_metrics, set_tags, tags_of
+
+    path = tmp_path / "v4.db"
+    conn = sqlite3.connect(path)
+    for number in range(4):
+        conn.executescript(MIGRATIONS[number])
+    conn.execute("PRAGMA user_version = 4")
+    columns = "id, name, state, backend, nnodes, nproc_per_node, command, job_dir, spec_json, created_at"
+    conn.execute(f"INSERT INTO jobs ({columns}) VALUES ('aa000001', 'old', 'SUCCEEDED', 'local', 1, 2, 't.py', '/tmp/a', '{{}}', 1.0)")
+    conn.execute("INSERT INTO sweeps (id, name, state, strategy, command, topology, spec_json, settings_json, sweep_dir, created_at)"
+                 " VALUES ('bb000001', 'sw', 'SUCCEEDED', 'grid', 't.py', '1x1', '{}', '{}', '/tmp/s', 2.0)")
+    conn.execute(f"INSERT INTO jobs ({columns}, sweep_id, trial, params_json) VALUES "
+                 "('cc000001', 'sw', 'SUCCEEDED', 'local', 1, 1, 't.py', '/tmp/c', '{}', 3.0, 'bb000001', 0, '{\"lr\": 0.1}')")
+    conn.commit()
+    conn.close()
+
+    store = Store(path)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
+    old = store.get("aa000001")
+    assert (old.name, old.state, old.nproc_per_node) == ("old", JobState.SUCCEEDED, 2)
+    assert (old.gpu_hours, old.cpu_hours, old.cost) == (None, None, None), "usage of old jobs is unknown, not zero"
+    assert [t.id for t in store.trials("bb000001")] == ["cc000001"]
+    assert store.sweeps.get("bb000001").name == "sw"
+    listed = page_jobs(store, Filter(), Sort(), 10)
+    assert [r.id for r in listed.rows] == ["aa000001"], "trials stay under their sweep"
+    set_tags(store, "aa000001", {"team": "vision"})
+    save_metrics(store, "aa000001", {"loss": {"last": 0.5, "min": 0.25, "max": 1.0, "count": 3, "step": 2}})
+    assert tags_of(store, ["aa000001"]) == {"aa000001": {"team": "vision"}}
+    assert metrics_of(store, ["aa000001"])["aa000001"]["loss"]["min"] == 0.25
+    assert [r.id for r in page_jobs(store, Filter(tags=(("team", "vision"),)), Sort(), 10).rows] == ["aa000001"]
+    Store(path)  # opening again migrates nothing
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 5

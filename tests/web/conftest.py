@@ -30,6 +30,39 @@ class Demo:
     home: Path
     ok: str  # id of the succeeded job
     failed: str  # id of the failed job
+    sweep: str = ""  # a 4-trial sweep: two trials finish, two are pruned by the median rule
+    outputs: str = ""  # a tagged job that wrote outputs (an image, text, bytes, an HTML file)
+
+
+SWEEP_TRIAL = """
+import argparse, time
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float, required=True)
+p.add_argument("--width", type=int, default=8)
+p.add_argument("--steps", type=int, default=8)
+a = p.parse_args()
+for step in range(1, a.steps + 1):
+    print(f"step={step} loss={a.lr * 10 / step:.5f} acc={1 - a.lr / 10 / step:.5f}", flush=True)
+    time.sleep(0.35)
+"""
+
+OUTPUTS = r"""
+import json, os, struct, zlib
+out = os.environ["PHALANX_OUTPUT_DIR"]
+def png(width, height):
+    raw = b"".join(b"\x00" + b"".join(bytes((x * 4 % 256, y * 5 % 256, 180)) for x in range(width)) for y in range(height))
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+os.makedirs(os.path.join(out, "plots"), exist_ok=True)
+open(os.path.join(out, "plots", "curve.png"), "wb").write(png(64, 48))
+json.dump({"accuracy": 0.91, "note": "summary of the run"}, open(os.path.join(out, "summary.json"), "w"))
+open(os.path.join(out, "model.bin"), "wb").write(os.urandom(2048))
+open(os.path.join(out, "report.html"), "w").write("<script>document.title='pwned'</script>")
+for step in range(1, 6):
+    print(f"step={step} loss={1 / step:.4f} acc={0.5 + step / 20:.3f}", flush=True)
+"""
 
 
 def _job_dir(home: Path, job_id: str) -> Path:
@@ -38,7 +71,7 @@ def _job_dir(home: Path, job_id: str) -> Path:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> Demo:
-    from phalanx import jobs
+    from phalanx import jobs, query
     from phalanx.core.paths import JobPaths
     from phalanx.core.spec import parse_metric
     from phalanx.monitor.metrics import MetricsCollector
@@ -69,10 +102,21 @@ def demo(tmp_path_factory) -> Demo:
                 collector.stop()
         phalanx("run", "--name", "broken", "-n", "2", str(EXAMPLES / "train_ddp.py"), "--epochs", "1",
                 "--steps-per-epoch", "10", "--fail-at-step", "3", "--fail-rank", "1", "--checkpoint-every", "0", env=env)
-        failed = jobs.get_job("broken").id
+        failed = query.get_job("broken").id
         if not wired:
             MetricsCollector(JobPaths(_job_dir(home, failed)), 0).poll(final=True)
-    return Demo(home, ok, failed)
+        scripts = home.parent / "scripts"
+        scripts.mkdir()
+        (scripts / "sweep_trial.py").write_text(SWEEP_TRIAL)
+        (scripts / "outputs.py").write_text(OUTPUTS)
+        phalanx("run", "--name", "sweepy", "--objective", "loss:min", "--early-stop", "median", "--parallel", "1",
+                "--sample-interval", "0.25", str(scripts / "sweep_trial.py"), "--lr", "[0.1, 0.2, 3.0, 5.0]",
+                "--width", "[8]", check=True, env=env)
+        sweep = query.find_sweep("sweepy").id
+        phalanx("run", "--name", "outputs", "--tag", "team=vision", "--tag", "stage=eval", str(scripts / "outputs.py"),
+                check=True, env=env)
+        outputs = query.get_job("outputs").id
+    return Demo(home, ok, failed, sweep, outputs)
 
 
 @pytest.fixture

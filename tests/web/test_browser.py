@@ -1,31 +1,31 @@
-"""What a person sees: a real headless Chromium against a real ``phalanx ui`` server."""
+"""What a person sees and does: a real headless Chromium (driven through the DevTools protocol,
+``cdp.py``) against a real ``phalanx ui`` server. Screenshots of the job list, a job, a sweep
+and a stop go to ``tmp_path`` (and to ``$PHALANX_SCREENSHOTS`` when set, to look at them)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT, phalanx
+from tests.web.cdp import CHROMIUM, Browser
 from tests.web.conftest import UiServer
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)")
 
-
-def chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:
-    profile = tmp_path / "chromium-profile"
-    return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=8000", *args, url],
-        capture_output=True, text=True, timeout=120,
-    )
+RENDERED = "document.body.dataset.rendered"
+CHARTS = "document.body.dataset.charts"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ui(demo):
     server = UiServer(demo.home)
     try:
@@ -34,40 +34,185 @@ def ui(demo):
         server.stop()
 
 
-def test_job_page_shows_charts_and_logs(ui, demo, tmp_path):
-    dom = chromium(tmp_path, f"{ui.url}jobs/{demo.ok}", "--dump-dom").stdout
-    assert dom.count('class="main-svg"') >= 4, "metric and resource charts are drawn by plotly"
-    assert 'data-chart="metric:loss"' in dom and 'data-chart="cpu:0"' in dom and 'data-chart="mem:0"' in dom
-    assert "epoch=2 step=40 loss=" in dom, "the rank's log is shown"
-    assert "rank 1" in dom and "SUCCEEDED" in dom and "attempt 0" in dom
-    shot = tmp_path / "job.png"
-    chromium(tmp_path, f"{ui.url}jobs/{demo.ok}", f"--screenshot={shot}", "--window-size=1280,1600")
-    assert shot.exists() and shot.stat().st_size > 50_000, "a screenshot with content (charts, log)"
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+@pytest.fixture(scope="module")
+def browser():
+    with Browser() as b:
+        yield b
 
 
-def test_failed_job_page_shows_root_cause(ui, demo, tmp_path):
-    dom = chromium(tmp_path, f"{ui.url}jobs/{demo.failed}", "--dump-dom").stdout
-    assert "Root cause" in dom and "rank 1 on node 0" in dom and "injected failure at step 3" in dom
-    assert 'id="cause-box" class="cause" hidden' not in dom
+def shot(b: Browser, tmp_path: Path, name: str) -> Path:
+    path = b.screenshot(tmp_path / f"{name}.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000, "a screenshot with content"
+    keep = os.environ.get("PHALANX_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
+    return path
 
 
-def test_jobs_list_and_compare(ui, demo, tmp_path):
-    dom = chromium(tmp_path, ui.url, "--dump-dom").stdout
-    assert f'href="/jobs/{demo.ok}"' in dom and "SUCCEEDED" in dom and "FAILED" in dom
-    dom = chromium(tmp_path, f"{ui.url}compare?jobs={demo.ok},{demo.failed}", "--dump-dom").stdout
-    assert 'data-chart="loss"' in dom and 'class="main-svg"' in dom
-    assert f"{demo.ok} ddp" in dom and f"{demo.failed} broken" in dom
+def test_jobs_list_filters_columns_and_sorting(ui, demo, browser, tmp_path):
+    b = browser
+    b.open(ui.url)
+    b.wait_for(RENDERED, what="the list")
+    b.wait_for("document.querySelectorAll('#list-body tr').length === 3", what="three jobs")
+    text = b.text("#list")
+    for job in (demo.ok, demo.failed, demo.outputs):
+        assert job in text
+    assert "SUCCEEDED" in text and "FAILED" in text and "train_ddp.py --epochs 2" in text and "team=vision" in text
+    assert b.wait_for("document.getElementById('count').textContent") == "1–3 of 3 jobs"
+    # A metric column, added the way a person does it, then sorted by.
+    b.evaluate("document.getElementById('f-col').value = 'loss'; document.getElementById('filters').requestSubmit()")
+    b.wait_for("[...document.querySelectorAll('#list-head th')].some(th => th.textContent.startsWith('LOSS'))", what="the LOSS column")
+    b.wait_for("document.querySelectorAll('#list-body tr td.metric, #list-body td.num.mono').length >= 3")
+    b.evaluate("[...document.querySelectorAll('#list-head th')].find(th => th.textContent.startsWith('LOSS')).click()")
+    b.wait_for("location.search.includes('sort=loss')", what="the sort in the URL")
+    column = "[...document.querySelectorAll('#list-body tr')].map(tr => parseFloat(tr.querySelectorAll('td.mono')[1].textContent))"
+    b.wait_for(f"(v => v.length === 3 && v.every((x, i) => i === 0 || v[i - 1] <= x))({column})", what="rows sorted by loss")
+    assert b.evaluate("[...document.querySelectorAll('#list-head th')].find(th => th.textContent.startsWith('LOSS')).className").count("sorted")
+    shot(b, tmp_path, "jobs")
+    # Filtered by a URL a person can share: one failed job.
+    b.open(ui.url + "?state=failed")
+    b.wait_for(RENDERED)
+    b.wait_for("document.querySelectorAll('#list-body tr').length === 1")
+    assert demo.failed in b.text("#list-body") and demo.ok not in b.text("#list-body")
+    b.open(ui.url + "?columns=nosuchmetric")
+    b.wait_for(RENDERED)
+    assert "no job has a metric 'nosuchmetric'" in b.wait_for("document.getElementById('error').textContent")
+    b.open(ui.url + "?view=sweeps")
+    b.wait_for(RENDERED)
+    b.wait_for("document.querySelectorAll('#list-body tr').length === 1")
+    assert "4/4 done, 2 pruned, best loss=0.125 (trial 0)" in b.text("#list-body")
+
+
+def test_job_page_charts_logs_and_controls(ui, demo, browser, tmp_path):
+    b = browser
+    b.open(f"{ui.url}jobs/{demo.ok}")
+    b.wait_for(CHARTS, timeout=60, what="the charts")
+    charts = b.evaluate("[...document.querySelectorAll('[data-chart]')].map(d => d.dataset.chart)")
+    assert {"metric:loss", "cpu:0", "mem:0", "disk:0", "net:0"} <= set(charts)
+    assert b.evaluate("document.querySelectorAll('.main-svg').length") >= 6, "plotly drew them"
+    b.wait_for("document.getElementById('log').textContent.includes('epoch=2 step=40 loss=')", what="the rank's log")
+    assert "rank 1" in b.text("#topology") and "succeeded" in b.text("#attempts")
+    facts = b.text("#job-facts")
+    assert "CPU-hours" in facts and "1x2 (2 ranks) on local" in facts
+    assert b.evaluate("[...document.querySelectorAll('#actions button')].map(x => x.textContent)") == ["Run again", "Delete"]
+    traces = "document.querySelector('[data-chart=\"metric:loss\"]').data.length"
+    before = b.evaluate(traces)
+    b.evaluate("const s = document.getElementById('m-smooth'); s.value = 0.8; s.dispatchEvent(new Event('input'))")
+    assert b.wait_for(f"{traces} === {2 * before} && {traces}", what="a smoothed and a faint raw line per rank")
+    b.evaluate("const c = document.getElementById('m-log'); c.checked = true; c.dispatchEvent(new Event('change'))")
+    b.wait_for("document.querySelector('[data-chart=\"metric:loss\"]').layout.yaxis.type === 'log'", what="log scale")
+    b.evaluate("const x = document.getElementById('m-x'); x.value = 'wall'; x.dispatchEvent(new Event('change'))")
+    b.wait_for("document.querySelector('[data-chart=\"metric:loss\"]').layout.xaxis.type === 'date'", what="a time axis")
+    b.evaluate(f"document.getElementById('overlay-job').value = 'broken'; document.getElementById('overlay').requestSubmit()")
+    b.wait_for(f"document.querySelector('[data-chart=\"metric:loss\"]').data.some(t => (t.name || '').startsWith('{demo.failed}'))",
+               what="the failed job overlaid")
+    shot(b, tmp_path, "job")
+    b.evaluate("document.getElementById('log-query').value = 'step=12 '; document.getElementById('log-search').requestSubmit()")
+    assert "1 lines match" in b.wait_for("document.getElementById('log-matches').textContent")
+
+
+def test_failed_job_page_shows_root_cause_and_attempt_outcome(ui, demo, browser, tmp_path):
+    b = browser
+    b.open(f"{ui.url}jobs/{demo.failed}")
+    b.wait_for(RENDERED)
+    b.wait_for("!document.getElementById('cause-box').hidden", what="the root cause")
+    cause = b.text("#cause-box")
+    assert "rank 1 on node 0" in cause and "injected failure at step 3" in cause and "Traceback" in cause
+    assert "failed" in b.text("#attempts") and "injected failure" in b.text("#attempts")
+    assert b.evaluate("[...document.querySelectorAll('#actions button')].map(x => x.textContent)") == ["Resume", "Run again", "Delete"]
+
+
+def test_artifacts_are_previewed(ui, demo, browser, tmp_path):
+    b = browser
+    b.open(f"{ui.url}jobs/{demo.outputs}")
+    b.wait_for(CHARTS, timeout=60)
+    b.wait_for("document.querySelector('.gallery img') && document.querySelector('.gallery img').naturalWidth === 64",
+               what="the image shown")
+    b.evaluate("[...document.querySelectorAll('#artifacts button')].find(x => x.textContent === 'preview').click()")
+    assert '"accuracy": 0.91' in b.wait_for("[...document.querySelectorAll('pre.artifact-text')].map(p => p.textContent).join('')")
+    links = b.evaluate("[...document.querySelectorAll('#artifacts a[download]')].map(a => a.getAttribute('download'))")
+    assert set(links) == {"model.bin", "curve.png", "report.html", "summary.json"}
+    assert b.evaluate("document.title") != "pwned"
+    assert "team=vision" in b.text("#job-facts")
+
+
+def test_sweep_page_table_and_plots(ui, demo, browser, tmp_path):
+    b = browser
+    b.open(f"{ui.url}sweeps/{demo.sweep}")
+    b.wait_for(CHARTS, what="the sweep's plots")
+    rows = b.evaluate("[...document.querySelectorAll('#trials-body tr')].map(tr => [tr.className, tr.innerText])")
+    assert len(rows) == 4
+    assert "best" in rows[0][0] and "★ 0.125" in rows[0][1]
+    for cls, text in rows[2:]:
+        assert "PRUNED" in text and "at step" in text and "row-PRUNED" in cls
+    assert "median rule" in b.evaluate("document.querySelectorAll('#trials-body tr')[2].title")
+    assert "4/4 done, 2 pruned, best loss=0.125 (trial 0)" in b.text("#sweep-progress")
+    b.wait_for("document.querySelectorAll('#parcoords .scatterlayer .trace').length >= 2", what="the parallel coordinates")
+    assert b.evaluate("document.querySelector('[data-chart=\"scatter:lr\"]') !== null")
+    assert b.evaluate("document.querySelector('[data-chart=\"scatter:width\"]') === null"), "a parameter with one value is not plotted"
+    assert b.evaluate("document.querySelector('[data-chart=\"scatter:lr\"]').data.some(t => t.name === 'pruned')")
+    shot(b, tmp_path, "sweep")
+
+
+LONG_JOB = """
+import time
+for step in range(1, 100000):
+    print(f"step={step} loss={1 / step:.5f}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_stop_a_running_job_from_its_page(browser, tmp_path):
+    """The action a person takes: Stop, a confirmation, and the page shows the job cancelled."""
+    home = tmp_path / "home"
+    script = tmp_path / "long.py"
+    script.write_text(LONG_JOB)
+    env = {"PHALANX_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    job = json.loads(phalanx("run", "-d", "--json", "--name", "long", "--grace", "5", str(script), check=True, env=env).stdout)["id"]
+    server = UiServer(home)
+    b = browser
+    try:
+        b.open(f"{server.url}jobs/{job}")
+        b.wait_for("document.getElementById('job-state').textContent === 'RUNNING'", timeout=60, what="the job running")
+        b.wait_for("!!document.querySelector('#actions .act-stop')", what="the Stop button")
+        b.wait_for("document.getElementById('log').textContent.includes('step=3 ')", what="live logs")
+        b.click("#actions .act-stop")
+        b.wait_for("!document.getElementById('modal').hidden", what="the confirmation")
+        assert "Stop job " + job in b.text("#modal") and "SIGTERM" in b.text("#modal")
+        shot(b, tmp_path, "stop-confirm")
+        b.click("#modal-cancel")
+        time.sleep(1.0)
+        assert phalanx("status", job, "--json", env=env, check=True).stdout.count('"RUNNING"') >= 1, "Cancel changes nothing"
+        b.click("#actions .act-stop")
+        b.wait_for("!document.getElementById('modal').hidden")
+        b.click("#modal-ok")
+        b.wait_for("document.getElementById('job-state').textContent === 'CANCELLED'", timeout=60, what="the job cancelled")
+        b.wait_for("[...document.querySelectorAll('#actions button')].map(x => x.textContent).join() === 'Resume,Run again,Delete'")
+        assert "stopping job" in b.text("#toast") or b.evaluate("document.getElementById('toast').hidden")
+        assert "cancelled" in b.text("#attempts")
+        shot(b, tmp_path, "stopped")
+        assert json.loads(phalanx("status", job, "--json", env=env, check=True).stdout)["state"] == "CANCELLED"
+    finally:
+        server.stop()
+        subprocess.run([sys.executable, "-m", "phalanx", "stop", job], env={**os.environ, **env}, capture_output=True, cwd=ROOT)
 
 
 def test_token_protected_server_works_in_the_browser(demo, tmp_path):
-    server = UiServer(demo.home, "--token", "t0ken")
+    token = "t0ken-" + "9f8e7d6c5b4a3210"
+    server = UiServer(demo.home, "--token", token)
     try:
-        assert server.url.endswith("?token=t0ken")
+        assert server.url.endswith(f"?token={token}")
         base = server.url.split("?")[0]
-        dom = chromium(tmp_path, f"{base}jobs/{demo.ok}?token=t0ken", "--dump-dom").stdout
-        assert 'class="main-svg"' in dom and "epoch=2 step=40" in dom
-        denied = chromium(tmp_path, f"{base}jobs/{demo.ok}", "--dump-dom").stdout
-        assert "token is required" in denied and "epoch=" not in denied
+        with Browser() as b:
+            b.open(f"{base}jobs/{demo.ok}?token={token}")
+            b.wait_for(CHARTS, timeout=60)
+            assert token not in b.evaluate("location.href"), "the token left the address bar"
+            assert b.evaluate("document.cookie") == "", "the cookie is HttpOnly: no script reads it"
+            assert "epoch=2 step=40" in b.wait_for("document.getElementById('log').textContent")
+        with Browser() as fresh:
+            fresh.open(f"{base}jobs/{demo.ok}")
+            denied = fresh.text()
+            assert "token is required" in denied and "epoch=" not in denied
     finally:
         server.stop()

@@ -8,18 +8,16 @@ Registered on the main app by ``register(app)``; ``run`` shares ``event``, ``par
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Optional
 
 import typer
 
 from .args import count, job_ref, seconds
 
-if TYPE_CHECKING:
-    from ..store import JobRecord
-    from ..store.sweeps import SweepRecord
-
 
 def register(app: typer.Typer) -> None:
+    from .listing import ps_cmd
+
     app.command("ps")(ps_cmd)
     app.command("status")(status_cmd)
     app.command("logs")(logs_cmd)
@@ -79,48 +77,22 @@ def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyp
               f"({how}){msg}; see `{hint}` and `phalanx status {record.id}`\n")
 
 
-def ps_cmd(
-    all_jobs: bool = typer.Option(False, "-a", "--all", help="Show finished jobs too."),
-    limit: Optional[int] = typer.Option(None, "--limit", callback=count, help="At most this many jobs (default 50 with --all)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-) -> None:
-    """List jobs and sweeps: running ones, or all with --all (newest first). A sweep is one row."""
-    import heapq
-    import itertools
-
-    from .. import config, query
-    from ..store import JobRecord
-    from .render import PS_HEADERS, dump_json_stream, job_rows, sweep_row, table
-
-    if limit is None and all_jobs:
-        limit = int(config.get("ps_limit"))
-    store = query.open_store()
-    records = query.iter_jobs(all_jobs=all_jobs, limit=limit, store=store)  # a page at a time
-    sweeps = query.list_sweeps(all_sweeps=all_jobs, limit=limit, store=store)
-    if as_json:
-        rows = itertools.chain((r.to_dict() for r in records), ({**s.to_dict(), "kind": "sweep"} for s in sweeps))
-        dump_json_stream(rows, sys.stdout)
-        return
-    def created(row: JobRecord | SweepRecord) -> float:
-        return row.created_at
-
-    newest: Iterator[JobRecord | SweepRecord] = heapq.merge(records, sweeps, key=created, reverse=True)  # both newest first
-    shown = [job_rows([r])[0] if isinstance(r, JobRecord) else sweep_row(r) for r in itertools.islice(newest, limit)]
-    if not shown:
-        typer.echo("no running jobs (phalanx ps --all shows finished ones)" if not all_jobs else "no jobs yet")
-        return
-    table(shown, PS_HEADERS, sys.stdout)
-
-
 def status_cmd(
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Details of a job: state, per-rank exit codes and the root-cause error."""
+    """Details of a job: state, per-rank exit codes and the root-cause error (or of a sweep:
+    its progress and trial table)."""
     import socket
     from dataclasses import asdict
 
     from .. import query
+    from . import sweepcmds
+
+    sweep = sweepcmds.sweep_named(job)
+    if sweep is not None:
+        sweepcmds.status(sweep, as_json)
+        return
     from ..core.state import is_terminal
     from .render import ago, dump_json, duration, table
 
@@ -139,6 +111,9 @@ def status_cmd(
     out.write(f"topology  {record.topology} on {record.backend}   attempt {record.attempt}\n")
     out.write(f"created   {ago(record.created_at)}   duration {duration(record.duration)}\n")
     out.write(f"dir       {record.job_dir}\n")
+    from .manage import usage_line
+
+    out.write(usage_line(record))
     if record.supervisor_pid:
         alive = "running" if not is_terminal(record.state) else "ended"
         out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
@@ -189,29 +164,50 @@ def status_cmd(
 
 
 def logs_cmd(
-    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name (or a sweep: its trials' logs)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new output until the job ends."),
     rank: Optional[int] = typer.Option(None, "--rank", callback=count, help="Only this rank (raw, no prefix)."),
     attempt: Optional[int] = typer.Option(None, "--attempt", callback=count, help="Attempt number (default: the latest)."),
+    tail: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last N lines of each rank (then follow, with -f)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only what was printed since: 10m, 2h, 2025-03-01T14:30."),
+    trial: Optional[int] = typer.Option(None, "--trial", callback=count, help="A sweep: only this trial."),
 ) -> None:
-    """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank)."""
+    """Print a job's per-rank output (all ranks with a [rank] prefix, or one with --rank); a
+    sweep's: every trial's rank 0, prefixed [trial N]."""
     from .. import query
+    from . import sweepcmds
+    from .manage import log_offsets
 
+    if tail is not None and tail < 0:
+        from ..errors import UsageError
+
+        raise UsageError(f"invalid --tail {tail}", "give a number of lines, e.g. --tail 20")
+    sweep = sweepcmds.sweep_named(job)
+    if sweep is not None:
+        sweepcmds.logs(sweep, follow, rank, trial, tail)
+        return
     record = query.get_job(job)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow)
+    offsets = log_offsets(record, attempt, rank, tail, since, event) if (tail is not None or since) else None
+    query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets)
 
 
 def wait_cmd(
-    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
+    job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name (or a sweep)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", callback=seconds, help="Give up after this many seconds (exit 124)."),
 ) -> None:
-    """Block until the job ends; exit with the job's exit code."""
+    """Block until the job ends; exit with the job's exit code. A sweep: 0 when it succeeded
+    (with at least one trial that did), 1 when it failed."""
     from .. import jobs
+    from . import sweepcmds
+
+    sweep = sweepcmds.sweep_named(job)
+    if sweep is not None:
+        sweepcmds.wait(sweep, timeout)
 
     record = jobs.wait(job, timeout=timeout)
     typer.echo(f"{record.id} {record.state.value}" + ("" if record.exit_code is None else f" (exit {record.exit_code})"), err=True)

@@ -71,6 +71,7 @@ def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
     from .control import register as register_control
     from .data import register as register_data
+    from .manage import register as register_manage
     from .observe import register as register_observe
     from .sweep import sweep_app
 
@@ -78,6 +79,7 @@ def _register_subcommands() -> None:
     app.add_typer(sweep_app, name="sweep")
     register_observe(app)
     register_data(app)
+    register_manage(app)
 
 
 _register_subcommands()

@@ -29,10 +29,17 @@ def metrics_cmd(
     jsonl: bool = typer.Option(False, "--jsonl", help="Every record as a JSON line (name, value, step, epoch, rank, "
                                "attempt, time), all ranks unless --rank: the export of the compact metrics files."),
 ) -> None:
-    """Metrics of a job: last / min / max / count per metric, and a sparkline by step."""
+    """Metrics of a job: last / min / max / count per metric, and a sparkline by step (a
+    sweep: every trial's final values)."""
     from .. import query
     from ..monitor.report import metrics_report
+    from . import sweepcmds
     from .render import dump_json
+
+    sweep = sweepcmds.sweep_named(job)
+    if sweep is not None and not jsonl:
+        sweepcmds.metrics(sweep, as_json)
+        return
 
     if jsonl:
         from ..monitor.report import export_metrics
@@ -65,7 +72,7 @@ def _num(value: float) -> str:
 def top_cmd(
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     interval: float = typer.Option(2.0, "--interval", callback=positive_seconds, help="Seconds between refreshes."),
-    once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
+    once: bool = typer.Option(False, "--once", help="Print one frame and exit (what it does anyway when not on a terminal)."),
 ) -> None:
     """Live CPU, RAM, GPU use per node and rank of a job (from its resource samples)."""
     from .. import query
@@ -78,7 +85,7 @@ def top_cmd(
         raise UsageError(f"invalid --interval {interval:g}", "use a number of seconds above 0, e.g. --interval 2")
     record = query.get_job(job)
     frame = top_frame(record)
-    if once or is_terminal(record.state):
+    if once or is_terminal(record.state) or not sys.stdout.isatty():  # piped or logged: one snapshot
         _render_top(frame, sys.stdout)
         return
     from rich.console import Console
@@ -163,11 +170,12 @@ def _age(seconds: Any) -> str:
 
 
 def ui_cmd(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs --token."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; any other than loopback is served with a token (made for you)."),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port (default 0: a free one)."),
-    token: Optional[str] = typer.Option(None, "--token", help="Require this token on every request (?token= or Authorization: Bearer)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Require this token (16+ characters; default: a strong one is made when not on loopback)."),
 ) -> None:
-    """Serve the dashboard (jobs, logs, metric and resource charts) until Ctrl-C."""
+    """Serve the dashboard (jobs and sweeps: filter, compare, stop, resume, delete; logs, metric
+    and resource charts, artifacts) until Ctrl-C."""
     from ..errors import MissingDependency
 
     try:
@@ -179,4 +187,7 @@ def ui_cmd(
         typer.echo(f"phalanx ui: {url}  (Ctrl-C stops)")
         sys.stdout.flush()
 
-    serve(host=host, port=port, token=token, announce=announce)
+    def warn(text: str) -> None:
+        typer.echo(text, err=True)
+
+    serve(host=host, port=port, token=token, announce=announce, warn=warn)

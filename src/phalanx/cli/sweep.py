@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import typer
 
 from .args import job_ref
-from .render import ago, dump_json, duration, table, warn
+from .render import dump_json, warn
 
 sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run` with a search space).",
                         no_args_is_help=True, add_completion=False, rich_markup_mode=None)
@@ -64,45 +63,10 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 def show_cmd(
     sweep: str = typer.Argument(..., callback=job_ref, help="Sweep id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    as_csv: bool = typer.Option(False, "--csv", help="The trial table as CSV."),
 ) -> None:
-    """A sweep's trials, best first: parameters, state and objective."""
-    from .. import query
-    from ..errors import JobNotFound
+    """A sweep's trials, best first: parameters, state, objective, the other metrics' final
+    values; pruned trials with the step and the reason."""
+    from .listing import show_sweep
 
-    store = query.open_store()
-    record = query.find_sweep(sweep, store)
-    if record is None:
-        raise JobNotFound(f"no sweep with id or name '{sweep}'", "list sweeps with: phalanx ps --all")
-    trials = sorted(query.trials(record, store), key=_order(record.direction))
-    if as_json:
-        dump_json({**record.to_dict(), "trials": [t.to_dict() for t in trials]}, sys.stdout)
-        return
-    out = sys.stdout
-    out.write(f"sweep     {record.id}  {record.name}\n")
-    out.write(f"state     {record.state.value}   {record.progress} trials ({record.failed} failed, {record.pruned} pruned)\n")
-    out.write(f"strategy  {record.strategy}" + (f"   objective {record.objective}:{record.direction}" if record.objective else "") + "\n")
-    out.write(f"command   {record.command}\n")
-    out.write(f"created   {ago(record.created_at)}   duration {duration(record.duration)}\n")
-    if record.best_value is not None:
-        out.write(f"best      {record.objective}={record.best_value:g}  job {record.best_job}  {record.best_params}\n")
-    if trials:
-        out.write("\n")
-        rows = [
-            (str(t.trial), t.id, t.state.value, "-" if t.objective is None else f"{t.objective:.6g}",
-             " ".join(f"{k}={_fmt(v)}" for k, v in json.loads(t.params_json or "{}").items()))
-            for t in trials
-        ]
-        table(rows, ("TRIAL", "JOB", "STATE", (record.objective or "OBJECTIVE").upper(), "PARAMS"), out)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _order(direction: str | None) -> Any:
-    sign = -1 if direction == "max" else 1
-
-    def key(t: Any) -> tuple[int, float, int]:
-        return (t.objective is None, sign * (t.objective or 0.0), t.trial or 0)
-
-    return key
+    show_sweep(sweep, as_json, as_csv)

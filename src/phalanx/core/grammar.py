@@ -116,3 +116,74 @@ def python_name(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", text.strip()):
         raise BadValue("a module name such as my_pkg.train")
     return text.strip()
+
+
+# -- labels and notifications (--tag, --notify) ----------------------------------------------------
+
+_TAG_KEY = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
+_MAIL = re.compile(r"[^@\s,]+@[^@\s,]+\.[^@\s,]+|[^@\s,]+@localhost")
+
+
+def tag_key(text: str) -> str:
+    """A ``--tag`` key: what SageMaker's Tags and a ``ps --tag`` filter both accept."""
+    if not _TAG_KEY.fullmatch(text.strip()):
+        raise BadValue("a tag key of 1 to 128 letters, digits and _.:/@+-", "e.g. --tag team=vision")
+    return text.strip()
+
+
+def tag_value(text: str) -> str:
+    if len(text) > 256:
+        raise BadValue("a tag value of at most 256 characters")
+    return text
+
+
+def tag(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (a ``--tag``) -> (key, value)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise BadValue("KEY=VALUE", "e.g. --tag team=vision")
+    return tag_key(key), tag_value(value)
+
+
+def notify_target(text: str) -> str:
+    """One ``--notify`` target: a webhook URL, ``mailto:ADDR[,ADDR]`` or ``desktop``."""
+    from urllib.parse import urlsplit
+
+    target = text.strip()
+    if target == "desktop":
+        return target
+    if target.lower().startswith("mailto:"):
+        addresses = [a.strip() for a in target[len("mailto:"):].split(",")]
+        bad = [a for a in addresses if not _MAIL.fullmatch(a)]
+        if bad:
+            raise BadValue("mailto: and email addresses, e.g. mailto:you@example.com (several: mailto:a@x.org,b@x.org)",
+                           f"'{bad[0]}' is not an email address")
+        return "mailto:" + ",".join(addresses)
+    parts = urlsplit(target)
+    if parts.scheme in ("http", "https"):
+        example = "a webhook URL, e.g. --notify https://hooks.slack.com/services/..."
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise BadValue(example, "the port is not a number") from None
+        if not parts.hostname:
+            raise BadValue(example, "no host in the URL")
+        return target
+    raise BadValue("a webhook URL (https://...), mailto:ADDR or desktop")
+
+
+def notify_targets(text: str) -> tuple[str, ...]:
+    """Targets separated by commas (``--notify``, the ``notify`` setting), keeping ``mailto:a,b``
+    together."""
+    pieces: list[str] = []
+    for piece in str(text).split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if pieces and pieces[-1].lower().startswith("mailto:") and "@" in piece and ":" not in piece:
+            pieces[-1] += "," + piece
+        else:
+            pieces.append(piece)
+    if not pieces:
+        raise BadValue("a webhook URL (https://...), mailto:ADDR or desktop")
+    return tuple(dict.fromkeys(notify_target(p) for p in pieces))

@@ -22,6 +22,7 @@ from .grammar import (
     endpoint,
     metric_name,
     metric_regex,
+    notify_targets,
     node_range,
     objective,
     procs_per_node,
@@ -29,6 +30,8 @@ from .grammar import (
     rank_list,
     regex,
     stream_spec,
+    tag_key,
+    tag_value,
     topology,
 )
 from .optiontypes import (
@@ -55,6 +58,7 @@ GROUPS = {
     "survival": "Failures, retries and state",
     "monitoring": "Metrics and resources",
     "data": "Data in, results out",
+    "labels": "Labels and notifications",
     "sweep": "Sweeps (a search space in the script's arguments)",
     "backend": "Backend options",
 }
@@ -259,6 +263,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("snapshot", Bool(), "Run from a copy of the working directory taken at submit time "
            "(--no-snapshot: from the directory itself).", ("--no-snapshot",), group="data", field="snapshot",
            default=True, flag_value=False),
+    # Labels and notifications
+    Option("tags", MappingOf(key=tag_key, item=Custom(expected="a tag value", parser=tag_value),
+                             expected="a mapping of tag key to value"),
+           "A label KEY=VALUE of the job: a filter in ps and the dashboard; SageMaker also tags its training job "
+           "with it (repeatable; job file: a mapping).", ("--tag",), group="labels", field="tags"),
+    Option("notify", ListOf(item=Custom(expected="a webhook URL (https://...), mailto:ADDR or desktop",
+                                        parser=notify_targets)),
+           "Send the outcome to URL (a webhook, Slack-compatible), mailto:ADDR[,ADDR] or desktop (repeatable, "
+           "or comma-separated; job file: a list, or one string).", ("--notify",), group="labels",
+           field="notify", metavar="TARGET", default_doc="the notify setting"),
     # Sweeps
     Option("strategy", Choice(choices=("grid", "random", "tpe")), "grid, random or tpe.", ("--strategy",),
            group="sweep", file="sweep.strategy", default_doc="grid when every value is finite, else random"),

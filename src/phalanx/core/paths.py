@@ -6,7 +6,8 @@
       phalanx.db                      the store (SQLite, WAL)
       state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
       state/.previous/<key>-<stamp>/  a state directory moved aside by --clean-state
-      sweeps/<id>/                    a sweep's own files: runner.log (detached), code/ + code.json (the trials' snapshot)
+      sweeps/<id>/                    a sweep's own files: runner.log (detached), code/ + code.json (the trials' snapshot),
+                                      sampler.pkl (tpe: the sampler, so a resume continues the search)
       cache/code/objects/<aa>/<sha>   code snapshots' files, stored once by content (read-only; .x: executable)
       cache/code/pyc/<dev>-<ino>-...  their bytecode, compiled once for every job that runs them
       cache/sagemaker-digests.json    content digests of local inputs by (path, size, mtime) (SageMaker uploads)
@@ -38,6 +39,7 @@
           rank_<r>/metrics.jsonl      the same as JSON lines, from phalanx before metrics.bin (read only)
           rank_<r>/user_metrics.jsonl metrics the script wrote itself (PHALANX_METRICS_FILE)
           rank_<r>/output.log         stdout+stderr of global rank r, in order
+          rank_<r>/output.idx         "time size" lines: how long output.log was when (logs --since)
           rank_<r>/error.json         the rank's uncaught exception, if any
           rank_<r>/proc.json          the rank's pid, node and host, written at start
           rank_<r>/torchelastic_error.json  TORCHELASTIC_ERROR_FILE of a rank started without torchrun (-n 1)
@@ -113,6 +115,10 @@ class HomePaths:
     def previous_state(self, name: str, stamp: str) -> Path:
         """Where ``--clean-state`` moves a state directory aside (never deleted)."""
         return self.root / "state" / ".previous" / f"{safe_name(name)}-{stamp}"
+
+    def sweep_sampler(self, sweep_id: str) -> Path:
+        """The search's sampler state (pickled Optuna sampler), kept so a resume continues it."""
+        return self.sweep_dir(sweep_id) / "sampler.pkl"
 
     def sweep_code(self, sweep_id: str) -> tuple[Path, Path]:
         """The code snapshot a sweep's trials share, and its manifest."""
@@ -284,6 +290,10 @@ class JobPaths:
 
     def rank_log(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "output.log"
+
+    def rank_log_index(self, attempt: int, rank: int) -> Path:
+        """When the rank's log had which size (``monitor/logindex.py``: ``logs --since``)."""
+        return self.rank_dir(attempt, rank) / "output.idx"
 
     def rank_error(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "error.json"

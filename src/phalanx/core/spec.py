@@ -247,6 +247,11 @@ class JobSpec:
     state_name: str = ""
     monitor_interval: float = 0.1  # seconds between torchrun's checks of its workers
     rendezvous: Rendezvous | None = None  # one node of a job started by hand on each machine (torchrun's way)
+    # Labels of the job (--tag KEY=VALUE): filters in ps and the dashboard; SageMaker also
+    # puts them on the training job's Tags.
+    tags: Mapping[str, str] = field(default_factory=dict)
+    # Where the job's outcome is announced (--notify): webhook URLs, mailto:ADDR, desktop.
+    notify: tuple[str, ...] = ()
 
     @property
     def state_key(self) -> str:
@@ -349,6 +354,17 @@ def in_snapshot(spec: JobSpec, code_dir: str, shipped: bool = False) -> JobSpec:
             rel = os.path.relpath(target, root)
             entry = replace(entry, target=os.path.join(code_dir, rel), typed=rel)
     return spec.with_(workdir=code_dir, entrypoint=entry, code_dir="")
+
+
+def parse_tag(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (the --tag syntax, ``ps --tag``) -> (key, value)."""
+    from .grammar import tag
+    from .optiontypes import BadValue
+
+    try:
+        return tag(str(text))
+    except BadValue:
+        raise UsageError(f"invalid --tag '{text}'", "use KEY=VALUE, the key of letters, digits and _.:/@+-, e.g. --tag team=vision") from None
 
 
 def merge_args(base: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[str, ...]:

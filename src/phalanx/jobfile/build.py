@@ -53,6 +53,7 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         state_uri=_uri(v, "state"),
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
         backend_options=_backend_options(v),
+        **_labels(v),
         **_plain_fields(v),
     )
     if v["no_retry_on"]:
@@ -245,6 +246,18 @@ def _check_backend(v: Values, backend: str) -> None:
                              f"add --backend {option.backends[0]}, or drop it")
         raise UsageError(f"{v.where(option.name)} applies only to the {', '.join(option.backends)} backend",
                          f"drop it for the {backend} backend")
+
+
+# -- labels and notifications ------------------------------------------------------------------------
+
+
+def _labels(v: Values) -> dict[str, Any]:
+    """``--tag``/``tags:`` as given; ``--notify``/``notify:`` (each text may hold several targets),
+    else the notify setting's targets."""
+    from ..supervise.notify import default_targets
+
+    given = [target for texts in (v["notify"] or ()) for target in texts]
+    return {"tags": dict(v["tags"] or {}), "notify": tuple(dict.fromkeys(given)) if given else default_targets()}
 
 
 # -- data ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import psutil
 from ..core.paths import JobPaths
 
 DEFAULT_INTERVAL = 5.0
+FIRST_SAMPLE = 1.0  # seconds to the first sample, whatever the interval
 NVIDIA_DEVICES = ("/dev/nvidiactl", "/dev/dxg")  # the driver's control node; WSL's GPU device
 
 
@@ -130,16 +131,25 @@ class ResourceSampler:
         self._gpus = _Gpus()
         psutil.cpu_percent(None)  # the first reading only sets the baseline
         self.cpu_seconds += time.thread_time() - began
-        while not self._stop.wait(self.interval):
-            began = time.thread_time()
-            try:
-                self.write(self.sample())
-            except Exception as exc:  # noqa: BLE001 - monitoring must never take the node down
-                self._errors += 1
-                if self._errors == 1:
-                    print(f"phalanx: resource sampling failed: {exc}", file=sys.stderr)
-            self.cpu_seconds += time.thread_time() - began
+        # The first sample comes within a second, so a short job has its charts too; and one
+        # that ended before even that gets one sample as it stops (issue 16).
+        wait = min(self.interval, FIRST_SAMPLE)
+        while not self._stop.wait(wait):
+            wait = self.interval
+            self._take()
+        if not self.samples:
+            self._take()
         self._gpus.close()
+
+    def _take(self) -> None:
+        began = time.thread_time()
+        try:
+            self.write(self.sample())
+        except Exception as exc:  # noqa: BLE001 - monitoring must never take the node down
+            self._errors += 1
+            if self._errors == 1:
+                print(f"phalanx: resource sampling failed: {exc}", file=sys.stderr)
+        self.cpu_seconds += time.thread_time() - began
 
     def write(self, sample: dict[str, Any]) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)

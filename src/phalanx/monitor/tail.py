@@ -27,12 +27,13 @@ LIVENESS_S = 2.0
 class RankTailer:
     """Incrementally read ``attempt_<k>/rank_*/output.log`` files."""
 
-    def __init__(self, paths: JobPaths, attempt: int, ranks: set[int] | None = None, prefix: bool = True) -> None:
+    def __init__(self, paths: JobPaths, attempt: int, ranks: set[int] | None = None, prefix: bool = True,
+                 offsets: dict[int, int] | None = None) -> None:
         self.paths = paths
         self.attempt = attempt
         self.ranks = ranks
         self.prefix = prefix
-        self._offsets: dict[int, int] = {}
+        self._offsets: dict[int, int] = dict(offsets or {})  # where each rank's reading starts (logs --tail/--since)
         self._partial: dict[int, bytes] = {}
 
     def poll(self, final: bool = False) -> list[tuple[int, str]]:
@@ -151,14 +152,14 @@ def _settle(done: threading.Event, read_at: float, interval: float) -> bool:
 def follow_job(
     paths: JobPaths, attempt: int, ranks: set[int] | None, prefix: bool, emit: Callable[[str], None],
     refresh: Callable[[], tuple[int, bool]], follow: bool, latest: bool, also: Sequence[Path] = (),
-    interval: float = 0.2,
+    interval: float = 0.2, offsets: dict[int, int] | None = None,
 ) -> None:
     """``phalanx logs [-f]``: emit an attempt's lines (all of them, then with ``follow`` every
     new one until the job ends). ``refresh()`` returns the job's current attempt and whether it
     has ended; it runs when the logs, the job's directories or the files in ``also`` (the
     store) change, and every :data:`LIVENESS_S` seconds. With ``latest``, a new attempt is
     followed as it starts."""
-    tailer = RankTailer(paths, attempt, ranks, prefix=prefix)
+    tailer = RankTailer(paths, attempt, ranks, prefix=prefix, offsets=offsets)
     with Watch(fallback=interval) as watch:
         for path in also if follow else ():
             watch.add(path.parent, _named(path.name, prefix=True))  # the store and its -wal file

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
 _COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
     "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries "
-    "sweep_id trial params_json objective"
+    "sweep_id trial params_json objective gpu_hours cpu_hours cost"
 ).split()
 
 
@@ -65,6 +65,9 @@ class JobRecord:
     trial: int | None = None
     params_json: str | None = None
     objective: float | None = None
+    gpu_hours: float | None = None  # recorded when the job ends (monitor/accounting.py)
+    cpu_hours: float | None = None
+    cost: float | None = None
 
     @property
     def topology(self) -> str:

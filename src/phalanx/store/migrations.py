@@ -92,4 +92,27 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER jobs_id AFTER INSERT ON jobs BEGIN INSERT OR IGNORE INTO ids (id) VALUES (new.id); END;
     CREATE TRIGGER sweeps_id AFTER INSERT ON sweeps BEGIN INSERT OR IGNORE INTO ids (id) VALUES (new.id); END;
     """,
+    # 5: the control room (issue 16). Tags of jobs and sweeps (--tag KEY=VALUE; ids are unique
+    # across both); each finished job's metric summary (the dashboard's metric columns sort by
+    # it); and what a job used (GPU- and CPU-hours, estimated cost), recorded when it ends.
+    """
+    ALTER TABLE jobs ADD COLUMN gpu_hours REAL;
+    ALTER TABLE jobs ADD COLUMN cpu_hours REAL;
+    ALTER TABLE jobs ADD COLUMN cost REAL;
+    CREATE TABLE tags (id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (id, key)) WITHOUT ROWID;
+    CREATE INDEX tags_kv ON tags (key, value, id);
+    CREATE TABLE job_metrics (
+        id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        last REAL NOT NULL,
+        min REAL NOT NULL,
+        max REAL NOT NULL,
+        count INTEGER NOT NULL,
+        step INTEGER,
+        PRIMARY KEY (id, name)
+    ) WITHOUT ROWID;
+    CREATE INDEX job_metrics_last ON job_metrics (name, last, id);
+    CREATE INDEX job_metrics_min ON job_metrics (name, min, id);
+    CREATE INDEX job_metrics_max ON job_metrics (name, max, id);
+    """,
 )

@@ -41,7 +41,7 @@ from ..core.state import JobState
 from ..errors import BackendError
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import data, history, leftover, liveness
+from . import data, endings, history, leftover, liveness
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -186,6 +186,7 @@ class JobRun:
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
+        endings.attempt_over(self, plan.attempt, outcome, retry, reason)  # a retry's notification
         if retry:
             self.retries += 1
             self.say(f"attempt {plan.attempt} {outcome.kind.value} (exit {outcome.exit_code}): {outcome.short()}; "
@@ -205,6 +206,7 @@ class JobRun:
         outcome = data.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = record_end(self.store, self.record, outcome)
+        endings.job_ended(self, outcome)  # usage, metric summary, notification
 
 
 def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:

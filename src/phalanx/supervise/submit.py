@@ -105,6 +105,10 @@ def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs:
         spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         **columns,
     )
+    if spec.tags:  # issue 16: the job's labels, indexed for ps and the dashboard
+        from ..store.listing import set_tags
+
+        set_tags(store, plan.job_id, dict(spec.tags))
     return store.get(plan.job_id)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ..backends.base import NodeHandle
 from ..core.paths import JobPaths, read_json
 from ..core.spec import JobSpec
+from ..monitor import logindex
 
 Events = Callable[[str], None]
 
@@ -54,6 +55,7 @@ class Watch:
             self.collector.poll(final=final, max_bytes=None if final else 32 << 20)
         except OSError as exc:  # metrics are an aid; never let them stop the job
             self.say(f"warning: reading metrics failed: {exc}")
+        logindex.note(self.paths, self.attempt)  # logs --since: how long each log is now
 
     def silent_for(self) -> float:
         """Seconds since any rank printed, not counting time a scheduler held a node back."""

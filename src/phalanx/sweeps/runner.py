@@ -27,7 +27,7 @@ from ..core.state import JobState, is_terminal
 from ..launch.procs import ChildWatcher
 from ..store import JobRecord, Store
 from ..store.sweeps import SweepRecord
-from ..supervise import liveness
+from ..supervise import endings, liveness
 from ..supervise.job import JobRun
 from ..supervise.submit import create_job, new_job_id, plan_attempt, plan_job
 from .settings import SCHEDULED_PARALLEL, SweepSettings, check, parse_objective, slot_plan
@@ -58,7 +58,7 @@ class SweepRunner:
         self.spec = sweep.spec
         self.settings = SweepSettings.from_dict(json.loads(sweep.settings_json))
         self.space = parse_space(self.spec.entrypoint.args)
-        self.strategy = check(self.spec, self.space, self.settings)
+        self.strategy = check(self.spec, self.space, self.settings, home.sweep_sampler(sweep.id))
         self.slots = slot_plan(self.spec, self.settings.parallel)
         self.best = sweep.best_value
         self.total = self.strategy.total
@@ -105,7 +105,9 @@ class SweepRunner:
                     continue  # a slot just freed up: fill it now, not after the next wake-up
                 hints = [t.run.wait_hint() for t in running.values()] or [0.0]
                 watcher.wait(min(hints))
-        return self._finish(stop_kind, stop_signal)
+        code = self._finish(stop_kind, stop_signal)
+        endings.sweep_ended(self.store, self.sweep.id, self.say)  # notify
+        return code
 
     def _todo(self) -> list[int]:
         """Trial numbers still to run: all of them, less those that ended in an earlier run."""
@@ -120,8 +122,18 @@ class SweepRunner:
             finished.add(record.trial)
             params = json.loads(record.params_json or "{}")
             state = {"SUCCEEDED": "complete", "PRUNED": "pruned"}.get(record.state.value, "fail")
-            self.strategy.remember(params, record.objective, state)
+            self.strategy.remember(params, record.objective, state, self._by_step(record))
         return [n for n in range(self.total) if n not in finished]
+
+    def _by_step(self, record: JobRecord) -> dict[int, float]:
+        """A finished trial's objective by step (for the pruner of a resumed sweep)."""
+        if not self.settings.objective or not self.settings.early_stop:
+            return {}
+        from ..monitor.readback import by_step_series, rank_series
+
+        paths = record.paths
+        parts = [rank_series(paths, a, 0, [self.settings.objective]).get(self.settings.objective) for a in paths.attempts()]
+        return {step: value for step, value in by_step_series(p for p in parts if p is not None) if step is not None}
 
     def _launch(self, number: int, slot: int, identity: dict[str, Any]) -> _Trial:
         if number in self._cut_off:  # cut off by a crash or a stop: it continues where it was
@@ -182,7 +194,11 @@ class SweepRunner:
             trial.last_value = float(rec["value"])
             step = rec.get("step")
             if step is not None and not trial.run.done and self.strategy.report(trial.number, int(step), trial.last_value):
-                self.say(f"trial {trial.number} pruned at step {step} ({name}={trial.last_value:g})")
+                why = self.strategy.why_pruned(trial.number, int(step), trial.last_value)
+                self.say(f"trial {trial.number} pruned at step {step} ({name}={trial.last_value:g}): {why}")
+                # sweep show and the dashboard say at which step and why
+                self.store.update(trial.run.record.id, root_cause=json.dumps(
+                    {"message": f"pruned: {why}", "pruned_step": int(step), "value": trial.last_value, "exitcode": None}))
                 trial.run.stop(StopReason.PRUNED)
                 break
 
@@ -257,6 +273,10 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
     )
+    if spec.tags:
+        from ..store.listing import set_tags
+
+        set_tags(store, sweep_id, dict(spec.tags))
     return store.sweeps.get(sweep_id)
 
 

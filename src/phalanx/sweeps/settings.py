@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..backends.registry import get_backend
@@ -39,15 +40,16 @@ def parse_objective(text: str | None) -> tuple[str | None, str]:
     return name, direction
 
 
-def check(spec: JobSpec, space: Space, settings: SweepSettings) -> Strategy:
-    """Validate a sweep before anything starts; returns its strategy."""
+def check(spec: JobSpec, space: Space, settings: SweepSettings, state: Path | None = None) -> Strategy:
+    """Validate a sweep before anything starts; returns its strategy (its sampler's state kept
+    in ``state``)."""
     if settings.early_stop and not settings.objective:
         raise UsageError("--early-stop needs --objective", "e.g. --objective val_loss:min")
     if settings.strategy == "tpe" and not settings.objective:
         raise UsageError("--strategy tpe needs --objective", "e.g. --objective val_loss:min")
     if settings.parallel is not None and settings.parallel < 1:
         raise UsageError("--parallel must be at least 1", "e.g. --parallel 2")
-    return Strategy(space, settings.strategy, settings.trials, settings.seed, settings.direction, settings.early_stop)
+    return Strategy(space, settings.strategy, settings.trials, settings.seed, settings.direction, settings.early_stop, state)
 
 
 SCHEDULED_PARALLEL = 16  # trials at once on a scheduler, unless --parallel says otherwise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 from ..errors import MissingDependency, UsageError
@@ -25,7 +26,7 @@ EARLY_STOP = ("median", "halving")
 
 class Strategy:
     def __init__(self, space: Space, kind: str, trials: int | None, seed: int | None,
-                 direction: str = "min", early_stop: str | None = None) -> None:
+                 direction: str = "min", early_stop: str | None = None, state: Path | None = None) -> None:
         if kind not in STRATEGIES:
             raise UsageError(f"unknown --strategy '{kind}'", f"use one of: {', '.join(STRATEGIES)}")
         if early_stop is not None and early_stop not in EARLY_STOP:
@@ -45,8 +46,13 @@ class Strategy:
         self.direction = direction
         self._study: Any = None
         self._optuna_trials: dict[int, Any] = {}
+        self.early_stop = early_stop
+        # The sampler's own state (its random generator) lives in ``state`` between runs of the
+        # sweep: a resumed TPE search goes on drawing where it stopped instead of starting its
+        # random sequence over (which would repeat the first trials' parameters).
+        self._state = state
         if kind == "tpe" or early_stop:
-            self._study = _study(kind, self.seed, direction, early_stop)
+            self._study = _study(kind, self.seed, direction, early_stop, _load_sampler(state))
 
     def params_for(self, number: int) -> dict[str, Any]:
         """The parameters of trial ``number`` (grid/random: a pure function of the number)."""
@@ -70,6 +76,7 @@ class Strategy:
         for p in self.space.params:
             values[p.name] = _suggest(trial, p)
         self._optuna_trials[number] = trial
+        _save_sampler(self._state, self._study.sampler)
         return trial
 
     def report(self, number: int, step: int, value: float) -> bool:
@@ -94,19 +101,48 @@ class Strategy:
         else:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def remember(self, params: dict[str, Any], value: float | None, state: str) -> None:
-        """A trial finished before a resume: teach the study without running it again."""
+    def remember(self, params: dict[str, Any], value: float | None, state: str,
+                 intermediate: dict[int, float] | None = None) -> None:
+        """A trial finished before a resume: teach the study without running it again, with
+        its objective by step (``intermediate``: what the pruner compares new trials with)."""
         if self._study is None:
             return
         import optuna
 
         dists = {p.name: _distribution(p) for p in self.space.params}
+        steps = {int(k): float(v) for k, v in (intermediate or {}).items() if math.isfinite(v)}
         if state == "complete" and value is not None:
-            frozen = optuna.trial.create_trial(params=params, distributions=dists, value=value)
+            frozen = optuna.trial.create_trial(params=params, distributions=dists, value=value, intermediate_values=steps)
         else:
-            frozen = optuna.trial.create_trial(params=params, distributions=dists, state=optuna.trial.TrialState.PRUNED
-                                               if state == "pruned" else optuna.trial.TrialState.FAIL)
+            frozen = optuna.trial.create_trial(params=params, distributions=dists, intermediate_values=steps,
+                                               state=optuna.trial.TrialState.PRUNED if state == "pruned" else optuna.trial.TrialState.FAIL)
         self._study.add_trial(frozen)
+
+    def history(self) -> int:
+        """How many finished trials the study knows (0 without a study)."""
+        if self._study is None:
+            return 0
+        import optuna
+
+        return len(self._study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                                   optuna.trial.TrialState.PRUNED)))
+
+    def why_pruned(self, number: int, step: int, value: float) -> str:
+        """Why the pruner stopped trial ``number`` at ``step`` (one line)."""
+        if self.early_stop == "median" and self._study is not None:
+            import statistics
+
+            import optuna
+
+            done = self._study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            seen = [t.intermediate_values[step] for t in done if step in t.intermediate_values]
+            if seen:
+                worse = "above" if self.direction == "min" else "below"
+                return (f"median rule at step {step}: {value:.6g} is {worse} the median {statistics.median(seen):.6g} "
+                        f"of {len(seen)} finished trial(s) at that step")
+        if self.early_stop == "halving":
+            return f"successive halving at step {step}: {value:.6g} is not among the best of the trials that reached it"
+        return f"stopped early at step {step} ({value:.6g})"
 
 
 def _nth(space: Space, number: int) -> dict[str, Any]:
@@ -118,13 +154,37 @@ def _nth(space: Space, number: int) -> dict[str, Any]:
     return {p.name: out[p.name] for p in space.params}
 
 
-def _study(kind: str, seed: int, direction: str, early_stop: str | None) -> Any:
+def _load_sampler(path: Path | None) -> Any:
+    if path is None or not path.is_file():
+        return None
+    import pickle
+
+    try:
+        return pickle.loads(path.read_bytes())  # noqa: S301 - written by this sweep's runner, in the user's home
+    except Exception:  # noqa: BLE001 - an unreadable state: start the sampler afresh
+        return None
+
+
+def _save_sampler(path: Path | None, sampler: Any) -> None:
+    """Pickled, as Optuna documents for resuming a sampler; written atomically."""
+    if path is None:
+        return
+    import os
+    import pickle
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_bytes(pickle.dumps(sampler))
+    os.replace(tmp, path)
+
+
+def _study(kind: str, seed: int, direction: str, early_stop: str | None, sampler: Any = None) -> Any:
     try:
         import optuna
     except ImportError:
         raise MissingDependency("optuna", "sweeps") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=seed) if kind == "tpe" else optuna.samplers.RandomSampler(seed=seed)
+    if sampler is None:
+        sampler = optuna.samplers.TPESampler(seed=seed) if kind == "tpe" else optuna.samplers.RandomSampler(seed=seed)
     if early_stop == "median":
         # Compare from the first reported step once two trials have finished: sweeps here are
         # short, and a late start would let hopeless trials run to the end.

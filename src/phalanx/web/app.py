@@ -1,35 +1,31 @@
-"""The dashboard's Starlette application: JSON API under /api, pages, and static assets.
+"""The dashboard's Starlette application: the JSON API under /api, the pages, static assets.
 
-Read-only. Chart code (plotly.js) is served from the installed ``plotly`` package, never a
-CDN, so the dashboard works without internet. Access control is :class:`Guard`: a token (when
-set) on every request, and Host-header checking when serving loopback without a token, so a
-web page the user visits cannot read the API through DNS rebinding.
+Chart code (plotly.js) is served from the installed ``plotly`` package, never a CDN, so the
+dashboard works without internet. Who may call what is :mod:`guard`'s business; every route
+that changes something accepts POST only, so a GET (a link, a prefetch, an image tag) never
+does.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import secrets
 from pathlib import Path
-from typing import Any, Awaitable, Callable
-from urllib.parse import parse_qs
+from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from .. import query
 from ..errors import JobNotFound, PhalanxError, UsageError
 from ..store import JobRecord
-from . import data, pages
+from ..supervise.liveness import effective
+from . import actions, data, pages
+from .guard import Guard
 
 STATIC = Path(__file__).parent / "static"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-Scope = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view"}
 
 
 def plotly_js() -> Path:
@@ -41,46 +37,6 @@ def plotly_js() -> Path:
     if not path.is_file():
         raise PhalanxError(f"plotly.min.js is missing from {path.parent}", "reinstall plotly: pip install --force-reinstall plotly")
     return path
-
-
-class Guard:
-    """ASGI middleware: a token on every request when one is set; loopback Host headers only
-    when serving without one."""
-
-    def __init__(self, app: ASGIApp, token: str | None, check_host: bool) -> None:
-        self.app = app
-        self.token = token
-        self.check_host = check_host
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.check_host and _host_name(headers.get("host", "")) not in LOOPBACK_HOSTS:
-            await PlainTextResponse("unknown host", status_code=400)(scope, receive, send)
-            return
-        if self.token is not None and not self._authorized(scope, headers):
-            response = PlainTextResponse("a token is required: add ?token=... or the header Authorization: Bearer ...",
-                                         status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _authorized(self, scope: Scope, headers: dict[str, str]) -> bool:
-        assert self.token is not None
-        given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
-        auth = headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            given = given or auth[7:].strip()
-        return bool(given) and secrets.compare_digest(given.encode(), self.token.encode())
-
-
-def _host_name(host: str) -> str:
-    """The name part of a Host header: ``127.0.0.1:8000`` -> ``127.0.0.1``, ``[::1]:80`` -> ``::1``."""
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def _int(request: Request, name: str, default: int | None = None) -> int | None:
@@ -97,19 +53,84 @@ def _record(request: Request) -> JobRecord:
     return query.get_job(request.path_params["job"])
 
 
-def _json(payload: Any) -> JSONResponse:
-    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+def _json(payload: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(payload, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _csrf(request: Request) -> str:
+    return str((request.scope.get("state") or {}).get("csrf", ""))
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status, headers={"Content-Security-Policy": pages.CSP, "Cache-Control": "no-store"})
+
+
+# -- lists ---------------------------------------------------------------------------------------
+
+
+def _list_query(request: Request, sweeps: bool = False) -> Any:
+    from ..lists import build_query, check_metrics
+
+    unknown = sorted(set(request.query_params) - LIST_PARAMS)
+    if unknown:
+        raise UsageError(f"unknown filter '{unknown[0]}'", f"filters: {', '.join(sorted(LIST_PARAMS - {'view', 'after', 'limit'}))}")
+    q = request.query_params
+    wanted = build_query(states=q.getlist("state"), name=q.get("name"), backend=q.get("backend"), tags=q.getlist("tag"),
+                        since=q.get("since"), search=q.get("q"), sort=q.get("sort"), columns=q.getlist("columns"),
+                        sweeps=sweeps)
+    if not sweeps:
+        check_metrics(query.open_store(), wanted.columns, wanted.sort)
+    return wanted
 
 
 def api_jobs(request: Request) -> Response:
-    """The newest jobs, ``?limit=`` (default 500) at a time; the header ``X-Next-Page`` holds
-    the cursor of the next page (``?after=``) when there are more."""
-    limit = _int(request, "limit", 500) or 500
-    rows, after = data.jobs_page(limit, request.query_params.get("after") or None)
+    """A page of jobs (``?limit=``, default 50), filtered (``state name backend tag since q``),
+    sorted (``sort``) with metric ``columns``; the header ``X-Next-Page`` holds the cursor of
+    the next page (``?after=``) when there are more."""
+    from ..lists import page
+
+    wanted = _list_query(request)
+    limit = max(1, min(_int(request, "limit", 50) or 50, 1000))
+    rows, after = page(query.open_store(), wanted, limit, request.query_params.get("after") or None)
     response = _json(rows)
     if after is not None:
         response.headers["X-Next-Page"] = after
     return response
+
+
+def api_jobs_count(request: Request) -> Response:
+    from ..store.listing import count_jobs
+
+    return _json({"count": count_jobs(query.open_store(), _list_query(request).filter)})
+
+
+def api_sweeps(request: Request) -> Response:
+    from ..lists import sweep_row
+    from ..store.listing import page_sweeps
+
+    wanted = _list_query(request, sweeps=True)
+    limit = max(1, min(_int(request, "limit", 50) or 50, 500))
+    store = query.open_store()
+    listing = page_sweeps(store, wanted.filter, wanted.sort, limit, request.query_params.get("after") or None)
+    rows = [sweep_row(store, effective(s)) for s in listing.rows]  # a vanished runner: LOST, computed on read
+    response = _json(rows)
+    if listing.next is not None:
+        response.headers["X-Next-Page"] = listing.next
+    return response
+
+
+def api_meta(request: Request) -> Response:
+    """What the filters offer: states, backends, metric names, tag keys."""
+    from ..backends.registry import known
+    from ..lists import STATES
+    from ..store.listing import metric_names, tag_keys
+
+    store = query.open_store()
+    return _json({"states": list(STATES), "backends": sorted(known()), "metrics": metric_names(store),
+                  "tag_keys": tag_keys(store)})
+
+
+# -- one job -------------------------------------------------------------------------------------
 
 
 def api_job(request: Request) -> Response:
@@ -117,25 +138,54 @@ def api_job(request: Request) -> Response:
 
 
 def api_metrics(request: Request) -> Response:
+    from .series import MAX_POINTS, metric_series
+
     record = _record(request)
     rank = _int(request, "rank")
-    points = max(10, min(_int(request, "points", data.MAX_POINTS) or data.MAX_POINTS, 20000))
-    return _json(data.metric_series(record, _int(request, "attempt"), None if rank is None else [rank], points))
+    points = max(10, min(_int(request, "points", MAX_POINTS) or MAX_POINTS, 20000))
+    return _json(metric_series(record, _int(request, "attempt"), None if rank is None else [rank], points))
 
 
 def api_resources(request: Request) -> Response:
-    return _json(data.resource_series(_record(request), _int(request, "attempt")))
+    from .series import resource_series
+
+    return _json(resource_series(_record(request), _int(request, "attempt")))
 
 
 def api_logs(request: Request) -> Response:
+    from .logs import LOG_CHUNK, read_log, search_log
+
     record = _record(request)
     rank = _int(request, "rank", 0)
     assert rank is not None
-    query = request.query_params.get("q")
-    if query:
-        return _json(data.search_log(record, rank, query, _int(request, "attempt")))
-    return _json(data.read_log(record, rank, _int(request, "attempt"), _int(request, "offset"),
-                               _int(request, "limit", data.LOG_CHUNK) or data.LOG_CHUNK))
+    wanted = request.query_params.get("q")
+    if wanted:
+        return _json(search_log(record, rank, wanted, _int(request, "attempt")))
+    return _json(read_log(record, rank, _int(request, "attempt"), _int(request, "offset"),
+                          _int(request, "limit", LOG_CHUNK) or LOG_CHUNK))
+
+
+def api_artifacts(request: Request) -> Response:
+    return _json(data.artifacts(_record(request)))
+
+
+def api_artifact_file(request: Request) -> Response:
+    """One output file: images and text to show, anything else to download; never run as a
+    page (``Content-Security-Policy: sandbox``)."""
+    path, media = data.artifact_file(_record(request), request.query_params.get("path", ""))
+    if request.query_params.get("preview") == "1":
+        with open(path, "rb") as fh:
+            head = fh.read(data.PREVIEW_BYTES)
+        return Response(head.decode("utf-8", errors="replace"), media_type="text/plain; charset=utf-8",
+                        headers={"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"})
+    download = request.query_params.get("download") == "1" or media == "application/octet-stream"
+    headers = {"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"}
+    return FileResponse(path, media_type=media, headers=headers,
+                        content_disposition_type="attachment" if download else "inline", filename=path.name)
+
+
+def api_job_action(request: Request) -> Response:
+    return _json(actions.job_action(request.path_params["job"], request.path_params["action"]), 202)
 
 
 def _compare_records(request: Request) -> list[JobRecord]:
@@ -146,20 +196,51 @@ def _compare_records(request: Request) -> list[JobRecord]:
 
 
 def api_compare(request: Request) -> Response:
-    return _json(data.compare_series(_compare_records(request)))
+    from .series import compare_series
+
+    return _json(compare_series(_compare_records(request)))
 
 
-def page_jobs(request: Request) -> Response:
-    return HTMLResponse(pages.jobs_page(request.app.state.token))
+# -- sweeps --------------------------------------------------------------------------------------
+
+
+def _sweep(request: Request) -> Any:
+    sweep = query.find_sweep(request.path_params["sweep"])
+    if sweep is None:
+        raise JobNotFound(f"no sweep '{request.path_params['sweep']}'", "list sweeps with: phalanx ps --all")
+    return sweep
+
+
+def api_sweep(request: Request) -> Response:
+    return _json(actions.sweep_detail(_sweep(request)))
+
+
+def api_sweep_action(request: Request) -> Response:
+    return _json(actions.sweep_action(request.path_params["sweep"], request.path_params["action"]), 202)
+
+
+# -- pages ---------------------------------------------------------------------------------------
+
+
+def page_list(request: Request) -> Response:
+    view = request.query_params.get("view", "jobs")
+    if view not in ("jobs", "sweeps"):
+        raise UsageError(f"unknown view '{view}'", "use ?view=jobs or ?view=sweeps")
+    return _html(pages.list_page(view, _csrf(request)))
 
 
 def page_job(request: Request) -> Response:
     record = _record(request)
-    return HTMLResponse(pages.job_page(record, request.app.state.token))
+    return _html(pages.job_page(record.id, record.name, record.state.value, _csrf(request)))
+
+
+def page_sweep(request: Request) -> Response:
+    sweep = _sweep(request)
+    return _html(pages.sweep_page(sweep.id, sweep.name, sweep.state.value, _csrf(request)))
 
 
 def page_compare(request: Request) -> Response:
-    return HTMLResponse(pages.compare_page([r.id for r in _compare_records(request)], request.app.state.token))
+    return _html(pages.compare_page([r.id for r in _compare_records(request)], _csrf(request)))
 
 
 def static_plotly(request: Request) -> Response:
@@ -174,35 +255,41 @@ def _static(name: str, media_type: str) -> Callable[[Request], Response]:
 
 
 async def _phalanx_error(request: Request, exc: Exception) -> Response:
-    status = 404 if isinstance(exc, JobNotFound) else 403 if isinstance(exc, data.Forbidden) else (
-        400 if isinstance(exc, UsageError) else 500)
+    status = (404 if isinstance(exc, JobNotFound) else 403 if isinstance(exc, data.Forbidden) else
+              409 if isinstance(exc, actions.Conflict) else 400 if isinstance(exc, UsageError) else 500)
     if request.url.path.startswith("/api/"):
-        return JSONResponse({"error": str(exc)}, status_code=status)
-    return HTMLResponse(pages.error_page(status, str(exc)), status_code=status)
+        return _json({"error": str(exc)}, status)
+    return _html(pages.error_page(status, str(exc)), status)
 
 
-def create_app(token: str | None = None, check_host: bool = True) -> Any:
-    """The ASGI application. ``token``: required on every request when set. ``check_host``:
-    accept only loopback Host headers (use when bound to loopback without a token)."""
+def create_app(token: str | None = None, loopback: bool = True, check_user: bool = True, csrf: str | None = None) -> Any:
+    """The ASGI application. ``token``: required on every request when set (see ``guard``).
+    ``loopback``: served on a loopback address (without a token: loopback Host headers and
+    this machine's user only)."""
+    get, post = ["GET"], ["POST"]
     routes = [
-        Route("/", page_jobs),
-        Route("/jobs/{job}", page_job),
-        Route("/compare", page_compare),
-        Route("/api/jobs", api_jobs),
-        Route("/api/jobs/{job}", api_job),
-        Route("/api/jobs/{job}/metrics", api_metrics),
-        Route("/api/jobs/{job}/resources", api_resources),
-        Route("/api/jobs/{job}/logs", api_logs),
-        Route("/api/compare", api_compare),
-        Route("/static/plotly.min.js", static_plotly),
-        Route("/static/app.js", _static("app.js", "text/javascript")),
-        Route("/static/app.css", _static("app.css", "text/css")),
+        Route("/", page_list, methods=get),
+        Route("/jobs/{job}", page_job, methods=get),
+        Route("/sweeps/{sweep}", page_sweep, methods=get),
+        Route("/compare", page_compare, methods=get),
+        Route("/api/jobs", api_jobs, methods=get),
+        Route("/api/jobs/count", api_jobs_count, methods=get),
+        Route("/api/meta", api_meta, methods=get),
+        Route("/api/sweeps", api_sweeps, methods=get),
+        Route("/api/sweeps/{sweep}", api_sweep, methods=get),
+        Route("/api/sweeps/{sweep}/{action}", api_sweep_action, methods=post),
+        Route("/api/jobs/{job}", api_job, methods=get),
+        Route("/api/jobs/{job}/metrics", api_metrics, methods=get),
+        Route("/api/jobs/{job}/resources", api_resources, methods=get),
+        Route("/api/jobs/{job}/logs", api_logs, methods=get),
+        Route("/api/jobs/{job}/artifacts", api_artifacts, methods=get),
+        Route("/api/jobs/{job}/artifacts/file", api_artifact_file, methods=get),
+        Route("/api/jobs/{job}/{action}", api_job_action, methods=post),
+        Route("/api/compare", api_compare, methods=get),
+        Route("/static/plotly.min.js", static_plotly, methods=get),
+        *(Route(f"/static/{name}", _static(name, kind), methods=get) for name, kind in (
+            ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
+            ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]
     app = Starlette(routes=routes, exception_handlers={PhalanxError: _phalanx_error})
-    app.state.token = token
-    return Guard(app, token, check_host and token is None)
-
-
-def dumps(value: Any) -> str:
-    """JSON safe to embed in a <script> element."""
-    return json.dumps(value).replace("</", "<\\/")
+    return Guard(app, token, loopback, csrf=csrf, check_user=check_user)

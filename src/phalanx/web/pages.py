@@ -1,67 +1,86 @@
-"""HTML shells of the dashboard pages; ``static/app.js`` fills them from the JSON API."""
+"""HTML shells of the dashboard's pages; the scripts in ``static/`` fill them from the JSON API.
+
+No inline script runs (the Content-Security-Policy forbids it): a page's settings travel in a
+``<script type="application/json">`` element, which is data, never code.
+"""
 
 from __future__ import annotations
 
 import html
 import json
 from typing import Any
-from urllib.parse import quote
 
-from ..store import JobRecord
-
-
-def _query(token: str | None) -> str:
-    return f"?token={quote(token)}" if token else ""
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 
 
 def _config(value: dict[str, Any]) -> str:
-    return json.dumps(value).replace("</", "<\\/")  # safe inside <script>
+    return html.escape(json.dumps(value), quote=False).replace("</", "<\\/")
 
 
-def _layout(title: str, body: str, token: str | None, config: dict[str, Any]) -> str:
-    q = _query(token)
+def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: tuple[str, ...], active: str = "") -> str:
+    tags = "\n".join(f'<script src="/static/{name}" defer></script>' for name in ("plotly.min.js", "common.js", *scripts))
+    nav = "".join(f'<a href="{href}" class="{"on" if key == active else ""}">{label}</a>'
+                  for key, href, label in (("jobs", "/", "Jobs"), ("sweeps", "/?view=sweeps", "Sweeps")))
     return f"""<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="phalanx-csrf" content="{html.escape(csrf)}">
 <title>{html.escape(title)} · phalanx</title>
-<link rel="stylesheet" href="/static/app.css{q}">
-<script src="/static/plotly.min.js{q}"></script>
+<link rel="stylesheet" href="/static/app.css">
+<script type="application/json" id="phx-config">{_config(config)}</script>
+{tags}
 </head>
 <body>
-<header class="top"><a class="brand" href="/{q}">phalanx</a><span class="sub">{html.escape(title)}</span></header>
+<header class="top"><a class="brand" href="/">phalanx</a><nav>{nav}</nav><span class="sub">{html.escape(title)}</span>
+<span class="grow"></span><span id="live" class="live" title="refreshing while something runs"></span></header>
+<div id="toast" class="toast" hidden></div>
+<div id="modal" class="modal" hidden><div class="box"><h3 id="modal-title"></h3><p id="modal-text"></p>
+<div class="modal-buttons"><button id="modal-cancel" type="button">Cancel</button><button id="modal-ok" type="button" class="danger"></button></div></div></div>
 <main>
 {body}
 </main>
-<script>window.PHX_CONFIG = {_config({**config, "token": token})};</script>
-<script src="/static/app.js{q}"></script>
 </body>
 </html>
 """
 
 
-def jobs_page(token: str | None) -> str:
-    body = """
-<section>
-  <div class="bar"><h1>Jobs</h1>
-    <span class="grow"></span>
-    <button id="compare" disabled>Compare metrics of selected</button>
-  </div>
-  <table class="jobs">
-    <thead><tr><th></th><th>ID</th><th>NAME</th><th>STATE</th><th>TOPOLOGY</th><th>CREATED</th><th>DURATION</th><th>COMMAND</th></tr></thead>
-    <tbody id="jobs"><tr><td colspan="8" class="muted">loading…</td></tr></tbody>
-  </table>
+def list_page(view: str, csrf: str) -> str:
+    sweeps = view == "sweeps"
+    body = f"""
+<section class="listing">
+  <div class="bar"><h1>{"Sweeps" if sweeps else "Jobs"}</h1><span id="count" class="muted"></span><span class="grow"></span>
+    <button id="compare" type="button" {"hidden" if sweeps else ""} disabled>Compare selected</button></div>
+  <form id="filters" class="filters" autocomplete="off">
+    <input id="f-q" name="q" type="search" placeholder="search id, name, command">
+    <select id="f-state" name="state"><option value="">any state</option></select>
+    <input id="f-name" name="name" placeholder="name (glob: resnet*)">
+    <select id="f-backend" name="backend" {"hidden" if sweeps else ""}><option value="">any backend</option></select>
+    <input id="f-tag" name="tag" placeholder="tag: key=value" list="tag-keys"><datalist id="tag-keys"></datalist>
+    <select id="f-since" name="since"><option value="">any time</option><option value="1h">last hour</option>
+      <option value="1d">last day</option><option value="7d">last week</option><option value="30d">last 30 days</option></select>
+    <span class="cols" {"hidden" if sweeps else ""}><input id="f-col" placeholder="+ metric column (loss, acc:max)" list="metric-names">
+      <datalist id="metric-names"></datalist></span>
+    <button type="submit">Apply</button><button id="f-clear" type="button" class="link">clear</button>
+  </form>
+  <div id="error" class="error" hidden></div>
+  <div class="table-wrap"><table class="list" id="list"><thead><tr id="list-head"></tr></thead>
+    <tbody id="list-body"><tr><td class="muted">loading…</td></tr></tbody></table></div>
+  <div class="pager"><button id="prev" type="button" disabled>‹ newer</button><span id="page-no" class="muted"></span>
+    <button id="next" type="button" disabled>older ›</button></div>
 </section>"""
-    return _layout("jobs", body, token, {"page": "jobs"})
+    return _layout("sweeps" if sweeps else "jobs", body, {"page": "list", "view": view}, csrf, ("list.js",),
+                   "sweeps" if sweeps else "jobs")
 
 
-def job_page(record: JobRecord, token: str | None) -> str:
-    job = html.escape(record.id)
+def job_page(job_id: str, name: str, state: str, csrf: str) -> str:
     body = f"""
 <section id="head" class="head">
-  <h1><span id="job-id">{job}</span> <span id="job-name" class="muted">{html.escape(record.name)}</span>
-      <span id="job-state" class="state">{html.escape(record.state.value)}</span></h1>
+  <div class="bar"><h1><span id="job-id">{html.escape(job_id)}</span> <span id="job-name" class="muted">{html.escape(name)}</span>
+    <span id="job-state" class="state {html.escape(state)}">{html.escape(state)}</span></h1>
+    <span class="grow"></span><span id="actions" class="actions"></span></div>
   <div id="job-facts" class="facts"></div>
 </section>
 <section id="cause-box" class="cause" hidden><h2>Root cause</h2><div id="cause"></div></section>
@@ -72,12 +91,18 @@ def job_page(record: JobRecord, token: str | None) -> str:
 </div>
 <section>
   <div class="bar"><h2>Metrics</h2><span class="grow"></span>
-    <label>rank <select id="metric-rank"><option value="all">all</option></select></label></div>
-  <div id="metrics" class="charts"><p class="muted">no metrics yet</p></div>
+    <label>x <select id="m-x"><option value="step">step</option><option value="rel">time (relative)</option><option value="wall">time (wall clock)</option></select></label>
+    <label>smoothing <input id="m-smooth" type="range" min="0" max="0.99" step="0.01" value="0"> <span id="m-smooth-v">0</span></label>
+    <label><input id="m-log" type="checkbox"> log y</label>
+    <label>rank <select id="metric-rank"><option value="all">all</option></select></label>
+    <form id="overlay"><input id="overlay-job" placeholder="overlay job (id or name)" size="22"><button>Overlay</button></form>
+  </div>
+  <div id="overlays" class="overlays"></div>
+  <div id="metrics" class="charts big"><p class="muted">no metrics yet</p></div>
 </section>
 <section>
-  <div class="bar"><h2>Resources</h2></div>
-  <div id="resources" class="charts"><p class="muted">no resource samples yet</p></div>
+  <div class="bar"><h2>Resources</h2><span class="grow"></span><span id="res-note" class="muted"></span></div>
+  <div id="resources" class="charts"><p class="muted">loading…</p></div>
 </section>
 <section>
   <div class="bar"><h2>Logs</h2><span class="grow"></span>
@@ -88,20 +113,50 @@ def job_page(record: JobRecord, token: str | None) -> str:
   </div>
   <div id="log-matches" class="matches" hidden></div>
   <pre id="log" class="log"></pre>
+</section>
+<section>
+  <div class="bar"><h2>Artifacts</h2><span class="grow"></span><span id="art-where" class="muted"></span></div>
+  <div id="artifacts"><p class="muted">loading…</p></div>
 </section>"""
-    return _layout(f"job {record.id}", body, token, {"page": "job", "job": record.id})
+    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("job.js",))
 
 
-def compare_page(job_ids: list[str], token: str | None) -> str:
+def sweep_page(sweep_id: str, name: str, state: str, csrf: str) -> str:
+    body = f"""
+<section class="head">
+  <div class="bar"><h1><span id="sweep-id">{html.escape(sweep_id)}</span> <span class="muted">{html.escape(name)}</span>
+    <span id="sweep-state" class="state {html.escape(state)}">{html.escape(state)}</span></h1>
+    <span class="grow"></span><span id="actions" class="actions"></span></div>
+  <div id="sweep-progress" class="progress-line"></div>
+  <div id="sweep-facts" class="facts"></div>
+</section>
+<section>
+  <div class="bar"><h2>Trials</h2><span class="grow"></span><span class="muted">best first · click a row for the trial</span></div>
+  <div class="table-wrap"><table class="list" id="trials"><thead><tr id="trials-head"></tr></thead><tbody id="trials-body"></tbody></table></div>
+</section>
+<section>
+  <div class="bar"><h2>Parameters and objective</h2></div>
+  <div id="parcoords" class="chart wide-chart"></div>
+  <div id="scatters" class="charts"></div>
+</section>"""
+    return _layout(f"sweep {sweep_id}", body, {"page": "sweep", "sweep": sweep_id}, csrf, ("sweep.js",), "sweeps")
+
+
+def compare_page(job_ids: list[str], csrf: str) -> str:
     body = """
 <section>
-  <div class="bar"><h1>Compare metrics</h1></div>
+  <div class="bar"><h1>Compare metrics</h1><span class="grow"></span>
+    <label>x <select id="m-x"><option value="step">step</option><option value="rel">time (relative)</option></select></label>
+    <label>smoothing <input id="m-smooth" type="range" min="0" max="0.99" step="0.01" value="0"> <span id="m-smooth-v">0</span></label>
+    <label><input id="m-log" type="checkbox"> log y</label></div>
   <div id="compare-jobs" class="facts"></div>
-  <div id="compare" class="charts"><p class="muted">loading…</p></div>
+  <div id="compare" class="charts big"><p class="muted">loading…</p></div>
 </section>"""
-    return _layout("compare", body, token, {"page": "compare", "jobs": job_ids})
+    return _layout("compare", body, {"page": "compare", "jobs": job_ids}, csrf, ("job.js",))
 
 
 def error_page(status: int, message: str) -> str:
-    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status} · phalanx</title></head>
-<body><h1>{status}</h1><p>{html.escape(message)}</p><p><a href="/">all jobs</a></p></body></html>"""
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status} · phalanx</title>
+<link rel="stylesheet" href="/static/app.css"></head>
+<body><header class="top"><a class="brand" href="/">phalanx</a></header><main><section class="cause">
+<h1>{status}</h1><p id="message">{html.escape(message)}</p><p><a href="/">all jobs</a></p></section></main></body></html>"""

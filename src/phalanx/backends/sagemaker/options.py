@@ -61,8 +61,10 @@ OPTIONS: tuple[BackendOption, ...] = (
                   kind=Int(low=1, expected="a size in GB"), metavar="GB"),
     BackendOption("subnets", str, None, "VPC subnets, comma-separated (with --security-groups)."),
     BackendOption("security_groups", str, None, "VPC security groups, comma-separated (with --subnets)."),
-    BackendOption("tag", str, None, "A tag KEY=VALUE on the training job (repeatable).", multiple=True,
-                  kind=Custom(expected="KEY=VALUE", parser=_tag), metavar="KEY=VALUE"),
+    # The job file's ``sagemaker: {tags: ...}``; the flag ``--tag`` is every backend's (the job's
+    # labels, ``JobSpec.tags``), which SageMaker puts on the training job as well.
+    BackendOption("tag", str, None, "Tags KEY=VALUE on the training job only (job file: sagemaker: {tags: ...}).",
+                  multiple=True, kind=Custom(expected="KEY=VALUE", parser=_tag), cli=False, metavar="KEY=VALUE"),
     BackendOption("volume_kms_key", str, None, "KMS key for the instances' storage volumes."),
     BackendOption("output_kms_key", str, None, "KMS key for the model and output archives."),
 )

@@ -106,7 +106,7 @@ def training_request(spec: JobSpec, opts: dict[str, Any], req: Request) -> dict[
         "StoppingCondition": stopping(opts),
         "CheckpointConfig": {"S3Uri": req.checkpoint_uri, "LocalPath": layout.CHECKPOINTS},
         "Environment": {"PHALANX_JOB_ID": req.job_id, "PHALANX_ATTEMPT": str(req.attempt)},
-        "Tags": tags(spec, req.job_id, req.attempt, opts.get("tag")),
+        "Tags": tags(spec, req.job_id, req.attempt, [*(f"{k}={v}" for k, v in spec.tags.items()), *(opts.get("tag") or [])]),
     }
     if opts["spot"]:
         request["EnableManagedSpotTraining"] = True

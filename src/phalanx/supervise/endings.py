@@ -1,0 +1,169 @@
+"""What happens when an attempt, a job or a sweep ends, besides its state: the job's usage
+(GPU-/CPU-hours, cost) and metric summary are recorded in the store, and its outcome is sent
+where ``--notify`` says. Called by ``JobRun`` (job.py) and the sweep runner (one line each).
+
+Nothing here may fail a job: every step is guarded, and a problem is one warning line.
+A sweep's trials notify nobody on their own (a 64-trial sweep would send 64 messages); the
+sweep's end does, with its best trial and counts.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from ..core.paths import JobPaths
+from .notify import Event, send
+from .outcome import Outcome
+
+Say = Callable[[str], None]
+_pending: list[threading.Thread] = []  # notifications of retries still being sent
+_lock = threading.Lock()
+
+
+def attempt_over(run: Any, attempt: int, outcome: Outcome, retry: bool, reason: str) -> None:
+    """A ``JobRun``'s attempt ended; with ``retry`` another one starts now (``run.retries``
+    not yet counting it). ``run`` is typed Any: job.py imports this module."""
+    try:
+        from ..monitor import logindex
+
+        logindex.note(run.paths, attempt)
+        spec, record = run.spec, run.record
+        if not retry or not spec.notify or record.sweep_id is not None:
+            return
+        kind = outcome.kind.value
+        why = {"stalled": "stalled", "preempted": "was preempted"}.get(kind, kind)
+        title = (f"job {record.id} '{record.name}': attempt {attempt} {why} (exit {outcome.exit_code}); "
+                 f"retrying ({run.retries + 1}/{spec.max_retries})")
+        event = Event("retried", title, record.id, record.name, "RUNNING", _cause_text(outcome.cause),
+                      fields={"attempt": attempt, "outcome": kind, "exit_code": outcome.exit_code})
+        thread = threading.Thread(target=send, args=(spec.notify, event, run.say), daemon=True)
+        thread.start()
+        with _lock:
+            _pending.append(thread)
+    except Exception as exc:  # noqa: BLE001
+        run.say(f"warning: after attempt {attempt}: {exc}")
+
+
+def job_ended(run: Any, outcome: Outcome) -> None:
+    """A ``JobRun`` has recorded its final state: record usage and metrics, send the outcome
+    (waits for the sending, a few seconds at most: a detached supervisor exits right after)."""
+    say: Say = run.say
+    try:
+        record = run.store.get(run.record.id)
+        record_usage(run.store, record)
+        record_metrics(run.store, record)
+        from ..monitor import logindex
+
+        logindex.forget(run.paths)
+        if run.spec.notify and record.sweep_id is None:
+            event = job_event(record, outcome.kind.value)
+            if event is not None:
+                send(run.spec.notify, event, say)
+    except Exception as exc:  # noqa: BLE001
+        say(f"warning: after the job ended: {exc}")
+    finally:
+        _flush()
+
+
+def _flush(timeout: float = 15.0) -> None:
+    with _lock:
+        threads, _pending[:] = list(_pending), []
+    for thread in threads:
+        thread.join(timeout)
+
+
+def record_usage(store: Any, record: Any) -> Any:
+    from ..monitor.accounting import job_usage
+
+    usage = job_usage(record)
+    store.update(record.id, gpu_hours=usage.gpu_hours, cpu_hours=usage.cpu_hours, cost=usage.cost)
+    return usage
+
+
+def metric_summary(record: Any) -> dict[str, dict[str, Any]]:
+    """Last/min/max/count of every metric of the job's rank 0 (or lowest rank with metrics),
+    over all its attempts: what ``phalanx metrics`` shows."""
+    from ..monitor.readback import rank_series, summarize_series
+    from ..monitor.report import default_rank
+
+    paths = JobPaths(Path(record.job_dir))
+    attempts = paths.attempts()
+    rank = default_rank(paths, attempts)
+    return summarize_series([rank_series(paths, a, rank) for a in attempts]) if rank is not None else {}
+
+
+def record_metrics(store: Any, record: Any) -> None:
+    from ..store.listing import save_metrics
+
+    save_metrics(store, record.id, metric_summary(record))
+
+
+def _cause_text(cause: dict[str, Any] | None) -> str:
+    if not cause:
+        return ""
+    where = f"rank {cause['rank']} on node {cause.get('node_rank')}: " if "rank" in cause else ""
+    kind = f"{cause['type']}: " if cause.get("type") else ""
+    head = f"{where}{kind}{cause.get('message') or ''}"
+    detail = cause.get("traceback") or cause.get("log_tail") or ""
+    return head + ("\n" + detail.rstrip() if detail else "")
+
+
+def job_event(record: Any, kind: str) -> Event | None:
+    """The notification of a job's final state (None for the ones nobody needs told:
+    cancelled by the user, pruned by its sweep)."""
+    label = f"job {record.id} '{record.name}'"
+    took = f"in {_took(record.duration)}" if record.duration is not None else ""
+    fields = {"exit_code": record.exit_code, "topology": record.topology, "backend": record.backend,
+              "gpu_hours": record.gpu_hours, "cpu_hours": record.cpu_hours, "cost": record.cost}
+    cause = record.root_cause_dict() or {}
+    if kind == "succeeded":
+        return Event("succeeded", f"{label} succeeded {took}".rstrip(), record.id, record.name, record.state.value, fields=fields)
+    if kind == "stalled":
+        return Event("stalled", f"{label} stalled: {cause.get('message', 'no output')}", record.id, record.name,
+                     record.state.value, _log_tail(cause), fields=fields)
+    if kind == "preempted":
+        return Event("preempted", f"{label} was preempted; continue it with: phalanx resume {record.id}", record.id,
+                     record.name, record.state.value, fields=fields)
+    if kind == "failed":
+        first = _cause_text(cause).split("\n", 1)
+        detail = first[1] if len(first) > 1 else ""
+        return Event("failed", f"{label} failed: {first[0] or 'see phalanx status ' + record.id}", record.id, record.name,
+                     record.state.value, detail, fields={**fields, "root_cause": cause or None})
+    return None
+
+
+def _took(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _log_tail(cause: dict[str, Any]) -> str:
+    return str(cause.get("log_tail") or "")
+
+
+def sweep_ended(store: Any, sweep_id: str, say: Say) -> None:
+    """A sweep's runner has recorded its final state: send its outcome."""
+    try:
+        import json
+
+        sweep = store.sweeps.get(sweep_id)
+        spec = json.loads(sweep.spec_json)
+        targets = tuple(spec.get("notify") or ())
+        if not targets:
+            return
+        from ..store.listing import usage_sum
+
+        used = usage_sum(store, sweep_id=sweep_id)
+        best = ""
+        if sweep.best_value is not None:
+            best = f"; best {sweep.objective}={sweep.best_value:.6g} (job {sweep.best_job}, {sweep.best_params})"
+        title = (f"sweep {sweep.id} '{sweep.name}' {sweep.state.value.lower()}: {sweep.finished}/{sweep.total} trials "
+                 f"({sweep.failed} failed, {sweep.pruned} pruned){best}")
+        kind = "succeeded" if sweep.state.value == "SUCCEEDED" else "failed" if sweep.state.value == "FAILED" else "sweep"
+        send(targets, Event(kind, title, sweep.id, sweep.name, sweep.state.value,
+                            fields={"sweep": True, "best_value": sweep.best_value, "best_job": sweep.best_job, **used}), say)
+    except Exception as exc:  # noqa: BLE001
+        say(f"warning: after the sweep ended: {exc}")

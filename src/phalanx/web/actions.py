@@ -1,0 +1,146 @@
+"""What the dashboard's buttons do: stop, resume, retry and delete a job; stop, resume and
+delete a sweep. Each is the library verb the CLI runs (``phalanx stop|resume|rm``); a verb
+that waits (stop waits for the ranks to end) runs in a thread, and the request returns once
+the change is under way. No web imports here.
+
+An action that no longer applies (stopping a job that has ended, resuming one that
+succeeded) is a :class:`Conflict`, answered 409 with a line the page shows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..core.state import RESUMABLE, JobState, is_terminal
+from ..errors import PhalanxError, UsageError
+from ..store import JobRecord
+
+JOB_ACTIONS = ("stop", "resume", "retry", "delete")
+SWEEP_ACTIONS = ("stop", "resume", "delete")
+_running: list[threading.Thread] = []
+
+
+class Conflict(UsageError):
+    """The action does not apply to the job as it is now."""
+
+
+def _background(name: str, work: Callable[[], Any], log: Callable[[str], None]) -> None:
+    def run() -> None:
+        try:
+            work()
+        except PhalanxError as exc:
+            log(f"{name}: {exc}")
+
+    thread = threading.Thread(target=run, name=f"phalanx-ui-{name}", daemon=True)
+    thread.start()
+    _running[:] = [t for t in _running if t.is_alive()] + [thread]
+
+
+def _until(check: Callable[[], bool], seconds: float = 3.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def job_action(ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``action`` on the job ``ref``; returns what the page shows next."""
+    from .. import jobs, query
+
+    if action not in JOB_ACTIONS:
+        raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(JOB_ACTIONS)}")
+    record = query.get_job(ref)
+    if action == "stop":
+        if is_terminal(record.state):
+            raise Conflict(f"job {record.id} already ended ({record.state.value}): there is nothing to stop",
+                           "reload the page to see its final state")
+        _background("stop", lambda: jobs.stop(record.id), log)
+        _until(lambda: query.get_job(record.id).state is not JobState.RUNNING)
+        return {"id": record.id, "state": query.get_job(record.id).state.value, "message": f"stopping job {record.id}"}
+    if action == "resume":
+        if record.state not in RESUMABLE:
+            why = "it succeeded" if record.state is JobState.SUCCEEDED else f"it is {record.state.value}"
+            raise Conflict(f"job {record.id} cannot be resumed: {why}", "retry runs it again as a new job")
+        resumed, _ = jobs.resume(record.id, detach=True)
+        return {"id": resumed.id, "state": resumed.state.value, "message": f"job {record.id} resumes as attempt {resumed.attempt}"}
+    if action == "retry":
+        return _retry(record)
+    return _delete([record.id])
+
+
+def _retry(record: JobRecord) -> dict[str, Any]:
+    """A new job running the same command with the same settings (its code snapshot taken
+    now from the working directory, as ``phalanx run`` would), its own state directory unless
+    the job shared a named one."""
+    from .. import jobs, query
+
+    if not is_terminal(record.state):
+        raise Conflict(f"job {record.id} is still {record.state.value}", "stop it first, or wait for it to end")
+    if record.sweep_id is not None:
+        raise Conflict(f"job {record.id} is a trial of sweep {record.sweep_id}", "resume the sweep instead")
+    spec = query.read_spec(record)
+    own = spec.state_name == f"{spec.name}-{record.id}"
+    spec = spec.with_(state_name="" if own else spec.state_name, code_dir="")
+    new = jobs.submit_detached(spec)
+    return {"id": new.id, "state": new.state.value, "message": f"job {record.id} runs again as job {new.id}",
+            "redirect": f"/jobs/{new.id}"}
+
+
+def _delete(refs: list[str]) -> dict[str, Any]:
+    from .. import query
+    from ..cleanup import remove, resolve
+
+    store = query.open_store()
+    try:
+        targets = resolve(store, refs)
+    except UsageError as exc:
+        raise Conflict(exc.message, exc.hint) from None
+    removed = remove(store, query.home(), targets)
+    return {"removed": removed.ids, "bytes": removed.bytes, "message": f"removed {', '.join(removed.ids)}",
+            "redirect": "/"}
+
+
+def sweep_action(ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from .. import jobs, query
+    from ..errors import JobNotFound
+
+    if action not in SWEEP_ACTIONS:
+        raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(SWEEP_ACTIONS)}")
+    sweep = query.find_sweep(ref)
+    if sweep is None:
+        raise JobNotFound(f"no sweep '{ref}'", "list sweeps with: phalanx ps --all")
+    if action == "stop":
+        if is_terminal(sweep.state):
+            raise Conflict(f"sweep {sweep.id} already ended ({sweep.state.value}): there is nothing to stop",
+                           "reload the page to see its final state")
+        _background("stop", lambda: jobs.stop_sweep(sweep), log)
+        def state() -> JobState:
+            return (query.find_sweep(sweep.id) or sweep).state
+
+        _until(lambda: state() is not JobState.RUNNING)
+        return {"id": sweep.id, "state": state().value, "message": f"stopping sweep {sweep.id}"}
+    if action == "resume":
+        if sweep.state not in RESUMABLE:
+            raise Conflict(f"sweep {sweep.id} cannot be resumed: it is {sweep.state.value}", "start a new sweep")
+        resumed, _ = jobs.resume_sweep(sweep, detach=True)
+        return {"id": resumed.id, "state": resumed.state.value, "message": f"sweep {sweep.id} resumes"}
+    return _delete([sweep.id])
+
+
+def sweep_detail(sweep: Any) -> dict[str, Any]:
+    """The sweep page's data: the sweep's row, its settings, its trial table, its actions."""
+    import json
+
+    from .. import query
+    from ..lists import sweep_row
+    from ..sweepview import trial_table
+
+    store = query.open_store()
+    data = sweep_row(store, sweep)
+    data["settings"] = json.loads(sweep.settings_json)
+    data["table"] = trial_table(store, sweep)
+    data["terminal"] = is_terminal(sweep.state)
+    data["actions"] = ["stop"] if not is_terminal(sweep.state) else (
+        ["resume", "delete"] if sweep.state in RESUMABLE else ["delete"])
+    return data

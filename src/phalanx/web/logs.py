@@ -1,0 +1,68 @@
+"""A rank's log for the dashboard: its tail, what was appended since (follow), and search over
+the whole file. Every path goes through ``data.job_file`` (never a file outside the job)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.paths import JobPaths
+from ..core.state import is_terminal
+from ..errors import UsageError
+from ..store import JobRecord
+from .data import job_file
+
+LOG_CHUNK = 256 * 1024  # bytes of log per request: the tail first, older parts on demand
+MAX_LOG_CHUNK = 4 * 1024 * 1024
+MAX_MATCHES = 1000
+
+
+def _log_path(record: JobRecord, attempt: int | None, rank: int) -> tuple[int, Path]:
+    paths = JobPaths(Path(record.job_dir))
+    attempt = record.attempt if attempt is None else attempt
+    if attempt < 0 or rank < 0:
+        raise UsageError("attempt and rank must be 0 or more", "e.g. ?rank=0&attempt=0")
+    return attempt, job_file(record, paths.rank_log(attempt, rank))
+
+
+def read_log(record: JobRecord, rank: int, attempt: int | None = None, offset: int | None = None,
+             limit: int = LOG_CHUNK) -> dict[str, Any]:
+    """A piece of a rank's log: from ``offset`` (default: the last ``limit`` bytes, from a line
+    start) up to the last complete line, or to the end once the job has ended."""
+    attempt, path = _log_path(record, attempt, rank)
+    limit = max(1, min(int(limit), MAX_LOG_CHUNK))
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            start = max(0, size - limit) if offset is None else max(0, min(int(offset), size))
+            fh.seek(start)
+            data = fh.read(limit)
+    except FileNotFoundError:
+        return {"rank": rank, "attempt": attempt, "offset": 0, "next": 0, "size": 0, "text": "", "exists": False}
+    if offset is None and start > 0:
+        cut = data.find(b"\n") + 1  # begin at a line start
+        start, data = start + cut, data[cut:]
+    if not is_terminal(record.state) or start + len(data) < size:
+        data = data[: data.rfind(b"\n") + 1]  # a line still being written comes next time
+    return {"rank": rank, "attempt": attempt, "offset": start, "next": start + len(data), "size": size,
+            "text": data.decode("utf-8", errors="replace"), "exists": True}
+
+
+def search_log(record: JobRecord, rank: int, query: str, attempt: int | None = None,
+               max_matches: int = MAX_MATCHES) -> dict[str, Any]:
+    """Lines of a rank's log containing ``query`` (case-insensitive), with line numbers."""
+    attempt, path = _log_path(record, attempt, rank)
+    needle = query.lower().encode()
+    matches: list[dict[str, Any]] = []
+    truncated = False
+    try:
+        with open(path, "rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if needle in line.lower():
+                    if len(matches) >= max_matches:
+                        truncated = True
+                        break
+                    matches.append({"line": number, "text": line.rstrip(b"\r\n").decode("utf-8", errors="replace")})
+    except FileNotFoundError:
+        pass
+    return {"rank": rank, "attempt": attempt, "query": query, "matches": matches, "truncated": truncated}
