@@ -188,6 +188,15 @@ def test_the_validator_counts_list_members_and_requires_members(tmp_path):
 # -- bad input: UsageError before anything exists ---------------------------------------------
 
 
+def test_the_jobs_labels_tag_the_training_job_beside_the_sections_tags(tmp_path):
+    """``--tag`` (``JobSpec.tags``, every backend's label) and ``sagemaker: {tags: ...}``
+    (``backend_options.tag``, the training job only) both end up in the request's Tags."""
+    spec = cases(tmp_path)["sagemaker_single_vpc_kms"].with_(tags={"team": "vision", "run": ""})
+    tags = {t["Key"]: t["Value"] for t in request_of(_plan(spec, tmp_path))["Tags"]}
+    assert {k: tags[k] for k in ("team", "run", "cost center")} == {"team": "vision", "run": "", "cost center": "42"}
+    assert tags["phalanx:job"] == "job1234"
+
+
 @pytest.mark.parametrize("change, expect", [
     ({"role": None}, "needs an IAM role"),
     ({"role": "sm-role"}, "invalid --role 'sm-role'; use an IAM role ARN"),  # the option's own rule

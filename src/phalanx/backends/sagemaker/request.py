@@ -56,14 +56,15 @@ def stopping(opts: dict[str, Any]) -> dict[str, int]:
 
 
 def tags(spec: JobSpec, job_id: str, attempt: int, given: list[str] | None) -> list[dict[str, str]]:
-    out = [{"Key": "phalanx:job", "Value": job_id}, {"Key": "phalanx:attempt", "Value": str(attempt)},
-           {"Key": "phalanx:name", "Value": spec.name[:256]}]
+    """phalanx's own tags, then ``given`` (KEY=VALUE), one per key: a later one wins (SageMaker
+    refuses a key given twice)."""
+    out = {"phalanx:job": job_id, "phalanx:attempt": str(attempt), "phalanx:name": spec.name[:256]}
     for item in given or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"invalid --tag '{item}'", "use --tag KEY=VALUE")
-        out.append({"Key": key, "Value": value})
-    return out
+        out[key] = value
+    return [{"Key": k, "Value": v} for k, v in out.items()]
 
 
 def _s3_channel(name: str, uri: str) -> dict[str, Any]:
@@ -106,7 +107,8 @@ def training_request(spec: JobSpec, opts: dict[str, Any], req: Request) -> dict[
         "StoppingCondition": stopping(opts),
         "CheckpointConfig": {"S3Uri": req.checkpoint_uri, "LocalPath": layout.CHECKPOINTS},
         "Environment": {"PHALANX_JOB_ID": req.job_id, "PHALANX_ATTEMPT": str(req.attempt)},
-        "Tags": tags(spec, req.job_id, req.attempt, [*(f"{k}={v}" for k, v in spec.tags.items()), *(opts.get("tag") or [])]),
+        # the section's tags (the training job's only), then the job's labels (--tag), which win
+        "Tags": tags(spec, req.job_id, req.attempt, [*(opts.get("tag") or []), *(f"{k}={v}" for k, v in spec.tags.items())]),
     }
     if opts["spot"]:
         request["EnableManagedSpotTraining"] = True
