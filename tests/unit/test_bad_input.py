@@ -379,6 +379,7 @@ MEANINGS: list[tuple[str | None, list[str], str, object]] = [
     # --tag / tags: and --notify / notify: (labels and notifications, every backend)
     ("script: t.py\ntags: {team: vision, run: 3}\n", ["--tag", "team=audio", "--tag", "empty="], "tags",
      {"team": "audio", "run": "3", "empty": ""}),
+    ("script: t.py\ntags: {gpu: yes, id: 010, at: 1:30}\n", [], "tags", {"gpu": "yes", "id": "010", "at": "1:30"}),
     (None, ["--tag", "a/b:c@d=x=y", "t.py"], "tags", {"a/b:c@d": "x=y"}),
     (None, ["--backend", "sagemaker", "--tag", "team=ml", "t.py"], "tags", {"team": "ml"}),
     (None, ["--backend", "sagemaker", "--tag", "team=ml", "t.py"], "backend_options", {}),

@@ -131,9 +131,12 @@ def tag_key(text: str) -> str:
     return text.strip()
 
 
+TAG_VALUE_LONGEST = 256  # characters, as SageMaker's Tags allow
+
+
 def tag_value(text: str) -> str:
-    if len(text) > 256:
-        raise BadValue("a tag value of at most 256 characters")
+    if len(text) > TAG_VALUE_LONGEST:
+        raise BadValue(f"a tag value of at most {TAG_VALUE_LONGEST} characters")
     return text
 
 

@@ -1,7 +1,7 @@
 """Every option of ``phalanx run`` and of a job file, declared once.
 
 From this table (plus each backend's own options, ``backends/options.py``) come the flags of
-``phalanx run`` (``cli/runcmd.py``), the job-file keys and their validation (``jobfile.py``),
+``phalanx run`` (``cli/runcmd.py``), the job-file keys and their validation (``jobfile/``),
 the values a ``JobSpec`` is built from, and the option reference ``docs/options.md``
 (``cli/optdocs.py``, checked by a test). To add an option: add one ``Option`` here, then use
 its value where the spec is built (``jobfile.build_spec``) if it is not a plain field.
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .grammar import (
+    TAG_VALUE_LONGEST,
     channel_name,
     endpoint,
     metric_name,
     metric_regex,
-    notify_targets,
     node_range,
+    notify_targets,
     objective,
     procs_per_node,
     python_name,
@@ -31,7 +32,6 @@ from .grammar import (
     regex,
     stream_spec,
     tag_key,
-    tag_value,
     topology,
 )
 from .optiontypes import (
@@ -264,7 +264,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "(--no-snapshot: from the directory itself).", ("--no-snapshot",), group="data", field="snapshot",
            default=True, flag_value=False),
     # Labels and notifications
-    Option("tags", MappingOf(key=tag_key, item=Custom(expected="a tag value", parser=tag_value),
+    Option("tags", MappingOf(key=tag_key, item=Str(allow_empty=True, expected="a tag value", longest=TAG_VALUE_LONGEST),
                              expected="a mapping of tag key to value"),
            "A label KEY=VALUE of the job: a filter in ps and the dashboard; SageMaker also tags its training job "
            "with it (repeatable; job file: a mapping).", ("--tag",), group="labels", field="tags"),

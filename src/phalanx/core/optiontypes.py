@@ -154,12 +154,15 @@ class ValueType:
 class Str(ValueType):
     expected: str = "a string"
     allow_empty: bool = False
+    longest: int | None = None  # characters
 
     def parse(self, text: str) -> Any:
         if not self.allow_empty and not text.strip():
             raise BadValue(f"a non-empty {self.expected.removeprefix('a ')}")
         if "\x00" in text:
             raise BadValue(f"{self.expected} without NUL characters")
+        if self.longest is not None and len(text) > self.longest:
+            raise BadValue(f"{self.expected} of at most {self.longest} characters")
         return text
 
 
