@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
+from .backends.registry import get_backend
 from .core.paths import write_atomic
 from .core.plan import Plan
 from .core.spec import JobSpec
@@ -99,23 +100,28 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
 
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Events | None) -> tuple[JobRecord, int]:
+    from .launch.console import lend
     from .monitor.tail import Stop, follow_attempts
     from .supervise.job import supervise
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
     streamer = None
-    if out is not None:
+    # A lone process started here gets the terminal (stdin; its output relayed as it comes).
+    console = lend(out) if out is not None and get_backend(plan.backend).lends_console(plan) else None
+    if out is not None and console is None:
         prefix = record.nnodes * record.nproc_per_node > 1
         streamer = threading.Thread(
             target=follow_attempts, args=(record.paths, plan.attempt, ranks, prefix, out, done), daemon=True
         )
         streamer.start()
     try:
-        code = supervise(store, home(), record, plan, events=events)
+        code = supervise(store, home(), record, plan, events=events, console=console)
     finally:
         done.set()
         if streamer:
             streamer.join()
+        if console:
+            console.close()
     return store.get(record.id), code
 
 

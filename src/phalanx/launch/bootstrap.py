@@ -40,6 +40,7 @@ from phalanx.launch.procs import die_with_parent
 OUTPUT_LOG = "output.log"
 ERROR_JSON = "error.json"
 PROC_JSON = "proc.json"
+EXIT_JSON = "exit.json"
 USER_METRICS = "user_metrics.jsonl"
 TORCH_ERROR_JSON = "torchelastic_error.json"
 
@@ -65,12 +66,15 @@ def _write_json(path: str, data: dict) -> None:
 
 def _redirect_output(rank_dir: str) -> None:
     os.makedirs(rank_dir, exist_ok=True)
-    fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    # A lone foreground process keeps the streams it was given (the terminal's, relayed into the
+    # log by phalanx: launch/console.py); the script never sees the marker.
+    if os.environ.pop("PHALANX_STDIO", None) != "relay":
+        fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ["PHALANX_METRICS_FILE"] = os.path.join(rank_dir, USER_METRICS)
     if "TORCHELASTIC_RUN_ID" in os.environ and "TORCHELASTIC_ERROR_FILE" not in os.environ:
         # torchrun gives each worker one; so does phalanx when it starts a worker with torchrun's
@@ -110,13 +114,19 @@ def _user_frames(tb: StackSummary) -> StackSummary:
     return traceback.StackSummary.from_list(frames)
 
 
-def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
+def _print_exception(exc: BaseException) -> str:
+    """Python's report of an uncaught exception, on stderr, without the bootstrap's frames."""
     import traceback  # only on failure: workers start faster without it
     summary = _user_frames(traceback.extract_tb(exc.__traceback__))
     text = "Traceback (most recent call last):\n" + "".join(summary.format())
     text += "".join(traceback.format_exception_only(type(exc), exc))
     sys.stderr.write(text)
     sys.stderr.flush()
+    return text
+
+
+def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
+    text = _print_exception(exc)
     now = time.time()
     record = {
         "rank": _rank(),
@@ -260,12 +270,17 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except KeyboardInterrupt:
-        # A stop forwarded as SIGINT, not a failure of the script: no error record.
+    except KeyboardInterrupt as exc:
+        # Ctrl-C (a SIGINT passed on), not a failure of the script: python's traceback and
+        # status (130), no error record.
+        _print_exception(exc)
         code = 128 + signal.SIGINT
     except BaseException as exc:  # noqa: BLE001 - the whole point is to record anything
         _record_exception(exc, rank_dir)
         code = 1
+    if rank_dir:
+        # torch reaps its workers itself: after a Ctrl-C the agent learns their statuses here
+        _write_json(os.path.join(rank_dir, EXIT_JSON), {"exitcode": code, "time": time.time()})
     _exit(code)
 
 

@@ -39,6 +39,7 @@ from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
 from ..core.state import JobState
 from ..errors import BackendError
+from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
 from . import data, history, leftover, liveness
@@ -50,12 +51,15 @@ from .submit import plan_attempt
 Events = Callable[[str], None]
 
 
-def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None) -> int:
-    """Run ``plan`` (and its retries) to completion; returns the job's exit code.
+def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
+              console: Console | None = None) -> int:
+    """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
+    the terminal a lone process is lent (a foreground run).
 
     Blocking; main thread only (it handles signals).
     """
     run = JobRun(store, home, record, plan, events)
+    run.backend.console = console
     with ChildWatcher() as watcher:
         run.start()
         seen = 0
