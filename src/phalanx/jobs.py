@@ -45,8 +45,10 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         events: Events | None = None) -> tuple[JobRecord, int]:
     """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
 
-    Returns the final record and the job's exit code. Ctrl-C (SIGINT) stops the job
-    gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
+    Returns the final record and the job's exit code. Ctrl-C (SIGINT) reaches the ranks as
+    python's does and the job ends as the script chooses (SUCCEEDED when it exits 0, CANCELLED
+    with its exit status otherwise); SIGTERM from elsewhere records it PREEMPTED. A lone process
+    is lent the terminal (``launch/console.py``) when ``out`` has a file descriptor.
     """
     store, where = open_store(), home()
     submit.check_storage(spec, where)

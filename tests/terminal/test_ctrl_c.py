@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,20 @@ def test_ctrl_c_again_escalates_to_sigterm_then_sigkill_leaving_nothing(project,
     assert term.wait() == 137, term.text()
     assert pids and not any(alive(pid) for pid in pids), "no rank outlives phalanx"
     assert last_job(env).state.value == "CANCELLED"
+
+
+def test_the_example_checkpoints_on_ctrl_c(env, tmp_path):
+    """examples/train_ddp.py at a terminal: Ctrl-C, every rank finishes its step, rank 0
+    checkpoints into the state directory, the scripts exit 130 and so does phalanx. (SIGTERM,
+    the other half, and resuming from the checkpoint are tests/local/test_survival.py's.)"""
+    from .conftest import SCRIPTS
+
+    example = SCRIPTS.parent.parent.parent / "examples" / "train_ddp.py"
+    argv = command("phalanx-n2", str(example), "--epochs", "50", "--sleep", "0.1")
+    argv[argv.index("run") + 1:argv.index("run") + 1] = ["--name", "ctrlc", "--grace", "20"]
+    term = _interrupted(argv, tmp_path, env, r"epoch=1 step=2 ")
+    term.expect(r"stopping: checkpoint saved at step=\d+", timeout=60)
+    assert term.wait() == 130, term.text()
+    job = last_job(env)
+    assert (job.state.value, job.exit_code) == ("CANCELLED", 130)
+    assert (Path(env["PHALANX_HOME"]) / "state" / "ctrlc" / "checkpoint.pt").stat().st_size > 0

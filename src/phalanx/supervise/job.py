@@ -13,7 +13,8 @@
 - **retry**: a failed attempt is rerun as a whole (all nodes, fresh rendezvous, same job id,
   ``PHALANX_ATTEMPT`` + 1, same state directory) while retries remain and the failure is
   retryable (``retry.py``);
-- **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) and Ctrl-C cancel the job;
+- **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) cancels the job, and so does
+  Ctrl-C unless the script, given its SIGINT, ends with 0 (``AttemptRun.stop``, ``outcome.interrupted``);
   SIGTERM/SIGUSR1/SIGHUP from anyone else mean the machine is being taken away: every rank
   gets SIGTERM and the grace period to checkpoint, and the job is recorded PREEMPTED, ready
   for ``phalanx resume``. A second signal kills at once;
