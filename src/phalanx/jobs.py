@@ -108,9 +108,10 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
     streamer = None
-    # A lone process started here gets the terminal (stdin; its output relayed as it comes).
-    console = lend(out) if out is not None and get_backend(plan.backend).lends_console(plan) else None
-    if out is not None and console is None:
+    # A lone process started here gets the terminal (stdin; its output relayed as it comes);
+    # the ranks of other jobs are streamed from their logs (rank 0 writing to a terminal of its own).
+    console = lend(out) if out is not None else None
+    if out is not None and not (console is not None and get_backend(plan.backend).lends_console(plan)):
         prefix = record.nnodes * record.nproc_per_node > 1
         streamer = threading.Thread(
             target=follow_attempts, args=(record.paths, plan.attempt, ranks, prefix, out, done), daemon=True

@@ -2,7 +2,8 @@
 
 - a tqdm-style ``\\r`` bar appears step by step as it is drawn, not at the next newline (each
   step is let go only after the test saw it on the terminal), with the rank prefix after each
-  ``\\r`` when several ranks share the terminal;
+  ``\\r`` when several ranks share the terminal, and colours where the rank writes to a terminal
+  (one process: as under python; ``-n 2``: rank 0);
 - one process: ``isatty()`` answers as under python (colours kept), stderr stays stderr (here
   redirected to a file, as ``2>err.txt`` would), and the rank's log still gets both streams.
 """
@@ -29,7 +30,8 @@ def test_a_progress_bar_is_shown_as_it_is_drawn(project, env, how, prefix):
     assert term.wait() == 0, term.text()
     shown = term.text()
     if how == "phalanx-n2":
-        assert "[0] plain" in shown and "[1] plain" in shown  # a rank's stdout is its log there
+        # rank 0 writes to a terminal of its own (torchrun's ranks all write to its terminal)
+        assert "[0] \x1b[32mgreen\x1b[0m" in shown and "[1] plain" in shown, shown
     else:
         assert "\x1b[32mgreen\x1b[0m" in shown, shown  # stdout is a terminal: colours, as under python
 

@@ -17,7 +17,7 @@ from ..core.env import Topology
 from ..core.paths import HomePaths, JobPaths
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec, in_snapshot
-from ..launch.console import RELAY, RELAY_ENV, Streams
+from ..launch.console import RELAY, RELAY_ENV, TTY_ENV, Streams
 from ..launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..launch.procs import exit_code, signal_group, signal_name
 from . import commands
@@ -74,7 +74,10 @@ class LocalBackend(Backend):
                 raise
             streams.started()
             return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd), paths, attempt)
+        # At a terminal, rank 0 writes to a pseudo-terminal of its size (isatty() as under torchrun).
+        size = self.console.terminal_size() if self.console is not None and node.node_rank == 0 else None
+        env = {TTY_ENV: f"{size[0]}x{size[1]}"} if size else {}
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, env, log, cwd=node.cwd), paths, attempt)
 
 
 def _lone(node: NodePlan) -> bool:

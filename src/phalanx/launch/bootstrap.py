@@ -68,8 +68,11 @@ def _redirect_output(rank_dir: str) -> None:
     os.makedirs(rank_dir, exist_ok=True)
     # A lone foreground process keeps the streams it was given (the terminal's, relayed into the
     # log by phalanx: launch/console.py); the script never sees the marker.
+    tty = os.environ.pop("PHALANX_TTY", None)
     if os.environ.pop("PHALANX_STDIO", None) != "relay":
         fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if tty and _rank() == 0:
+            fd = _terminal_into(fd, tty)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)
@@ -91,6 +94,43 @@ def _redirect_output(rank_dir: str) -> None:
             "started": time.time(),
         },
     )
+
+
+def _terminal_into(log_fd: int, size: str) -> int:
+    """For rank 0 of a foreground run at a terminal (``PHALANX_TTY=COLSxROWS``): a pseudo-terminal
+    of that size whose output a forked relay appends to the log, so the script's ``isatty()`` is
+    True (colours, progress bars) as under torchrun. Returns the descriptor for fd 1 and 2 (the
+    log itself where no pseudo-terminal can be had). The relay ends when every holder of the
+    terminal has closed it (the worker and any child it started)."""
+    try:
+        import fcntl
+        import struct
+        import termios
+
+        master, slave = os.openpty()
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST  # bytes into the log as written (no \r\n for \n)
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        cols, _, rows = size.partition("x")
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
+    except (OSError, ValueError, ImportError):
+        return log_fd
+    if os.fork() == 0:  # the relay: no threads exist yet, nothing of the script has run
+        os.close(slave)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(signum, signal.SIG_IGN)  # a stop is the worker's business; the relay drains
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed everywhere
+                data = b""
+            if not data:
+                os._exit(0)
+            while data:
+                data = data[os.write(log_fd, data):]
+    os.close(master)
+    os.close(log_fd)
+    return slave
 
 
 def _install_stack_dumps() -> None:

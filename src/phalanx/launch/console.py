@@ -26,6 +26,9 @@ from pathlib import Path
 
 RELAY_ENV = "PHALANX_STDIO"
 RELAY = "relay"
+# For a job of several ranks at a terminal: rank 0's bootstrap gives itself a pseudo-terminal
+# of this size (COLSxROWS) and relays it into its log (bootstrap._terminal_into).
+TTY_ENV = "PHALANX_TTY"
 READ_SIZE = 65536
 DRAIN_S = 2.0  # after the process ended: how long its streams may still drain (its children may hold them)
 
@@ -36,6 +39,14 @@ class Console:
     def __init__(self, stdin_fd: int = 0, stdout_fd: int = 1, stderr_fd: int = 2) -> None:
         self.stdin_fd, self.stdout_fd, self.stderr_fd = stdin_fd, stdout_fd, stderr_fd
         self._relays: list[Streams] = []
+
+    def terminal_size(self) -> tuple[int, int] | None:
+        """(columns, rows) of the terminal phalanx's stdout is; None when it is not one."""
+        try:
+            size = os.get_terminal_size(self.stdout_fd)
+        except OSError:
+            return None
+        return size.columns, size.lines
 
     def open(self, log: Path) -> Streams:
         """The streams for one process, whose output is also appended to ``log``."""
