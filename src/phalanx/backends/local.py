@@ -17,7 +17,7 @@ from ..core.env import Topology
 from ..core.paths import HomePaths, JobPaths
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec, in_snapshot
-from ..launch.console import RELAY, RELAY_ENV, TTY_ENV, Streams
+from ..launch.console import RELAY, RELAY_ENV, TTY_ENV, Console, Streams
 from ..launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..launch.procs import exit_code, signal_group, signal_name
 from . import commands
@@ -28,6 +28,7 @@ LOOPBACK = "127.0.0.1"
 
 class LocalBackend(Backend):
     name = "local"
+    _lent: Console | None = None
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:
@@ -56,16 +57,25 @@ class LocalBackend(Backend):
     def lends_console(self, plan: Plan) -> bool:
         return len(plan.nodes) == 1 and _lone(plan.nodes[0])
 
+    def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+        # The terminal goes to the job's only process; a node's lone process of a bigger job
+        # writes to its log like every other rank.
+        self._lent = self.console if self.lends_console(plan) else None
+        return super()._start(plan, paths)
+
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
         log = paths.agent_log(attempt, node.node_rank)
+        # At a terminal, rank 0 writes to a pseudo-terminal of its size (isatty() as under torchrun).
+        size = self.console.terminal_size() if self.console is not None and node.node_rank == 0 else None
+        tty = {TTY_ENV: f"{size[0]}x{size[1]}"} if size else {}
         if _lone(node):
             # A lone process needs no agent in between: one interpreter less, so
             # `phalanx run train.py` costs about what `python train.py` does.
             proc = node.processes[0]
-            if self.console is None:
-                popen = commands.spawn(proc.argv, {**node.env, **proc.env}, log, cwd=node.cwd)
+            if self._lent is None:
+                popen = commands.spawn(proc.argv, {**node.env, **proc.env, **tty}, log, cwd=node.cwd)
                 return SingleProcessNode(node, proc.rank, popen, paths, attempt)
-            streams = self.console.open(paths.rank_log(attempt, proc.rank))
+            streams = self._lent.open(paths.rank_log(attempt, proc.rank))
             try:
                 popen = commands.spawn(proc.argv, {**node.env, **proc.env, RELAY_ENV: RELAY}, log, cwd=node.cwd,
                                        stdio=streams.child)
@@ -74,10 +84,7 @@ class LocalBackend(Backend):
                 raise
             streams.started()
             return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
-        # At a terminal, rank 0 writes to a pseudo-terminal of its size (isatty() as under torchrun).
-        size = self.console.terminal_size() if self.console is not None and node.node_rank == 0 else None
-        env = {TTY_ENV: f"{size[0]}x{size[1]}"} if size else {}
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, env, log, cwd=node.cwd), paths, attempt)
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, tty, log, cwd=node.cwd), paths, attempt)
 
 
 def _lone(node: NodePlan) -> bool:
