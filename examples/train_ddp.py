@@ -7,8 +7,9 @@ Optional environment:
   PHALANX_STATE_DIR   checkpoint.pt is written here and resumed from at start
   PHALANX_OUTPUT_DIR  the final model.pt is written here
 
-On SIGTERM (a stop or a preemption) every rank finishes its current step, rank 0 writes a
-checkpoint, and the script exits with 143, so a resumed run loses no finished step.
+On SIGTERM (a stop or a preemption) or SIGINT (Ctrl-C) every rank finishes its current step,
+rank 0 writes a checkpoint, and the script exits with 128 + the signal (143, 130), so a resumed
+run loses no finished step.
 """
 
 import argparse
@@ -87,14 +88,16 @@ def save_atomically(obj, path):
 
 
 class StopRequest:
-    """Set by SIGTERM; ranks agree on it each step so they all stop at the same step."""
+    """Set by SIGTERM or SIGINT; ranks agree on it each step so they all stop at the same step."""
 
     def __init__(self):
         self.requested = False
+        self.signum = signal.SIGTERM
         signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum, frame):
-        self.requested = True
+        self.requested, self.signum = True, signum
 
     def agreed(self, distributed, device):
         if not distributed:
@@ -193,7 +196,7 @@ def main():
                 if distributed:
                     dist.barrier()
                     dist.destroy_process_group()
-                sys.exit(128 + signal.SIGTERM)
+                sys.exit(128 + stop.signum)
 
     if rank == 0:
         x, y = dataset.tensors

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
+from .backends.registry import get_backend
 from .core.paths import write_atomic
 from .core.plan import Plan
 from .core.spec import JobSpec
@@ -52,8 +53,10 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
     ``started`` is called with the record once the job exists (the CLI's start line).
 
-    Returns the final record and the job's exit code. Ctrl-C (SIGINT) stops the job
-    gracefully and records it CANCELLED; SIGTERM from elsewhere records it PREEMPTED.
+    Returns the final record and the job's exit code. Ctrl-C (SIGINT) reaches the ranks as
+    python's does and the job ends as the script chooses (SUCCEEDED when it exits 0, CANCELLED
+    with its exit status otherwise); SIGTERM from elsewhere records it PREEMPTED. A lone process
+    is lent the terminal (``launch/console.py``) when ``out`` has a file descriptor.
     """
     store, where = open_store(), home()
     submit.check_storage(spec, where)
@@ -109,23 +112,29 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
 
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Events | None) -> tuple[JobRecord, int]:
+    from .launch.console import lend
     from .monitor.tail import Stop, follow_attempts
     from .supervise.job import supervise
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
     streamer = None
-    if out is not None:
+    # A lone process started here gets the terminal (stdin; its output relayed as it comes);
+    # the ranks of other jobs are streamed from their logs (rank 0 writing to a terminal of its own).
+    console = lend(out) if out is not None else None
+    if out is not None and not (console is not None and get_backend(plan.backend).lends_console(plan)):
         prefix = record.nnodes * record.nproc_per_node > 1
         streamer = threading.Thread(
             target=follow_attempts, args=(record.paths, plan.attempt, ranks, prefix, out, done), daemon=True
         )
         streamer.start()
     try:
-        code = supervise(store, home(), record, plan, events=events)
+        code = supervise(store, home(), record, plan, events=events, console=console)
     finally:
         done.set()
         if streamer:
             streamer.join()
+        if console:
+            console.close()
     return store.get(record.id), code
 
 

@@ -48,13 +48,13 @@ def paths(tmp_path) -> JobPaths:
 def polls(monkeypatch) -> list[float]:
     """When the followers read the logs."""
     seen: list[float] = []
-    original = RankTailer.poll
+    original = RankTailer.poll_live  # what the foreground follower reads with
 
-    def counted(self, final=False):
+    def counted(self):
         seen.append(time.monotonic())
-        return original(self, final)
+        return original(self)
 
-    monkeypatch.setattr(RankTailer, "poll", counted)
+    monkeypatch.setattr(RankTailer, "poll_live", counted)
     return seen
 
 

@@ -37,6 +37,7 @@ from ..core.paths import HomePaths, JobPaths
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec
 from ..errors import UsageError
+from ..launch.console import Console
 from ..launch.explain import annotate
 from ..launch.host import HostFacts
 from .options import BackendOption, validate
@@ -140,6 +141,14 @@ class Backend(abc.ABC):
     # Seconds ``phalanx stop`` waits, beyond the grace period, for the ranks to end: a platform that
     # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
     stop_margin: float = 15.0
+    # Set by a foreground ``phalanx run`` at a shell: the terminal a lone process may be lent
+    # (``launch/console.py``: stdin, and stdout/stderr relayed as they come). Backends that
+    # start no process here ignore it.
+    console: Console | None = None
+
+    def lends_console(self, plan: Plan) -> bool:
+        """Whether ``start`` runs ``plan`` as one process here that can be lent ``console``."""
+        return False
 
     def validated(self, spec: JobSpec) -> JobSpec:
         """``spec`` with this backend's options checked and their defaults filled in. Raises

@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | None = None,
+          stdio: tuple[int, int, int] | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (so terminal signals reach only the supervisor),
-    stdin closed, stdout+stderr appended to ``log``."""
+    stdin closed, stdout+stderr appended to ``log``; or, with ``stdio``, on those three
+    descriptors (a lone foreground process lent the terminal: ``launch/console.py``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    if stdio is not None:
+        return subprocess.Popen(list(argv), env={**os.environ, **env}, cwd=cwd, stdin=stdio[0], stdout=stdio[1],
+                                stderr=stdio[2], start_new_session=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
             list(argv),

@@ -18,6 +18,7 @@ from ..core.env import Topology
 from ..core.paths import HomePaths, JobPaths
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec, in_snapshot
+from ..launch.console import RELAY, RELAY_ENV, TTY_ENV, Console, Streams
 from ..launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..launch.procs import exit_code, signal_group, signal_name
 from . import commands
@@ -28,6 +29,7 @@ LOOPBACK = "127.0.0.1"
 
 class LocalBackend(Backend):
     name = "local"
+    _lent: Console | None = None
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:
@@ -55,15 +57,41 @@ class LocalBackend(Backend):
             nodes = (replace(nodes[spec.rendezvous.node_rank or 0], host="localhost"),)
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
 
+    def lends_console(self, plan: Plan) -> bool:
+        return len(plan.nodes) == 1 and _lone(plan.nodes[0])
+
+    def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+        # The terminal goes to the job's only process; a node's lone process of a bigger job
+        # writes to its log like every other rank.
+        self._lent = self.console if self.lends_console(plan) else None
+        return super()._start(plan, paths)
+
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
         log = paths.agent_log(attempt, node.node_rank)
-        if node.torchrun_argv is None and len(node.processes) == 1:
+        # At a terminal, rank 0 writes to a pseudo-terminal of its size (isatty() as under torchrun).
+        size = self.console.terminal_size() if self.console is not None and node.node_rank == 0 else None
+        tty = {TTY_ENV: f"{size[0]}x{size[1]}"} if size else {}
+        if _lone(node):
             # A lone process needs no agent in between: one interpreter less, so
             # `phalanx run train.py` costs about what `python train.py` does.
             proc = node.processes[0]
-            popen = commands.spawn(proc.argv, {**node.env, **proc.env}, log, cwd=node.cwd)
-            return SingleProcessNode(node, proc.rank, popen, paths, attempt)
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd), paths, attempt)
+            if self._lent is None:
+                popen = commands.spawn(proc.argv, {**node.env, **proc.env, **tty}, log, cwd=node.cwd)
+                return SingleProcessNode(node, proc.rank, popen, paths, attempt)
+            streams = self._lent.open(paths.rank_log(attempt, proc.rank))
+            try:
+                popen = commands.spawn(proc.argv, {**node.env, **proc.env, RELAY_ENV: RELAY}, log, cwd=node.cwd,
+                                       stdio=streams.child)
+            except BaseException:
+                streams.abandon()
+                raise
+            streams.started()
+            return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, tty, log, cwd=node.cwd), paths, attempt)
+
+
+def _lone(node: NodePlan) -> bool:
+    return node.torchrun_argv is None and len(node.processes) == 1
 
 
 class SingleProcessNode(NodeHandle):
@@ -72,7 +100,9 @@ class SingleProcessNode(NodeHandle):
     kill_margin = 0.0  # no agent in between that has its own grace period
     samples_itself = False
 
-    def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int) -> None:
+    def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int,
+                 streams: Streams | None = None) -> None:
+        self.streams = streams  # its output relayed from the terminal lent to it, into its log
         self.node_rank = node.node_rank
         self.host = node.host
         self.rank = rank
@@ -87,6 +117,8 @@ class SingleProcessNode(NodeHandle):
             code = self.proc.poll()
             if code is None:
                 return None
+            if self.streams is not None:
+                self.streams.join()  # its last words are in its log before anyone reads it
             self._result = synthesize(self.paths, self.attempt, self._report(code))
         return self._result
 

@@ -301,6 +301,10 @@ class JobPaths:
     def rank_proc(self, attempt: int, rank: int) -> Path:
         return self.rank_dir(attempt, rank) / "proc.json"
 
+    def rank_exit(self, attempt: int, rank: int) -> Path:
+        """The exit status the rank's bootstrap ended with (for workers torch reaps)."""
+        return self.rank_dir(attempt, rank) / "exit.json"
+
     def rank_torch_error(self, attempt: int, rank: int) -> Path:
         """TORCHELASTIC_ERROR_FILE of a worker phalanx started itself with torchrun's variables."""
         return self.rank_dir(attempt, rank) / "torchelastic_error.json"

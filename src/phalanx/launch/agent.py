@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from ..core.contracts import LaunchFile, NodeResult, read_launch, read_rank_error, write_node_result
 from ..core.paths import JobPaths
@@ -75,8 +75,10 @@ def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, 
     result["exitcode"] = min(failures, key=lambda f: f["timestamp"])["exitcode"] or 1
 
 
-def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int) -> dict[str, Any]:
-    """Run the node through torch's elastic agent, in this process (no extra interpreter)."""
+def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None) -> dict[str, Any]:
+    """Run the node through torch's elastic agent, in this process (no extra interpreter).
+    A stop signal reaches torch's agent, which passes it on to the workers and waits
+    ``grace`` seconds (torch's own default: 30) before SIGKILL."""
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,6 +89,8 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int) -> dict[str, Any
         return {"exitcode": 1, "failures": [], "error": "torch is not installed"}
     assert node.torchrun_argv is not None
     config, cmd, cmd_args = config_from_args(parse_args([*node.torchrun_argv, *node.worker_argv]))
+    if grace is not None and hasattr(config, "shutdown_timeout"):  # LaunchConfig has it since torch 2.6
+        config.shutdown_timeout = max(1, int(grace))
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as err:
@@ -112,8 +116,40 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int) -> dict[str, Any
         return {"exitcode": first["exitcode"] or 1, "failures": [f for f in failures if not f.get("terminated")],
                 "terminated": [f["rank"] for f in failures if f.get("terminated")]}
     except SignalException as sig:
-        return {"exitcode": 128 + int(sig.sigval), "failures": [], "stopped_by": signal.Signals(sig.sigval).name}
+        # torch forwarded the signal to the workers and waited for them (30 s, then SIGKILL).
+        ranks = rank_exits(paths, attempt, node.node_rank, 128 + int(sig.sigval))
+        return {"exitcode": interrupted_code(ranks) if sig.sigval == signal.SIGINT else 128 + int(sig.sigval),
+                "failures": [], "ranks": ranks, "stopped_by": signal.Signals(sig.sigval).name}
     return {"exitcode": 0, "failures": []}
+
+
+def rank_exits(paths: JobPaths, attempt: int, node_rank: int, unknown: int) -> dict[str, dict[str, Any]]:
+    """How this node's ranks ended, from what each bootstrap wrote (``proc.json`` at start,
+    ``exit.json`` at its end), for workers torch started and reaped; a rank without an exit
+    record died of a signal: ``unknown``."""
+    import json
+
+    ranks: dict[str, dict[str, Any]] = {}
+    for rank in paths.ranks(attempt):
+        try:
+            proc = json.loads(paths.rank_proc(attempt, rank).read_text())
+        except (OSError, ValueError):
+            continue
+        if proc.get("node_rank") != node_rank:
+            continue
+        try:
+            code = int(json.loads(paths.rank_exit(attempt, rank).read_text())["exitcode"])
+        except (OSError, ValueError, KeyError, TypeError):
+            code = unknown
+        ranks[str(rank)] = {"pid": proc.get("pid"), "exitcode": code}
+    return ranks
+
+
+def interrupted_code(ranks: dict[str, dict[str, Any]]) -> int:
+    """A node's exit code after Ctrl-C is its scripts': 0 when every rank ended with 0, else
+    the lowest rank's nonzero code (130: an uncaught KeyboardInterrupt)."""
+    codes = [ranks[r]["exitcode"] for r in sorted(ranks, key=int)]
+    return next((c for c in codes if c != 0), 0)
 
 
 def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> dict[str, Any]:
@@ -148,16 +184,33 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> d
             for pr in procs.values():
                 if pr.poll() is None:
                     signal_group(pr.pid, signum)
-            if not wait_until(all_done, watcher, time.monotonic() + grace):
+            if not _wait_forwarding(all_done, procs, watcher, time.monotonic() + grace):
                 for pr in procs.values():
                     signal_group(pr.pid, signal.SIGKILL)
                 wait_until(all_done, watcher, time.monotonic() + 10)
         ranks = {str(r): {"pid": pr.pid, "exitcode": exit_code(pr.returncode if pr.returncode is not None else -9)} for r, pr in procs.items()}
+    if stopped_by == signal.SIGINT:  # Ctrl-C: the outcome is the scripts'
+        return {"exitcode": interrupted_code(ranks), "failures": [], "ranks": ranks, "stopped_by": "SIGINT"}
     if stopped_by is not None:
         return {"exitcode": 128 + stopped_by, "failures": [], "ranks": ranks, "stopped_by": signal.Signals(stopped_by).name}
     if failures:
         return {"exitcode": min(failures, key=lambda f: f["timestamp"])["exitcode"], "failures": failures, "ranks": ranks}
     return {"exitcode": 0, "failures": [], "ranks": ranks}
+
+
+def _wait_forwarding(done: Callable[[], bool], procs: dict[int, subprocess.Popen[bytes]], watcher: ChildWatcher,
+                     deadline: float) -> bool:
+    """``wait_until``, passing each further stop signal on to the ranks still running (after
+    a Ctrl-C's SIGINT, the supervisor escalates with SIGTERM)."""
+    seen = len(watcher.stop_requests)
+    while not done() and time.monotonic() < deadline:
+        watcher.wait(min(deadline - time.monotonic(), 0.5))
+        for signum in watcher.stop_requests[seen:]:
+            for pr in procs.values():
+                if pr.poll() is None:
+                    signal_group(pr.pid, signum)
+        seen = len(watcher.stop_requests)
+    return done()
 
 
 def _not_stopped(failures: list[dict[str, Any]], watcher: ChildWatcher) -> list[dict[str, Any]]:
@@ -240,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
     try:
         if node.torchrun_argv is not None:
-            result = run_torchrun(node, paths, attempt)
+            result = run_torchrun(node, paths, attempt, data.grace)
         else:
             result = run_direct(node, data.grace, paths, attempt)
     finally:

@@ -40,6 +40,7 @@ from phalanx.launch.procs import die_with_parent
 OUTPUT_LOG = "output.log"
 ERROR_JSON = "error.json"
 PROC_JSON = "proc.json"
+EXIT_JSON = "exit.json"
 USER_METRICS = "user_metrics.jsonl"
 TORCH_ERROR_JSON = "torchelastic_error.json"
 
@@ -65,12 +66,18 @@ def _write_json(path: str, data: dict) -> None:
 
 def _redirect_output(rank_dir: str) -> None:
     os.makedirs(rank_dir, exist_ok=True)
-    fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    # A lone foreground process keeps the streams it was given (the terminal's, relayed into the
+    # log by phalanx: launch/console.py); the script never sees the marker.
+    tty = os.environ.pop("PHALANX_TTY", None)
+    if os.environ.pop("PHALANX_STDIO", None) != "relay":
+        fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if tty and _rank() == 0:
+            fd = _terminal_into(fd, tty)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ["PHALANX_METRICS_FILE"] = os.path.join(rank_dir, USER_METRICS)
     if "TORCHELASTIC_RUN_ID" in os.environ and "TORCHELASTIC_ERROR_FILE" not in os.environ:
         # torchrun gives each worker one; so does phalanx when it starts a worker with torchrun's
@@ -87,6 +94,43 @@ def _redirect_output(rank_dir: str) -> None:
             "started": time.time(),
         },
     )
+
+
+def _terminal_into(log_fd: int, size: str) -> int:
+    """For rank 0 of a foreground run at a terminal (``PHALANX_TTY=COLSxROWS``): a pseudo-terminal
+    of that size whose output a forked relay appends to the log, so the script's ``isatty()`` is
+    True (colours, progress bars) as under torchrun. Returns the descriptor for fd 1 and 2 (the
+    log itself where no pseudo-terminal can be had). The relay ends when every holder of the
+    terminal has closed it (the worker and any child it started)."""
+    try:
+        import fcntl
+        import struct
+        import termios
+
+        master, slave = os.openpty()
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST  # bytes into the log as written (no \r\n for \n)
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        cols, _, rows = size.partition("x")
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
+    except (OSError, ValueError, ImportError):
+        return log_fd
+    if os.fork() == 0:  # the relay: no threads exist yet, nothing of the script has run
+        os.close(slave)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(signum, signal.SIG_IGN)  # a stop is the worker's business; the relay drains
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed everywhere
+                data = b""
+            if not data:
+                os._exit(0)
+            while data:
+                data = data[os.write(log_fd, data):]
+    os.close(master)
+    os.close(log_fd)
+    return slave
 
 
 def _install_stack_dumps() -> None:
@@ -110,13 +154,19 @@ def _user_frames(tb: StackSummary) -> StackSummary:
     return traceback.StackSummary.from_list(frames)
 
 
-def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
+def _print_exception(exc: BaseException) -> str:
+    """Python's report of an uncaught exception, on stderr, without the bootstrap's frames."""
     import traceback  # only on failure: workers start faster without it
     summary = _user_frames(traceback.extract_tb(exc.__traceback__))
     text = "Traceback (most recent call last):\n" + "".join(summary.format())
     text += "".join(traceback.format_exception_only(type(exc), exc))
     sys.stderr.write(text)
     sys.stderr.flush()
+    return text
+
+
+def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
+    text = _print_exception(exc)
     now = time.time()
     record = {
         "rank": _rank(),
@@ -260,12 +310,17 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except KeyboardInterrupt:
-        # A stop forwarded as SIGINT, not a failure of the script: no error record.
+    except KeyboardInterrupt as exc:
+        # Ctrl-C (a SIGINT passed on), not a failure of the script: python's traceback and
+        # status (130), no error record.
+        _print_exception(exc)
         code = 128 + signal.SIGINT
     except BaseException as exc:  # noqa: BLE001 - the whole point is to record anything
         _record_exception(exc, rank_dir)
         code = 1
+    if rank_dir:
+        # torch reaps its workers itself: after a Ctrl-C the agent learns their statuses here
+        _write_json(os.path.join(rank_dir, EXIT_JSON), {"exitcode": code, "time": time.time()})
     _exit(code)
 
 

@@ -11,6 +11,8 @@ Where events cannot be trusted (a shared filesystem, no inotify) it polls every 
 
 from __future__ import annotations
 
+import codecs
+import re
 import threading
 import time
 from pathlib import Path
@@ -35,6 +37,7 @@ class RankTailer:
         self.prefix = prefix
         self._offsets: dict[int, int] = dict(offsets or {})  # where each rank's reading starts (logs --tail/--since)
         self._partial: dict[int, bytes] = {}
+        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
 
     def poll(self, final: bool = False) -> list[tuple[int, str]]:
         """New complete lines since the last call, as (rank, line); ``final`` flushes partial lines."""
@@ -61,6 +64,25 @@ class RankTailer:
             out.extend((rank, line.decode(errors="replace")) for line in lines)
         return out
 
+    def poll_live(self) -> list[tuple[int, str]]:
+        """New output since the last call as it was written, partial lines included, as
+        (rank, text): what a terminal would have shown (a progress bar's ``\r`` updates live)."""
+        out: list[tuple[int, str]] = []
+        for rank in self.paths.ranks(self.attempt):
+            if self.ranks is not None and rank not in self.ranks:
+                continue
+            try:
+                with open(self.paths.rank_log(self.attempt, rank), "rb") as fh:
+                    fh.seek(self._offsets.get(rank, 0))
+                    chunk = fh.read()
+            except FileNotFoundError:
+                continue
+            if chunk:
+                self._offsets[rank] = self._offsets.get(rank, 0) + len(chunk)
+                decoder = self._decoders.setdefault(rank, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+                out.append((rank, decoder.decode(chunk)))
+        return out
+
     def format(self, rank: int, line: str) -> str:
         return f"[{rank}] {line}" if self.prefix else line
 
@@ -73,6 +95,48 @@ class RankTailer:
             if self.ranks is None or rank in self.ranks:
                 log = self.paths.rank_log(self.attempt, rank)
                 watch.add(log.parent, _named(log.name))
+
+
+
+class Screen:
+    """The ranks' raw output as a terminal should show it: a ``[rank]`` prefix at the start of
+    every line and after every ``\r`` (a progress bar redrawn in place keeps its prefix),
+    partial lines written as they come, and a line another rank left open ended first, so two
+    ranks never share a line."""
+
+    SEPARATORS = re.compile(r"(\r\n|\n|\r)")
+
+    def __init__(self, prefix: bool) -> None:
+        self.prefix = prefix
+        self.open: int | None = None  # the rank whose unfinished line the cursor is on
+        self.at_start = True  # whether that rank's next text begins a line (needs its prefix)
+
+    def render(self, rank: int, text: str) -> str:
+        out = []
+        if self.open is not None and self.open != rank and text:
+            out.append("\n")
+            self.open, self.at_start = None, True
+        elif self.open != rank:
+            self.at_start = True
+        for piece in self.SEPARATORS.split(text):
+            if not piece:
+                continue
+            if self.SEPARATORS.fullmatch(piece):
+                out.append(piece)
+                self.at_start = True
+                self.open = None if piece.endswith("\n") else rank
+                continue
+            if self.at_start and self.prefix:
+                out.append(f"[{rank}] ")
+            out.append(piece)
+            self.at_start, self.open = False, rank
+        return "".join(out)
+
+    def end(self) -> str:
+        """What ends an unfinished line, so phalanx's own last words start on a line of their own."""
+        ending = "\n" if self.open is not None else ""
+        self.open, self.at_start = None, True
+        return ending
 
 
 def _directories(name: str, is_dir: bool) -> bool:
@@ -112,11 +176,12 @@ def follow_attempts(
     paths: JobPaths, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
     interval: float = 0.1,
 ) -> None:
-    """Print every new line of the followed ranks, moving on to each new attempt (job-level
-    retries) as it appears, until ``done`` is set; then print the rest. Blocking. With a
-    :class:`Stop` as ``done`` the follower sleeps until something happens; with a plain
-    ``threading.Event`` it also looks at ``done`` every ``interval``."""
+    """Print the followed ranks' output as it comes (partial lines too: :class:`Screen`),
+    moving on to each new attempt (job-level retries) as it appears, until ``done`` is set; then
+    print the rest. Blocking. With a :class:`Stop` as ``done`` the follower sleeps until
+    something happens; with a plain ``threading.Event`` it also looks at ``done`` every ``interval``."""
     tailer = RankTailer(paths, attempt, ranks, prefix)
+    screen = Screen(prefix)
     with Watch(fallback=interval) as watch:
         event_driven = False
         if isinstance(done, Stop):
@@ -128,9 +193,11 @@ def follow_attempts(
                 tailer.watch(watch)
                 newer = [a for a in paths.attempts() if a > tailer.attempt]
                 read_at = time.monotonic()
-                lines = tailer.poll(final=finished or bool(newer))
-                if lines:
-                    out.write("".join(tailer.format(rank, line) + "\n" for rank, line in lines))
+                text = "".join(screen.render(rank, chunk) for rank, chunk in tailer.poll_live())
+                if newer or finished:
+                    text += screen.end()
+                if text:
+                    out.write(text)
                     out.flush()
                 if newer:
                     tailer = RankTailer(paths, min(newer), ranks, prefix)

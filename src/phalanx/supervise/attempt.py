@@ -17,6 +17,9 @@ from .watch import Watch, dump_stacks
 
 Events = Callable[[str], None]
 
+# After a Ctrl-C, the seconds between the SIGTERM that escalates it and SIGKILL.
+ESCALATE_S = 5.0
+
 
 def write_launch_files(plan: Plan, paths: JobPaths, sample_interval: float = 5.0) -> None:
     """``plan.json`` and every node's ``launch.json``: what ``Backend.start`` starts from. The
@@ -33,26 +36,50 @@ class AttemptRun:
     def __init__(self, plan: Plan, handles: list[NodeHandle], started: float, spec: JobSpec, paths: JobPaths,
                  say: Events) -> None:
         self.plan, self.handles, self.started, self.spec, self.paths = plan, handles, started, spec, paths
+        self.say = say
         self.watch = Watch(paths, plan.attempt, spec, handles, say)
         self.margin = max(h.kill_margin for h in handles)
         self.stop_reason: StopReason | None = None
         self.stop_signal: int = signal.SIGTERM
         self.stalled_for: float | None = None
         self.kill_at: float | None = None
+        self.escalated_at: float | None = None  # after a Ctrl-C: when SIGTERM followed the SIGINT
         # Nodes that had failed when the supervisor stopped the rest (fail fast): only they say
         # whether the attempt was taken by a scheduler; the others got the supervisor's SIGTERM.
         self.failed_first: list[int] | None = None
 
     def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
         """Every node gets ``signum`` (SIGINT stays SIGINT, anything else is SIGTERM) and the
-        grace period; a second call kills at once."""
+        grace period; a second call kills at once.
+
+        SIGINT is a person's Ctrl-C and is python's Ctrl-C: the ranks get that one SIGINT (their
+        ``except KeyboardInterrupt:`` runs) and the grace period to end as they choose; the
+        second Ctrl-C (or the grace running out) escalates: SIGTERM, then SIGKILL after
+        :data:`ESCALATE_S` (a third Ctrl-C: at once). The outcome is then the script's
+        (``outcome.decide``)."""
         if self.stop_reason is not None:
-            self.kill_at = time.monotonic()  # asked twice: no more grace
+            if self.stop_signal == signal.SIGINT and self.escalated_at is None:
+                self._escalate()
+                return
+            if self.stop_signal == signal.SIGINT:
+                self.say("SIGKILL sent to every rank")
+            self.kill_at = time.monotonic()  # asked again: no more grace
             return
         self.stop_reason, self.stop_signal = reason, signum
         for h in self.handles:
             h.signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
         self.kill_at = time.monotonic() + self.plan.grace + self.margin
+        if signum == signal.SIGINT:
+            self.say(f"interrupted: SIGINT sent to every rank; waiting up to {self.plan.grace:g}s for them to end "
+                     "(Ctrl-C again: SIGTERM, then SIGKILL)")
+
+    def _escalate(self) -> None:
+        """After a Ctrl-C: SIGTERM to every node now, SIGKILL a moment later."""
+        self.escalated_at = time.monotonic()
+        for h in self.handles:
+            h.signal(signal.SIGTERM)
+        self.kill_at = self.escalated_at + ESCALATE_S + self.margin
+        self.say(f"SIGTERM sent to every rank; SIGKILL in {ESCALATE_S + self.margin:g}s (Ctrl-C again: now)")
 
     def wait_hint(self) -> float:
         if self.kill_at is None:
@@ -79,6 +106,9 @@ class AttemptRun:
                 dump_stacks(self.paths, self.plan.attempt)
                 self._stop_all()
         if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            if self.stop_signal == signal.SIGINT and self.escalated_at is None:
+                self._escalate()  # the grace after a Ctrl-C is over: SIGTERM first, as for a stop
+                return None
             for h in self.handles:
                 h.kill()
         return None

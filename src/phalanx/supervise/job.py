@@ -13,7 +13,8 @@
 - **retry**: a failed attempt is rerun as a whole (all nodes, fresh rendezvous, same job id,
   ``PHALANX_ATTEMPT`` + 1, same state directory) while retries remain and the failure is
   retryable (``retry.py``);
-- **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) and Ctrl-C cancel the job;
+- **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) cancels the job, and so does
+  Ctrl-C unless the script, given its SIGINT, ends with 0 (``AttemptRun.stop``, ``outcome.interrupted``);
   SIGTERM/SIGUSR1/SIGHUP from anyone else mean the machine is being taken away: every rank
   gets SIGTERM and the grace period to checkpoint, and the job is recorded PREEMPTED, ready
   for ``phalanx resume``. A second signal kills at once;
@@ -39,6 +40,7 @@ from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
 from ..core.state import JobState
 from ..errors import BackendError
+from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
 from . import data, endings, history, leftover, liveness
@@ -50,12 +52,15 @@ from .submit import plan_attempt
 Events = Callable[[str], None]
 
 
-def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None) -> int:
-    """Run ``plan`` (and its retries) to completion; returns the job's exit code.
+def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
+              console: Console | None = None) -> int:
+    """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
+    the terminal a lone process is lent (a foreground run).
 
     Blocking; main thread only (it handles signals).
     """
     run = JobRun(store, home, record, plan, events)
+    run.backend.console = console
     with ChildWatcher() as watcher:
         run.start()
         seen = 0

@@ -8,6 +8,7 @@ rank's own exception record (``error.json``) and the end of its log.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ def failed(message: str, attempt: int | None = None) -> Outcome:
 def decide(paths: JobPaths, attempt: int, results: list[NodeResult], stop: StopReason | None, stop_signal: int,
            stalled_for: float | None, stall_timeout: float | None, failed_first: list[int] | None) -> Outcome:
     """The outcome of an attempt whose nodes have all ended (``results`` in node order)."""
+    if stop is StopReason.CANCELLED and stop_signal == signal.SIGINT:
+        return interrupted(results)
     if stop is not None:
         return Outcome(stop.outcome, 128 + int(stop_signal))
     if stalled_for is not None:
@@ -60,6 +63,19 @@ def decide(paths: JobPaths, attempt: int, results: list[NodeResult], stop: StopR
                        "the nodes were stopped by a signal phalanx did not send (a scheduler's preemption or time limit)"})
     cause = root_cause(paths, attempt, results, failed_first)
     return Outcome(OutcomeKind.FAILED, int(cause.get("exitcode") or 1), cause)
+
+
+def interrupted(results: list[NodeResult]) -> Outcome:
+    """After Ctrl-C the outcome is the script's, as under python: one that caught the
+    KeyboardInterrupt and exited 0 succeeded; otherwise the job is cancelled with the script's
+    exit code (130 for an uncaught KeyboardInterrupt, its ``sys.exit`` code, 128+N for a
+    signal), which ``phalanx run`` exits with. Never retried: a person asked it to stop."""
+    codes = [r.exitcode for r in results]
+    if all(code == 0 for code in codes):
+        return Outcome(OutcomeKind.SUCCEEDED, 0, {"exitcode": 0, "message": "interrupted (Ctrl-C); the script exited 0"})
+    code = next(code for code in codes if code != 0)
+    how = f"killed by {signal_name(code)}" if signal_name(code) else f"exit {code}"
+    return Outcome(OutcomeKind.CANCELLED, code, {"exitcode": code, "message": f"interrupted (Ctrl-C); {how}"})
 
 
 def taken_by_scheduler(results: list[NodeResult], first: list[int] | None) -> int | None:
