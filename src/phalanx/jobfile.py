@@ -54,6 +54,7 @@ FILE_KEYS = {
     "skip_if_done": "do nothing if the last successful run of this name had the same inputs",
     "snapshot": "run from a copy of the working directory taken at submit time (default true)",
     "backend_options": "options of the backend (mapping), e.g. {hosts: 'gpu1,gpu2'} for ssh",
+    "kubernetes": "k8s backend: node selector, tolerations, volumes, env, ... (see docs/kubernetes.md)",
     "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
 }
 SWEEP_KEYS = ("strategy", "trials", "seed", "objective", "early_stop", "parallel", "fail_fast")
@@ -201,6 +202,10 @@ def build_spec(opts: RunOptions) -> JobSpec:
     file_opts = file.get("backend_options") or {}
     if not isinstance(file_opts, dict):
         raise UsageError("the job file's 'backend_options' must be a mapping", "e.g. backend_options: {hosts: 'gpu1,gpu2'}")
+    if file.get("kubernetes") is not None:
+        from .backends.kubernetes.options import check_section
+
+        file_opts = {**file_opts, "kubernetes": check_section(file["kubernetes"], opts.job_file)}
     spec = spec.with_(backend_options={**file_opts, **given})
     if spec.max_restarts < 0 or spec.grace < 0 or spec.max_retries < 0:
         raise UsageError("--max-restarts, --max-retries and --grace must not be negative", "use 0 or more")

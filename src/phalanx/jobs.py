@@ -116,6 +116,17 @@ def _skipped(done: JobRecord, events: Callable[[str], None] | None) -> None:
                "(without --skip-if-done it runs again)")
 
 
+def preflight(spec: JobSpec) -> None:
+    """The backend's checks against where the job will run (a cluster's namespace, permissions,
+    capacity), before anything is recorded or created; raises UsageError. Backends without
+    such checks pass."""
+    from .backends.registry import get_backend
+
+    check = getattr(get_backend(spec.backend), "preflight", None)
+    if check is not None:
+        check(spec)
+
+
 def plan_job(spec: JobSpec, job_id: str | None = None, attempt: int = 0) -> Plan:
     """The plan ``submit`` would execute (what ``--dry-run`` prints). No side effects."""
     from .backends.registry import get_backend
@@ -185,6 +196,7 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
     if done is not None:
         _skipped(done, events)
         return done, 0
+    preflight(spec)
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs, **_identity())
@@ -226,6 +238,7 @@ def submit_detached(spec: JobSpec, events: Callable[[str], None] | None = None) 
     if done is not None:
         _skipped(done, events)
         return done
+    preflight(spec)
     store = open_store()
     plan = plan_job(spec)
     record = create_job(store, spec, plan, inputs=inputs)

@@ -15,6 +15,7 @@ BUILTIN: dict[str, str] = {
     "local": "phalanx.backends.local:LocalBackend",
     "ssh": "phalanx.backends.ssh:SshBackend",
     "slurm": "phalanx.backends.slurm:SlurmBackend",
+    "k8s": "phalanx.backends.kubernetes.backend:KubernetesBackend",
 }
 
 

@@ -57,6 +57,13 @@ def _slurm_help(name: str) -> str:
     return "slurm backend: " + next(o.help for o in OPTIONS if o.name == name)
 
 
+def _k8s_help(name: str) -> str:
+    """A Kubernetes flag's help, from its one declaration (``backends/kubernetes/options.py``)."""
+    from ..backends.kubernetes.options import OPTIONS
+
+    return "k8s backend: " + next(o.help for o in OPTIONS if o.name == name)
+
+
 @app.command(
     "run",
     help=RUN_HELP,
@@ -106,9 +113,17 @@ def run_cmd(
     partition: Optional[str] = typer.Option(None, "--partition", help=_slurm_help("partition")),
     account: Optional[str] = typer.Option(None, "--account", help=_slurm_help("account")),
     time_limit: Optional[str] = typer.Option(None, "--time", help=_slurm_help("time")),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=_slurm_help("gpus_per_node")),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help=_k8s_help("gpus_per_node")),
     signal_lead: Optional[int] = typer.Option(None, "--signal-lead", help=_slurm_help("signal_lead")),
     sbatch_lines: List[str] = typer.Option([], "--sbatch", help=_slurm_help("sbatch")),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help=_k8s_help("namespace")),
+    context: Optional[str] = typer.Option(None, "--context", help=_k8s_help("context")),
+    image: Optional[str] = typer.Option(None, "--image", help=_k8s_help("image")),
+    queue: Optional[str] = typer.Option(None, "--queue", help=_k8s_help("queue")),
+    k8s_kind: Optional[str] = typer.Option(None, "--k8s-kind", help=_k8s_help("k8s_kind")),
+    pending_timeout: Optional[float] = typer.Option(None, "--pending-timeout", help=_k8s_help("pending_timeout")),
+    keep_failed: bool = typer.Option(False, "--keep-failed", help=_k8s_help("keep_failed")),
+    code_uri: Optional[str] = typer.Option(None, "--code-uri", help=_k8s_help("code_uri")),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks, e.g. 0 or 0,3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (per-node argv and env) and exit."),
     detach: bool = typer.Option(False, "-d", "--detach", help="Run in the background; print the job id."),
@@ -136,7 +151,10 @@ def run_cmd(
             backend_options={"hosts": hosts, "hostfile": hostfile, "shared_fs": shared_fs, "remote_python": remote_python,
                              "ssh_config": ssh_config, "remote_home": remote_home,
                              "partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
-                             "signal_lead": signal_lead, "sbatch": sbatch_lines},
+                             "signal_lead": signal_lead, "sbatch": sbatch_lines,
+                             "namespace": namespace, "context": context, "image": image, "queue": queue,
+                             "k8s_kind": k8s_kind, "pending_timeout": pending_timeout, "keep_failed": keep_failed,
+                             "code_uri": code_uri},
         )
     )
     spec, sweep = build_sweep(options, build_spec(options))

@@ -23,7 +23,8 @@
         attempt_<k>/
           batch.sh                    the batch script submitted to a scheduler (SLURM)
           batch.log                   the batch script's own output (the scheduler writes it)
-          scheduler.json              the scheduler's id for the attempt (SLURM job id)
+          scheduler.json              the scheduler's id for the attempt (SLURM job id, Kubernetes workload)
+          manifests.yaml              the Kubernetes objects the attempt created (placeholders unfilled)
           node_<n>/agent.log          the node agent's (and torchrun's) own output
           node_<n>/launch.json        what the node agent runs (its part of the plan)
           node_<n>/result.json        per-rank exit codes of the node, written at its end
@@ -201,6 +202,9 @@ class JobPaths:
 
     def scheduler_job(self, attempt: int) -> Path:
         return self.attempt(attempt) / "scheduler.json"
+
+    def manifests(self, attempt: int) -> Path:
+        return self.attempt(attempt) / "manifests.yaml"
 
     def node_dir(self, attempt: int, node_rank: int | str) -> Path:
         """A node's directory; a str ``node_rank`` leaves a placeholder for whoever fills it

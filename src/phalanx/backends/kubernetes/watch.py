@@ -1,0 +1,360 @@
+"""One attempt in the cluster, watched for its node handles.
+
+A thread lists the attempt's pods (by label) every ``every`` seconds and keeps each node's
+state, so the handles' ``poll`` and ``running`` never block. For each pod whose node container
+started, a second thread follows its log (``follow=true``) and rebuilds the node's files in
+the local job directory from ``pod.py``'s frames; a node's end is reported once its log has
+arrived (or ``drain`` seconds after the container ended), with the node's own ``result.json``,
+else its termination message, else what the pod's status says (``node.result_from``).
+
+Stopping: ``signal`` deletes the pods with the pod grace period (the kubelet sends SIGTERM,
+the ranks get ``--grace``, then SIGKILL); ``kill`` deletes the workload (foreground: pods
+first) and every object of the attempt at once. When every node has ended, the attempt's
+objects are deleted, unless it failed and ``--keep-failed`` asked to keep them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ...core.paths import JobPaths, read_json, write_json
+from ..base import NodeHandle
+from . import node as pods
+from .client import ApiError, Client
+from .manifests import COMPLETION_INDEX, selector
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where an attempt lives; written to the attempt's ``scheduler.json``."""
+
+    namespace: str
+    context: str
+    kind: str  # job | pytorchjob | trainjob | jobset
+    api_kind: str  # Job | PyTorchJob | TrainJob | JobSet
+    name: str
+    job_id: str
+    attempt: int
+    container: str
+
+    def record(self, **extra: Any) -> dict[str, Any]:
+        return {"scheduler": "k8s", **asdict(self), **extra}
+
+
+def node_rank_of(pod: dict[str, Any], kind: str) -> int | None:
+    meta = pod.get("metadata") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    if kind == "pytorchjob":
+        index = labels.get("training.kubeflow.org/replica-index")
+        role = labels.get("training.kubeflow.org/replica-type", "")
+        if index is None or not str(index).isdigit():
+            return None
+        return 0 if role.lower() == "master" else int(index) + 1
+    index = labels.get(COMPLETION_INDEX, notes.get(COMPLETION_INDEX))
+    return int(index) if index is not None and str(index).isdigit() else None
+
+
+class Attempt:
+    every = 1.0  # seconds between pod listings
+    drain = 10.0  # seconds a finished pod's log may still take to arrive
+
+    def __init__(self, client: Client, ref: Ref, paths: JobPaths, ranks: list[list[int]], grace_seconds: int,
+                 trees: dict[str, Path], pending_timeout: float | None = None, keep_failed: bool = False) -> None:
+        self.client = client
+        self.ref = ref
+        self.paths = paths
+        self.ranks = ranks  # global ranks per node
+        self.grace_seconds = grace_seconds
+        self.trees = trees
+        self.pending_timeout = pending_timeout
+        self.keep_failed = keep_failed
+        self.lock = threading.Lock()
+        self.codes: dict[int, int] = {}
+        self.views: dict[int, pods.PodView] = {}
+        self.pods: dict[int, str] = {}  # node rank -> its pod's name
+        self.frames: dict[str, pods.Frames] = {}
+        self.followers: dict[str, threading.Thread] = {}
+        self.ended_at: dict[int, float] = {}
+        self.started = time.monotonic()
+        self.signalled: str | None = None
+        self.killed = False
+        self.cleaned = False
+        self.queue_note = ""
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"k8s-{ref.name}", daemon=True)
+        self.thread.start()
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.ranks)
+
+    # -- what the handles ask --------------------------------------------------------------
+
+    def poll(self, node_rank: int) -> int | None:
+        with self.lock:
+            return self.codes.get(node_rank)
+
+    def running(self, node_rank: int) -> bool:
+        with self.lock:
+            v = self.views.get(node_rank)
+            return node_rank in self.codes or (v is not None and v.state in (pods.RUNNING, pods.ENDED))
+
+    def signal(self, signum: int) -> None:
+        """Once per attempt: every pod is deleted with its grace period (SIGTERM first)."""
+        import signal as signals
+
+        with self.lock:
+            if self.signalled or self.killed:
+                return
+            self.signalled = signals.Signals(signum).name
+            names = dict(self.pods)
+        for name in names.values():
+            self._delete_pod(name, self.grace_seconds)
+        self.wake.set()
+
+    def kill(self) -> None:
+        """Delete everything of the attempt at once (pods without grace). Idempotent."""
+        with self.lock:
+            if self.killed:
+                return
+            self.killed = True
+            self.signalled = self.signalled or "SIGKILL"
+        try:
+            for pod in self.client.list("Pod", labels=selector(self.ref.job_id, self.ref.attempt)):
+                self._delete_pod(pod["metadata"]["name"], 0)
+        except ApiError:
+            pass
+        self.delete_objects(grace=0)
+        with self.lock:
+            for n in range(self.nnodes):
+                if n not in self.codes:
+                    self._record(n, pods.result_from(self.views.get(n) or pods.PodView(pods.QUEUED), None,
+                                                     self.ref.container, n, self.ranks[n], stopped_by="SIGKILL"))
+        self.wake.set()
+
+    def delete_objects(self, grace: int | None = None) -> None:
+        """The workload (its pods first) and the objects beside it; those the workload owns
+        would go with it, these calls make sure. Idempotent."""
+        for kind in (self.ref.api_kind, "ConfigMap", "Secret", "Service"):
+            try:
+                self.client.delete(kind, self.ref.name, propagation="Foreground", grace=grace)
+            except ApiError:
+                pass  # gone already, or not ours to delete: nothing more can be done from here
+
+    # -- the watching thread ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self.cleaned:
+            try:
+                self.refresh()
+            except ApiError:
+                pass  # the API server is busy or away: ask again next time
+            except Exception as exc:  # noqa: BLE001 - a watcher must not die silently
+                self._note_all(f"watching the pods failed: {exc!r}")
+            self.wake.wait(self.every)
+            self.wake.clear()
+
+    def refresh(self) -> None:
+        listed = self.client.list("Pod", labels=selector(self.ref.job_id, self.ref.attempt))
+        by_rank: dict[int, dict[str, Any]] = {}
+        for pod in sorted(listed, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
+            rank = node_rank_of(pod, self.ref.kind)
+            if rank is not None and 0 <= rank < self.nnodes:
+                by_rank[rank] = pod  # the newest pod of each index
+        waiting = self._workload_waiting() if len(by_rank) < self.nnodes and not self.killed else ""
+        for n in range(self.nnodes):
+            if n in self.codes:
+                continue
+            self._refresh_node(n, by_rank.get(n), waiting)
+        self._note_queue()
+        with self.lock:
+            done = len(self.codes) == self.nnodes
+        if done and not self.cleaned:
+            self._clean_up()
+
+    def _refresh_node(self, n: int, pod: dict[str, Any] | None, waiting: str) -> None:
+        if pod is None:
+            seen = n in self.pods
+            with self.lock:
+                if self.signalled:  # never started, or deleted by the stop: stopped
+                    self._record(n, pods.result_from(self.views.get(n) or pods.PodView(pods.QUEUED), None,
+                                                     self.ref.container, n, self.ranks[n], stopped_by=self.signalled))
+                    return
+            if seen:
+                self._record(n, {"node_rank": n, "exitcode": 255, "failures": [], "error":
+                                 f"pod {self.pods[n]} vanished before it ended (deleted by someone else?)"})
+                return
+            self.views[n] = pods.PodView(pods.QUEUED, waiting or "waiting for the pod to be created")
+            self._pending_timeout(n, None)
+            return
+        name = pod["metadata"]["name"]
+        with self.lock:
+            self.pods[n] = name
+            if self.signalled and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+                threading.Thread(target=self._delete_pod, args=(name, self.grace_seconds), daemon=True).start()
+        v = pods.view(pod, self.ref.container)
+        self.views[n] = v
+        if v.state in (pods.RUNNING, pods.ENDED) and name not in self.followers:
+            self._follow(n, name)
+        if v.state == pods.ENDED:
+            ended = self.ended_at.setdefault(n, time.monotonic())
+            follower = self.followers.get(name)
+            if follower is None or not follower.is_alive() or time.monotonic() - ended > self.drain:
+                self._finish(n, v, pod)
+        elif v.state == pods.FAILED_START:
+            self._failed_start(n, v, pod)
+        elif v.state == pods.QUEUED:
+            self._pending_timeout(n, pod)
+
+    def _pending_timeout(self, n: int, pod: dict[str, Any] | None) -> None:
+        v = self.views[n]
+        if self.pending_timeout is None or self.signalled or time.monotonic() - self.started < self.pending_timeout:
+            return
+        self._failed_start(n, pods.PodView(pods.FAILED_START, f"no node took the pod within --pending-timeout "
+                                           f"{self.pending_timeout:g}s ({v.message})"), pod)
+
+    def _workload_waiting(self) -> str:
+        """Why the workload has no pods yet: '' unless it is suspended (Kueue holds it)."""
+        try:
+            obj = self.client.get(self.ref.api_kind, self.ref.name)
+        except ApiError as exc:
+            return "the workload was deleted" if exc.code == 404 else ""
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        suspended = next((c for c in status.get("conditions") or [] if c.get("type") == "Suspended"), None)
+        if spec.get("suspend") or (suspended and suspended.get("status") == "True"):
+            queue = ((obj.get("metadata") or {}).get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+            return f"suspended, waiting for admission{f' to queue {queue}' if queue else ''}"
+        return ""
+
+    def _note_queue(self) -> None:
+        """The attempt's scheduler.json says what it waits for (QUEUED and the scheduler's
+        message), for status; rewritten only when that changes."""
+        with self.lock:
+            waiting = [(n, v) for n, v in self.views.items() if v.state == pods.QUEUED and n not in self.codes]
+        note = "; ".join(sorted({v.message for _, v in waiting}))
+        if note == self.queue_note:
+            return
+        self.queue_note = note
+        record = read_json(self.paths.scheduler_job(self.ref.attempt)) or self.ref.record()
+        record["queued"] = note or None
+        record["queued_nodes"] = [n for n, _ in waiting]
+        write_json(self.paths.scheduler_job(self.ref.attempt), record)
+
+    def _follow(self, n: int, name: str) -> None:
+        frames = pods.Frames(self.paths.attempt(self.ref.attempt), self.trees, tag=str(n))
+        self.frames[name] = frames
+        thread = threading.Thread(target=self._read_log, args=(n, name, frames), name=f"log-{name}", daemon=True)
+        self.followers[name] = thread
+        thread.start()
+
+    def _read_log(self, n: int, name: str, frames: pods.Frames) -> None:
+        while frames.exit is None and not self.cleaned:
+            try:
+                for line in self.client.logs(name, self.ref.container, follow=True):
+                    frames.feed(line)
+            except ApiError as exc:
+                if exc.code == 404:
+                    break
+            except OSError:
+                pass
+            if frames.exit is not None or (self.views.get(n) or pods.PodView(pods.QUEUED)).state == pods.ENDED:
+                break
+            time.sleep(1.0)  # dropped while the container runs: read it again (frames skip what arrived)
+        frames.close()
+
+    def _finish(self, n: int, v: pods.PodView, pod: dict[str, Any]) -> None:
+        result = read_json(self.paths.node_result(self.ref.attempt, n))
+        if result is None:
+            result = pods.result_from(v, pod, self.ref.container, n, self.ranks[n],
+                                      stopped_by=self.signalled if self.signalled and not v.taken else None)
+            self._note_unreported(n, v, result)
+        if v.taken:
+            result["k8s_taken"] = v.taken
+        with self.lock:
+            self._record(n, result)
+
+    def _failed_start(self, n: int, v: pods.PodView, pod: dict[str, Any] | None) -> None:
+        name = (pod or {}).get("metadata", {}).get("name")
+        events = self._events(name) if name else []
+        result = pods.result_from(v, pod, self.ref.container, n, self.ranks[n])
+        if events:
+            result["k8s_events"] = events
+        self._note_unreported(n, v, result, events)
+        with self.lock:
+            self._record(n, result)
+
+    def _record(self, n: int, result: dict[str, Any]) -> None:
+        """The node's end (lock held)."""
+        result.setdefault("node_rank", n)
+        result.setdefault("failures", [])
+        write_json(self.paths.node_result(self.ref.attempt, n), result)
+        self.codes[n] = int(result["exitcode"])
+
+    def _note_unreported(self, n: int, v: pods.PodView, result: dict[str, Any], events: list[str] | None = None) -> None:
+        """Say why in the node's agent.log when nothing of the node arrived (its own log is
+        mirrored, and not written to here); the pod's stray output goes into the result."""
+        frames = self.frames.get(self.pods.get(n, ""))
+        if frames is not None and frames.other:
+            result["k8s_pod_output"] = frames.other
+        if frames is not None and frames.frames:
+            return
+        lines = [*(f"pod: {line}" for line in (frames.other if frames else [])),
+                 *(f"event: {e}" for e in events or []), f"phalanx: {result.get('error') or v.message or v.reason}"]
+        log = self.paths.agent_log(self.ref.attempt, n)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+    def _events(self, pod: str) -> list[str]:
+        try:
+            events = self.client.list("Event", fields=f"involvedObject.name={pod}")
+        except ApiError:
+            return []
+        warnings = [e for e in events if e.get("type") == "Warning"]
+        return [f"{e.get('reason')}: {e.get('message')}" for e in warnings[-5:]]
+
+    def _note_all(self, text: str) -> None:
+        for n in range(self.nnodes):
+            if n not in self.codes:
+                self.views.setdefault(n, pods.PodView(pods.QUEUED, text))
+
+    def _delete_pod(self, name: str, grace: int) -> None:
+        try:
+            self.client.delete("Pod", name, propagation="Background", grace=grace)
+        except ApiError:
+            pass
+
+    def _clean_up(self) -> None:
+        failed = any(code != 0 for code in self.codes.values())
+        keep = self.keep_failed and failed and not self.signalled
+        for thread in list(self.followers.values()):
+            thread.join(timeout=self.drain)
+        if not keep:
+            self.delete_objects()
+        self.cleaned = True
+
+
+class K8sNode(NodeHandle):
+    """One node of an attempt, as the supervisor sees it: its pod, through the shared Attempt."""
+
+    kill_margin = 20.0  # API round trips, the pod entry's final mirror scan, the log's last frames
+
+    def __init__(self, attempt: Attempt, node_rank: int) -> None:
+        self.attempt = attempt
+        self.node_rank = node_rank
+
+    def poll(self) -> int | None:
+        return self.attempt.poll(self.node_rank)
+
+    def signal(self, signum: int) -> None:
+        self.attempt.signal(signum)
+
+    def kill(self) -> None:
+        self.attempt.kill()
+
+    def running(self) -> bool:
+        return self.attempt.running(self.node_rank)
