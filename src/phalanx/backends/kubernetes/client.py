@@ -158,7 +158,7 @@ class Client:
         review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                   "spec": {"resourceAttributes": attributes}}
         try:
-            answer = self.request("POST", res.path(None), body=review)
+            answer = self.request("POST", RESOURCES["SelfSubjectAccessReview"].path(None), body=review)
         except ApiError:
             return None
         return bool((answer.get("status") or {}).get("allowed"))

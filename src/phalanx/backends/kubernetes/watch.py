@@ -15,11 +15,12 @@ objects are deleted, unless it failed and ``--keep-failed`` asked to keep them.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ...core.paths import JobPaths, read_json, write_json
 from ..base import NodeHandle
@@ -58,6 +59,16 @@ def node_rank_of(pod: dict[str, Any], kind: str) -> int | None:
     return int(index) if index is not None and str(index).isdigit() else None
 
 
+@dataclass
+class Ending:
+    """A node that has ended: when (seconds since the epoch), whether its log has arrived, and
+    how to report it."""
+
+    when: float
+    ready: bool
+    report: Callable[[], None]
+
+
 class Attempt:
     every = 1.0  # seconds between pod listings
     drain = 10.0  # seconds a finished pod's log may still take to arrive
@@ -72,13 +83,13 @@ class Attempt:
         self.trees = trees
         self.pending_timeout = pending_timeout
         self.keep_failed = keep_failed
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.codes: dict[int, int] = {}
         self.views: dict[int, pods.PodView] = {}
         self.pods: dict[int, str] = {}  # node rank -> its pod's name
         self.frames: dict[str, pods.Frames] = {}
         self.followers: dict[str, threading.Thread] = {}
-        self.ended_at: dict[int, float] = {}
+        self.ended_at: dict[int, float] = {}  # node rank -> when this watcher saw it end
         self.started = time.monotonic()
         self.signalled: str | None = None
         self.killed = False
@@ -153,8 +164,9 @@ class Attempt:
                 self.refresh()
             except ApiError:
                 pass  # the API server is busy or away: ask again next time
-            except Exception as exc:  # noqa: BLE001 - a watcher must not die silently
-                self._note_all(f"watching the pods failed: {exc!r}")
+            except Exception as exc:  # noqa: BLE001 - a broken watcher fails the attempt rather than hang it
+                self._broken(exc)
+                return
             self.wake.wait(self.every)
             self.wake.clear()
 
@@ -166,31 +178,33 @@ class Attempt:
             if rank is not None and 0 <= rank < self.nnodes:
                 by_rank[rank] = pod  # the newest pod of each index
         waiting = self._workload_waiting() if len(by_rank) < self.nnodes and not self.killed else ""
+        endings: list[Ending] = []
         for n in range(self.nnodes):
-            if n in self.codes:
-                continue
-            self._refresh_node(n, by_rank.get(n), waiting)
+            if n not in self.codes:
+                ending = self._refresh_node(n, by_rank.get(n), waiting)
+                if ending is not None:
+                    endings.append(ending)
+        # Nodes are reported in the order they ended (to the second, as the kubelet dates ends):
+        # the first failure must reach the supervisor first, or a node that the Job controller
+        # stopped because of it (backoffLimit 0) would look taken, not a casualty.
+        first_unready = min((e.when for e in endings if not e.ready), default=None)
+        cutoff = math.floor(first_unready) if first_unready is not None else math.inf
+        with self.lock:  # all at once: a supervisor that polls sees them in one tick
+            for ending in sorted(endings, key=lambda e: e.when):
+                if ending.ready and ending.when < cutoff:
+                    ending.report()
         self._note_queue()
         with self.lock:
             done = len(self.codes) == self.nnodes
         if done and not self.cleaned:
             self._clean_up()
 
-    def _refresh_node(self, n: int, pod: dict[str, Any] | None, waiting: str) -> None:
+    def _refresh_node(self, n: int, pod: dict[str, Any] | None, waiting: str) -> Ending | None:
         if pod is None:
-            seen = n in self.pods
-            with self.lock:
-                if self.signalled:  # never started, or deleted by the stop: stopped
-                    self._record(n, pods.result_from(self.views.get(n) or pods.PodView(pods.QUEUED), None,
-                                                     self.ref.container, n, self.ranks[n], stopped_by=self.signalled))
-                    return
-            if seen:
-                self._record(n, {"node_rank": n, "exitcode": 255, "failures": [], "error":
-                                 f"pod {self.pods[n]} vanished before it ended (deleted by someone else?)"})
-                return
+            if n in self.pods or self.signalled:
+                return self._gone(n)
             self.views[n] = pods.PodView(pods.QUEUED, waiting or "waiting for the pod to be created")
-            self._pending_timeout(n, None)
-            return
+            return self._pending_timeout(n, None)
         name = pod["metadata"]["name"]
         with self.lock:
             self.pods[n] = name
@@ -201,21 +215,25 @@ class Attempt:
         if v.state in (pods.RUNNING, pods.ENDED) and name not in self.followers:
             self._follow(n, name)
         if v.state == pods.ENDED:
-            ended = self.ended_at.setdefault(n, time.monotonic())
+            seen = self.ended_at.setdefault(n, time.time())
             follower = self.followers.get(name)
-            if follower is None or not follower.is_alive() or time.monotonic() - ended > self.drain:
-                self._finish(n, v, pod)
-        elif v.state == pods.FAILED_START:
-            self._failed_start(n, v, pod)
-        elif v.state == pods.QUEUED:
-            self._pending_timeout(n, pod)
+            ready = follower is None or not follower.is_alive() or time.time() - seen > self.drain
+            return Ending(v.finished or seen, ready, lambda: self._finish(n, v, pod))
+        if v.state == pods.FAILED_START:
+            events = self._events(name)  # asked now: reports happen under the lock poll() takes
+            return Ending(time.time(), True, lambda: self._failed_start(n, v, pod, events))
+        if v.state == pods.QUEUED:
+            return self._pending_timeout(n, pod)
+        return None
 
-    def _pending_timeout(self, n: int, pod: dict[str, Any] | None) -> None:
+    def _pending_timeout(self, n: int, pod: dict[str, Any] | None) -> Ending | None:
         v = self.views[n]
         if self.pending_timeout is None or self.signalled or time.monotonic() - self.started < self.pending_timeout:
-            return
-        self._failed_start(n, pods.PodView(pods.FAILED_START, f"no node took the pod within --pending-timeout "
-                                           f"{self.pending_timeout:g}s ({v.message})"), pod)
+            return None
+        late = pods.PodView(pods.FAILED_START, f"no node took the pod within --pending-timeout {self.pending_timeout:g}s "
+                            f"({v.message})")
+        events = self._events(pod["metadata"]["name"]) if pod else []
+        return Ending(time.time(), True, lambda: self._failed_start(n, late, pod, events))
 
     def _workload_waiting(self) -> str:
         """Why the workload has no pods yet: '' unless it is suspended (Kueue holds it)."""
@@ -266,9 +284,23 @@ class Attempt:
             time.sleep(1.0)  # dropped while the container runs: read it again (frames skip what arrived)
         frames.close()
 
-    def _finish(self, n: int, v: pods.PodView, pod: dict[str, Any]) -> None:
+    def _gone(self, n: int) -> Ending:
+        """The node's pod left the API (deleted by phalanx's stop, or by someone else), or a
+        stop came before it existed: its end, once its log has arrived."""
+        seen = self.ended_at.setdefault(n, time.time())
+        follower = self.followers.get(self.pods.get(n, ""))
+        ready = follower is None or not follower.is_alive() or time.time() - seen > self.drain
+        last = self.views.get(n) or pods.PodView(pods.QUEUED)
+        gone = pods.PodView(pods.ENDED, last.message, reason="Deleted", taken=last.taken, termination=last.termination)
+        return Ending(last.finished or seen, ready, lambda: self._finish(n, gone, None, vanished=not self.signalled))
+
+    def _finish(self, n: int, v: pods.PodView, pod: dict[str, Any] | None, vanished: bool = False) -> None:
         result = read_json(self.paths.node_result(self.ref.attempt, n))
-        if result is None:
+        if result is None and vanished and not v.taken:
+            result = {"node_rank": n, "exitcode": 255, "failures": [], "error":
+                      f"pod {self.pods.get(n)} left the cluster before it ended (deleted by someone else?)"}
+            self._note_unreported(n, v, result)
+        elif result is None:
             result = pods.result_from(v, pod, self.ref.container, n, self.ranks[n],
                                       stopped_by=self.signalled if self.signalled and not v.taken else None)
             self._note_unreported(n, v, result)
@@ -277,9 +309,7 @@ class Attempt:
         with self.lock:
             self._record(n, result)
 
-    def _failed_start(self, n: int, v: pods.PodView, pod: dict[str, Any] | None) -> None:
-        name = (pod or {}).get("metadata", {}).get("name")
-        events = self._events(name) if name else []
+    def _failed_start(self, n: int, v: pods.PodView, pod: dict[str, Any] | None, events: list[str]) -> None:
         result = pods.result_from(v, pod, self.ref.container, n, self.ranks[n])
         if events:
             result["k8s_events"] = events
@@ -317,10 +347,20 @@ class Attempt:
         warnings = [e for e in events if e.get("type") == "Warning"]
         return [f"{e.get('reason')}: {e.get('message')}" for e in warnings[-5:]]
 
-    def _note_all(self, text: str) -> None:
-        for n in range(self.nnodes):
-            if n not in self.codes:
-                self.views.setdefault(n, pods.PodView(pods.QUEUED, text))
+    def _broken(self, exc: BaseException) -> None:
+        """The watcher itself failed: every node not reported yet fails with the reason (the
+        supervisor then stops the attempt), rather than the attempt hanging unwatched."""
+        import traceback
+
+        text = f"phalanx could not watch the pods: {exc!r}"
+        with self.lock:
+            for n in range(self.nnodes):
+                if n not in self.codes:
+                    log = self.paths.agent_log(self.ref.attempt, n)
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    with open(log, "a") as fh:
+                        fh.write(traceback.format_exc())
+                    self._record(n, {"exitcode": 1, "failures": [], "error": text})
 
     def _delete_pod(self, name: str, grace: int) -> None:
         try:
