@@ -164,9 +164,8 @@ class Store:
                 stored = self.objects[("pods", ns, name)]
                 stored["metadata"].setdefault("deletionTimestamp", now())
                 stored["metadata"]["deletionGracePeriodSeconds"] = pod_grace
-                if self.on_delete_pod is not None and (stored.get("status") or {}).get("phase") in ("Running", "Pending") \
-                        and pod_grace > 0:
-                    self.on_delete_pod(copy.deepcopy(stored), pod_grace)  # it goes once its kubelet says so
+                if self.on_delete_pod is not None:
+                    self.on_delete_pod(copy.deepcopy(stored), pod_grace)  # it goes once its kubelet has stopped it
                     return
             self.remove(plural, ns, name)
 

@@ -54,7 +54,7 @@ class ScriptedKubelet:
 
     def stop(self, cluster: Cluster, pod: dict[str, Any], grace: int) -> None:
         play = self.plays.get(pod["metadata"]["uid"])
-        if play is None or play.done:
+        if play is None or play.done or grace == 0:
             cluster.gone(pod)
         else:
             play.stop_grace = grace

@@ -50,6 +50,7 @@ class PodView:
     finished: float | None = None
     termination: str = ""  # the container's termination message
     taken: str = ""  # why the pod was taken (DisruptionTarget), if it was
+    taken_at: float | None = None  # when (to the second, as the API server dates conditions)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,22 +67,23 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
     return next((c for c in status.get("conditions") or [] if c.get("type") == kind), None)
 
 
-def taken_reason(pod: Mapping[str, Any]) -> str:
-    """Why the pod was taken from its node (preempted, evicted, drained), or ''."""
+def taken_reason(pod: Mapping[str, Any]) -> tuple[str, float | None]:
+    """Why the pod was taken from its node (preempted, evicted, drained), or '', and when."""
     status = pod.get("status") or {}
     disruption = _condition(status, "DisruptionTarget")
     if disruption and disruption.get("status") == "True":
-        return f"{disruption.get('reason', 'DisruptionTarget')}: {disruption.get('message', '')}".rstrip(": ")
+        why = f"{disruption.get('reason', 'DisruptionTarget')}: {disruption.get('message', '')}".rstrip(": ")
+        return why, _time(disruption.get("lastTransitionTime")) or time.time()
     if status.get("reason") in TAKEN_REASONS - {"DeadlineExceeded"}:
-        return f"{status['reason']}: {status.get('message', '')}".rstrip(": ")
-    return ""
+        return f"{status['reason']}: {status.get('message', '')}".rstrip(": "), time.time()
+    return "", None
 
 
 def view(pod: Mapping[str, Any], container: str) -> PodView:
     """The node's state from its pod."""
     status = pod.get("status") or {}
     spec = pod.get("spec") or {}
-    taken = taken_reason(pod)
+    taken, taken_at = taken_reason(pod)
     main = next((c for c in status.get("containerStatuses") or [] if c.get("name") == container), None)
     for init in status.get("initContainerStatuses") or []:
         term = (init.get("state") or {}).get("terminated") or (init.get("lastState") or {}).get("terminated")
@@ -102,19 +104,20 @@ def view(pod: Mapping[str, Any], container: str) -> PodView:
             term = main["lastState"]["terminated"]  # restarted in place (OnFailure): its first end counts
         if term:
             return PodView(ENDED, exit_code=int(term.get("exitCode", 1)), reason=str(term.get("reason", "")),
-                           finished=_time(term.get("finishedAt")), termination=str(term.get("message") or ""), taken=taken)
+                           finished=_time(term.get("finishedAt")), termination=str(term.get("message") or ""), taken=taken,
+                           taken_at=taken_at)
         if (main.get("state") or {}).get("running"):
-            return PodView(RUNNING, taken=taken)
+            return PodView(RUNNING, taken=taken, taken_at=taken_at)
     phase = status.get("phase", "Pending")
     if phase in ("Failed", "Succeeded"):  # ended without a container status (evicted before it ran)
         return PodView(ENDED, exit_code=0 if phase == "Succeeded" else 137, reason=str(status.get("reason", phase)),
-                       message=str(status.get("message", "")), taken=taken)
+                       message=str(status.get("message", "")), taken=taken, taken_at=taken_at)
     scheduled = _condition(status, "PodScheduled")
     if scheduled and scheduled.get("status") == "False":
         return PodView(QUEUED, f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".rstrip(": "))
     if not spec.get("nodeName"):
         return PodView(QUEUED, "waiting for the scheduler")
-    return PodView(STARTING, "starting (pulling the image, fetching the code)", taken=taken)
+    return PodView(STARTING, "starting (pulling the image, fetching the code)", taken=taken, taken_at=taken_at)
 
 
 def _waiting_problem(status: Mapping[str, Any], spec: Mapping[str, Any]) -> PodView | None:
@@ -176,6 +179,17 @@ def result_from(v: PodView, pod: Mapping[str, Any] | None, container: str, node_
         message += f": {tail[0]}"
     failures = [] if code == 0 else [{"rank": first, "exitcode": code, "signal": None, "timestamp": now, "message": message}]
     return {**base, "exitcode": code, "failures": failures, **({"error": message} if code else {})}
+
+
+def as_casualty(result: dict[str, Any], taken_node: int, why: str, taken_at: float) -> dict[str, Any]:
+    """``result`` of a node whose ranks failed only after another node was taken from the
+    cluster (its peers vanished mid-collective, or the script stopped with them): a consequence
+    of the preemption, not a failure of its own. Failures from before that stay failures."""
+    failures = result.get("failures") or []
+    if not failures or any(float(f.get("timestamp") or 0) < taken_at - 1 for f in failures):
+        return result  # the second's slack: the API server dates conditions to the second
+    return {**result, "failures": [], "stopped_by": result.get("stopped_by") or "SIGTERM", "k8s_failures_after_taken": failures,
+            "k8s_casualty": f"node {taken_node} was taken first ({why})"}
 
 
 class Frames:

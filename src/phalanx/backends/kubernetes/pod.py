@@ -88,8 +88,9 @@ def read_launch(path: str, node_rank: int) -> dict[str, Any]:
             "sample_interval": data.get("sample_interval", 5.0)}
 
 
-def wait_for_name(host: str, timeout: float, note: Any) -> bool:
-    """Until ``host`` resolves (True) or ``timeout`` seconds passed (False)."""
+def wait_for_name(host: str, timeout: float, note: Any, tick: Any = lambda: None) -> bool:
+    """Until ``host`` resolves (True) or ``timeout`` seconds passed (False); ``tick`` runs
+    between tries (the mirror: the wait shows in the node's log as it happens)."""
     deadline = time.monotonic() + timeout
     said = False
     while True:
@@ -104,6 +105,7 @@ def wait_for_name(host: str, timeout: float, note: Any) -> bool:
                 said = True
         if time.monotonic() >= deadline:
             return False
+        tick()
         time.sleep(0.5)
 
 
@@ -177,7 +179,7 @@ class Pod:
     def run(self, wait_for: str | None, dns_timeout: float) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)  # PID 1 ignores signals it has no handler for
-        if wait_for and not wait_for_name(wait_for, dns_timeout, self.note):
+        if wait_for and not wait_for_name(wait_for, dns_timeout, self.note, self.mirror.scan):
             return self.finish({"exitcode": 1, "failures": [], "error":
                                 f"node 0's name {wait_for} did not resolve within {dns_timeout:g}s"}, started=time.time())
         kills = oom_kills(self.cgroup)

@@ -92,6 +92,7 @@ class Attempt:
         self.ended_at: dict[int, float] = {}  # node rank -> when this watcher saw it end
         self.started = time.monotonic()
         self.signalled: str | None = None
+        self.failed_first = False  # a node had failed when the stop came
         self.killed = False
         self.cleaned = False
         self.queue_note = ""
@@ -122,7 +123,10 @@ class Attempt:
             if self.signalled or self.killed:
                 return
             self.signalled = signals.Signals(signum).name
-            names = dict(self.pods)
+            # A node had failed: this is the supervisor's fail-fast, not a stop (--keep-failed keeps it).
+            self.failed_first = any(code != 0 for code in self.codes.values())
+            names = {n: name for n, name in self.pods.items()
+                     if n not in self.codes and (self.views.get(n) or pods.PodView(pods.QUEUED)).state != pods.ENDED}
         for name in names.values():
             self._delete_pod(name, self.grace_seconds)
         self.wake.set()
@@ -291,7 +295,8 @@ class Attempt:
         follower = self.followers.get(self.pods.get(n, ""))
         ready = follower is None or not follower.is_alive() or time.time() - seen > self.drain
         last = self.views.get(n) or pods.PodView(pods.QUEUED)
-        gone = pods.PodView(pods.ENDED, last.message, reason="Deleted", taken=last.taken, termination=last.termination)
+        gone = pods.PodView(pods.ENDED, last.message, reason="Deleted", taken=last.taken, taken_at=last.taken_at,
+                            termination=last.termination)
         return Ending(last.finished or seen, ready, lambda: self._finish(n, gone, None, vanished=not self.signalled))
 
     def _finish(self, n: int, v: pods.PodView, pod: dict[str, Any] | None, vanished: bool = False) -> None:
@@ -306,6 +311,11 @@ class Attempt:
             self._note_unreported(n, v, result)
         if v.taken:
             result["k8s_taken"] = v.taken
+        else:
+            taken = [(m, t) for m, t in self.views.items() if m != n and t.taken and t.taken_at is not None]
+            if taken:
+                first, view = min(taken, key=lambda mt: mt[1].taken_at or 0.0)
+                result = pods.as_casualty(result, first, view.taken, view.taken_at or 0.0)
         with self.lock:
             self._record(n, result)
 
@@ -370,7 +380,7 @@ class Attempt:
 
     def _clean_up(self) -> None:
         failed = any(code != 0 for code in self.codes.values())
-        keep = self.keep_failed and failed and not self.signalled
+        keep = self.keep_failed and failed and (self.failed_first or not self.signalled) and not self.killed
         for thread in list(self.followers.values()):
             thread.join(timeout=self.drain)
         if not keep:
