@@ -91,10 +91,12 @@ class Store:
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (plural, ns, name)
     logs: dict[tuple[str, str, str], Log] = field(default_factory=dict)  # (ns, pod, container)
     forbidden: set[tuple[str, str, str]] = field(default_factory=set)  # (verb, resource as RBAC names it, ns)
+    refuse: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (verb, plural) -> a Status (quota, admission)
     groups: set[str] = field(default_factory=lambda: {"batch/v1", "authorization.k8s.io/v1"})
     user: str = "system:serviceaccount:ci:phalanx"
     rv: int = 1000
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path) as received
+    auth: list[str] = field(default_factory=list)  # Authorization headers as received
     on_delete_pod: Callable[[dict[str, Any], int], None] | None = None  # the kubelet stops the pod's containers
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -231,12 +233,14 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class FakeApiServer:
     """The HTTP face of a Store, on ``host``:a free port (``url``). ``close()`` stops it."""
 
-    def __init__(self, store: Store | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, store: Store | None = None, host: str = "127.0.0.1", tls: Any = None) -> None:
         self.store = store or Store()
         handler = type("Handler", (_Handler,), {"store": self.store})
         self.httpd = ThreadingHTTPServer((host, 0), handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        if tls is not None:  # an ssl.SSLContext: HTTPS, as real API servers speak
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self.thread.start()
 
@@ -279,10 +283,14 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.store.requests.append((method, url.path))
+        self.store.auth.append(self.headers.get("Authorization") or "")
         try:
             match = _PATH.match(url.path)
             if not match:
                 raise Refused(status(404, "NotFound", "the server could not find the requested resource"))
+            if match["plural"] is None and match["ns"]:  # GET /api/v1/namespaces/<name>
+                return self._json(*self._object(method, {**match.groupdict(), "plural": "namespaces", "name": match["ns"],
+                                                         "ns": None}, query, body))
             if match["plural"] is None:  # discovery: GET /apis/<group>/<version>
                 if f"{match['group']}/{match['version']}" not in self.store.groups and match["cv"] is None:
                     raise Refused(status(404, "NotFound", "the server could not find the requested resource"))
@@ -293,7 +301,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Refused as exc:
             self._json(exc.body["code"], exc.body)
 
-    def _object(self, method: str, match: re.Match[str], query: dict[str, str], body: Any) -> tuple[int, Any]:
+    def _object(self, method: str, match: Any, query: dict[str, str], body: Any) -> tuple[int, Any]:
         store, plural, ns, name = self.store, match["plural"], match["ns"] or "", match["name"]
         if plural == "selfsubjectaccessreviews":
             attrs = body["spec"]["resourceAttributes"]
@@ -309,6 +317,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise Refused(status(403, "Forbidden", f'{_display(plural)}{" " + repr(name).replace(chr(39), chr(34)) if name else ""} '
                                  f'is forbidden: User "{store.user}" cannot {verb} resource "{plural}" in API group "{group}"'
                                  + (f' in the namespace "{ns}"' if ns else ""), {"group": group, "kind": plural}))
+        if (verb, plural) in store.refuse:
+            raise Refused(store.refuse[(verb, plural)])
         if ns and ns not in store.namespaces and plural != "namespaces":
             raise Refused(status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"}))
         if plural == "namespaces" and name and method == "GET":

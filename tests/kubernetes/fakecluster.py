@@ -66,6 +66,7 @@ class Cluster:
             self.store.objects.clear()
             self.store.logs.clear()
             self.store.forbidden.clear()
+            self.store.refuse.clear()
             self.store.requests.clear()
             self.store.namespaces = {"default"}
             self.store.groups = {"batch/v1", "authorization.k8s.io/v1"}

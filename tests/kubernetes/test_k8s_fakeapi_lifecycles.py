@@ -7,7 +7,6 @@ backend and its pod watcher, exactly as ``phalanx run --backend k8s`` does."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -105,10 +104,9 @@ def test_k8s_fakeapi_kubelet_eviction_without_retries_is_preempted(k8s):
 
 def test_k8s_fakeapi_image_pull_backoff_fails_fast_naming_the_image(k8s):
     k8s.kubelet.choose = lambda pod: "pull"
-    started = time.monotonic()
     record, code = jobs.run(k8s.spec(2, image="pytorh"))
     assert record.state is JobState.FAILED and code == 1
-    assert time.monotonic() - started < 30
+    assert all(p.name == "pull" and p.step < 2 for p in k8s.kubelet.plays.values()), "failed while pulling, no timeout waited"
     cause = record.root_cause_dict()
     assert cause["message"].startswith("cannot pull the image 'pytorh' (ErrImagePull")
     log = JobPaths(Path(record.job_dir)).agent_log(0, cause["node_rank"]).read_text()
@@ -195,6 +193,6 @@ def test_k8s_fakeapi_objects_are_owned_by_the_job(k8s):
     thread, _ = _while_running(k8s, look, delay=1.0)
     record, _ = jobs.run(k8s.spec(1))
     thread.join(40)
+    assert record.state is JobState.CANCELLED
     for refs in seen["owners"].values():
         assert [(r["kind"], r["uid"], r["blockOwnerDeletion"]) for r in refs] == [("Job", seen["uid"], True)]
-    assert json.loads(json.dumps(seen))  # plain data

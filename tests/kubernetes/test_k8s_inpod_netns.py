@@ -159,6 +159,8 @@ def test_k8s_inpod_netns_two_node_ddp_with_node0_dns_late(podnet, env):
     assert [r["exitcode"] for r in results] == [0, 0]
     assert [r["host"] for r in results] == [f"phx-{job['id']}-a0-{n}.phx-{job['id']}-a0" for n in (0, 1)]
     assert not (attempt / "node_0" / "resources.jsonl").exists(), "the image has no psutil: no samples, no crash"
+    assert (Path(job["job_dir"]) / "output" / "model.pt").stat().st_size > 0, "PHALANX_OUTPUT_DIR came back"
+    assert (Path(env["PHALANX_HOME"]) / "state" / "train_ddp" / "checkpoint.pt").stat().st_size > 0, "and the state"
     _wait(lambda: not _left(podnet), 30, "every object to be deleted")
     logs = phalanx("logs", job["id"], "--rank", "1", env=env, check=True).stdout  # the pods are gone
     assert "grad_checksum rank=1" in logs

@@ -102,7 +102,7 @@ class KubernetesBackend(Backend):
             client = Client(_credentials(opts))
             values = delivery.ship(paths.code_dir, delivery.choose(opts.get("code_uri"), spec.output_uri))
         except UsageError as exc:  # the cluster or the bundle changed since the preflight
-            raise BackendError(str(exc), exc.hint) from None
+            raise BackendError(exc.message, exc.hint) from None
         write_atomic(paths.manifests(plan.attempt), plan.submission)
         objects = manifests.fill(manifests.from_yaml(plan.submission), values)
         kind = str(opts["k8s_kind"])
@@ -191,5 +191,5 @@ def apply(client: Client, objects: list[dict[str, Any]]) -> str:
             except ApiError:
                 pass
         what = f"creating the {objects[len(created)]['kind']}" if len(created) < len(objects) else "setting owners"
-        raise BackendError(f"the cluster refused {what}: {exc}", exc.hint) from None
+        raise BackendError(f"the cluster refused {what}: {exc.message}", exc.hint) from None
     return str(answers[-1]["metadata"].get("uid", ""))

@@ -219,6 +219,7 @@ class Frames:
         if "exit" in frame:
             self.exit = int(frame["exit"])
             return
+        carries = "t" in frame or "d" in frame
         data = frame.pop("t").encode() if "t" in frame else base64.b64decode(frame.pop("d", "") or "")
         if "r" not in frame and "o" in frame and isinstance(frame.get("f"), str):
             have = self._size(frame["f"])
@@ -230,7 +231,7 @@ class Frames:
             frame["o"] = have  # a gap (the kubelet rotated the log away) is closed up, not zero-filled
             self.have[frame["f"]] = have + len(data)
         try:
-            self.receiver.apply({**frame, "b": len(data)}, io.BytesIO(data))
+            self.receiver.apply({**frame, "b": len(data)} if carries else frame, io.BytesIO(data))
         except (OSError, ValueError, KeyError, TypeError, EOFError):
             pass  # a full disk or a bad frame: the mirror goes on
 

@@ -84,7 +84,7 @@ def _namespace(client: Client) -> None:
             raise UsageError(f"the API server {client.creds.server} refused the credentials of context {client.creds.context}",
                              "log in to the cluster again, then retry") from None
         if exc.code == 0:
-            raise UsageError(str(exc), exc.hint) from None
+            raise UsageError(exc.message, exc.hint) from None
         # 403: reading namespaces is often not allowed; the RBAC check below says what matters
 
 
