@@ -193,10 +193,11 @@ def test_k8s_inpod_netns_rank_failure_root_cause_and_termination_message(podnet,
 
 def test_k8s_inpod_netns_preempted_pod_is_retried(podnet, env):
     """The scheduler preempts node 1's pod (DisruptionTarget, SIGTERM, grace): the attempt
-    is PREEMPTED, not failed, and --max-retries runs a new Job that succeeds."""
+    is PREEMPTED, not failed, and --max-retries runs a new Job, whose pods get the checkpoint
+    that came back from the first one and resume from it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "phalanx", "run", "--backend", "k8s", "-n", "2x1", "--grace", "5", "--max-retries", "1",
-         TRAIN, "--epochs", "1", "--steps-per-epoch", "8", "--sleep", "0.5"],
+         TRAIN, "--epochs", "1", "--steps-per-epoch", "8", "--sleep", "0.5", "--checkpoint-every", "2"],
         env={**os.environ, **env}, cwd=EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         home = Path(env["PHALANX_HOME"])
@@ -213,6 +214,8 @@ def test_k8s_inpod_netns_preempted_pod_is_retried(podnet, env):
     assert proc.returncode == 0, out + err
     status = json.loads(phalanx("status", _job(env)["id"], "--json", env=env, check=True).stdout)
     assert [(a["outcome"], a["retry"]) for a in status["attempts"]] == [("preempted", True), ("succeeded", False)]
+    resumed = Path(status["job_dir"], "attempt_1", "rank_0", "output.log").read_text()
+    assert re.search(r"resumed from step=([2-9])", resumed), resumed
     _wait(lambda: not _left(podnet) and not _pod_processes(podnet), 30, "every object and process to go")
 
 

@@ -98,9 +98,12 @@ class KubernetesBackend(Backend):
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
         opts = validate(self.name, self.options, spec.backend_options)
+        from ... import config
+
         try:
             client = Client(_credentials(opts))
-            values = delivery.ship(paths.code_dir, delivery.choose(opts.get("code_uri"), spec.output_uri))
+            values = delivery.ship(paths.code_dir, delivery.choose(opts.get("code_uri"), spec.output_uri),
+                                   HomePaths(config.home()).state_dir(spec.name))
         except UsageError as exc:  # the cluster or the bundle changed since the preflight
             raise BackendError(exc.message, exc.hint) from None
         write_atomic(paths.manifests(plan.attempt), plan.submission)

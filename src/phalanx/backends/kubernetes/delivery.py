@@ -10,7 +10,10 @@ The job's code snapshot and phalanx itself travel as one bundle (``storage/bundl
   ConfigMap, which holds at most 1 MiB (with the launch plan). A bigger bundle is refused
   before anything is created, saying so.
 
-Either way the init container checks the bundle's SHA-256 before it unpacks it.
+The job's state directory (its checkpoints) travels the same way, as a second archive, when
+it holds files: a retry, or ``phalanx resume``, then starts from the last checkpoint that came
+back from the pods. Either way the init container checks each archive's SHA-256 before it
+unpacks it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Iterable
 from ...core.spec import EntrypointKind, JobSpec
 from ...errors import BackendError, UsageError
 from ...storage.bundle import Bundle, build, code_files
-from .manifests import BUNDLE_BYTES, BUNDLE_SHA256, BUNDLE_URL, CONFIGMAP_MAX
+from .manifests import BUNDLE_BYTES, BUNDLE_SHA256, BUNDLE_URL, CONFIGMAP_MAX, STATE_BYTES, STATE_SHA256, STATE_URL
 
 URL_SECONDS = 7 * 24 * 3600  # the longest a SigV4 presigned URL may live
 HEADROOM = 64 * 1024  # bytes of the ConfigMap kept for the launch plan and metadata
@@ -78,30 +81,70 @@ def estimate(spec: JobSpec, home: Path, delivery: Delivery) -> None:
     script = spec.entrypoint.target if spec.entrypoint.kind is EntrypointKind.SCRIPT else None
     listing = list_workdir(workdir, home, script)
     files = [(rel, workdir / rel) for rel in listing.files if (workdir / rel).is_file() and not (workdir / rel).is_symlink()]
+    from ...core.paths import HomePaths
+
     with tempfile.TemporaryDirectory(prefix="phx-bundle-") as tmp:
-        build_for(files, Path(tmp) / "bundle.tar.gz", delivery)
+        bundle = build_for(files, Path(tmp) / "bundle.tar.gz", delivery)
+        state = pack(HomePaths(home).state_dir(spec.name), Path(tmp) / "state.tar.gz")
+        if state is not None and bundle.size + state.size > delivery.limit:
+            raise UsageError(f"the code ({bundle.size >> 10} KiB) and the state directory ({state.size >> 10} KiB, compressed) "
+                             f"are more than the {delivery.limit >> 10} KiB a ConfigMap can carry",
+                             "give an object store with --code-uri s3://BUCKET/PREFIX (or --output s3://...), or --clean-state")
 
 
-def ship(code_dir: Path, delivery: Delivery) -> dict[str, str]:
-    """Build the bundle of ``code_dir`` and put it where the pods fetch it; returns the values
-    of the manifests' placeholders. Raises UsageError (too big) or BackendError (upload)."""
+def ship(code_dir: Path, delivery: Delivery, state_dir: Path | None = None) -> dict[str, str | None]:
+    """Build the bundle of ``code_dir`` (and the archive of ``state_dir`` when it holds files)
+    and put them where the pods fetch them; returns the values of the manifests' placeholders.
+    Raises UsageError (too big) or BackendError (upload)."""
     with tempfile.TemporaryDirectory(prefix="phx-bundle-") as tmp:
         bundle = build_for(code_files(code_dir), Path(tmp) / "bundle.tar.gz", delivery)
-        values = {BUNDLE_SHA256: bundle.sha256}
+        state = pack(state_dir, Path(tmp) / "state.tar.gz") if state_dir is not None else None
+        values: dict[str, str | None] = {BUNDLE_SHA256: bundle.sha256, STATE_SHA256: state.sha256 if state else "",
+                                         STATE_URL: "", STATE_BYTES: None}
         if delivery.store is None:
+            if state is not None and bundle.size + state.size > delivery.limit:
+                raise UsageError(f"the code ({bundle.size >> 10} KiB) and the state directory ({state.size >> 10} KiB, "
+                                 f"compressed) are more than the {delivery.limit >> 10} KiB a ConfigMap can carry",
+                                 "give an object store with --code-uri s3://BUCKET/PREFIX (or --output s3://...), "
+                                 "or --clean-state")
             values[BUNDLE_BYTES] = base64.b64encode(bundle.path.read_bytes()).decode()
+            if state is not None:
+                values[STATE_BYTES] = base64.b64encode(state.path.read_bytes()).decode()
+                values[STATE_URL] = "/phx-launch/state.tar.gz"
         else:
-            values[BUNDLE_URL] = upload(bundle, delivery.store)
+            values[BUNDLE_URL] = upload(bundle, delivery.store, "phalanx-bundles")
+            if state is not None:
+                values[STATE_URL] = upload(state, delivery.store, "phalanx-state")
         return values
 
 
-def upload(bundle: Bundle, store: str) -> str:
+def pack(directory: Path, dest: Path) -> Bundle | None:
+    """``directory``'s regular files as a deterministic tar.gz (None when it holds none)."""
+    import gzip
+    import hashlib
+    import tarfile
+
+    files = [(rel, path) for rel, path in code_files(directory)] if directory.is_dir() else []
+    if not files:
+        return None
+    with open(dest, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, path in files:
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = path.stat().st_size, 0o644, int(path.stat().st_mtime)
+            with open(path, "rb") as fh:
+                tar.addfile(info, fh)
+    digest = hashlib.sha256(dest.read_bytes()).hexdigest()
+    return Bundle(dest, digest, dest.stat().st_size, len(files))
+
+
+def upload(bundle: Bundle, store: str, folder: str) -> str:
     """Upload ``bundle`` under ``store`` (unless it is there already); its presigned URL."""
     try:
         import fsspec
     except ImportError:
         raise UsageError(f"uploading the code to {store} needs fsspec", "pip install 'phalanx[storage]'") from None
-    target = f"{store}/phalanx-bundles/{bundle.sha256}.tar.gz"
+    target = f"{store}/{folder}/{bundle.sha256}.tar.gz"
     try:
         fs, path = fsspec.core.url_to_fs(target)
         if not fs.exists(path):

@@ -28,9 +28,8 @@ import json
 from typing import Any, Callable
 
 from ...errors import UsageError
-from ...storage.bundle import FETCH
 from .manifests import (
-    CONTAINER, Workload, container_env, fetch_env, metadata, pod_command, pod_template, resources, scheduling,
+    CONTAINER, FETCH_INIT, Workload, container_env, fetch_env, metadata, pod_command, pod_template, resources, scheduling,
     volume_mounts, volumes,
 )
 from .options import DEFAULT_RUNTIME
@@ -58,7 +57,7 @@ def trainjob(w: Workload) -> dict[str, Any]:
                          "drop kubernetes.priority_class, or use --k8s-kind job or jobset")
     entry = pod_command(w, rank_from="PET_NODE_RANK")
     # No init container can be added to the runtime's pod: fetch, then become the entry.
-    program = f"{FETCH};import os;os.execvp({json.dumps(entry[0])},{json.dumps(entry)})"
+    program = f"{FETCH_INIT}import os\nos.execvp({json.dumps(entry[0])}, {json.dumps(entry)})\n"
     trainer: dict[str, Any] = {
         "image": w.image, "command": ["python3", "-c", program], "env": [*fetch_env(w), *container_env(w)],
         "numNodes": w.nnodes, "numProcPerNode": w.nproc_per_node,

@@ -19,8 +19,10 @@ them again from any machine. Beside the workload:
 Both are owned by the workload once it exists (``ownerReferences``), so deleting it, or its
 TTL running out, removes them too.
 
-Values known only when the attempt starts (the bundle's URL, digest and bytes) are the
-placeholders in ``PLACEHOLDERS``; ``--dry-run`` prints them as such.
+Values known only when the attempt starts (the bundle's URL, digest and bytes; the same for
+the job's state directory, restored into ``/phx/state`` before the node starts, so a retry or
+``phalanx resume`` continues from its checkpoint) are the placeholders in ``PLACEHOLDERS``;
+``--dry-run`` prints them as such.
 """
 
 from __future__ import annotations
@@ -49,7 +51,20 @@ FETCH_CONTAINER = "phx-fetch"
 BUNDLE_URL = "@BUNDLE_URL@"
 BUNDLE_SHA256 = "@BUNDLE_SHA256@"
 BUNDLE_BYTES = "@BUNDLE_TAR_GZ@"
-PLACEHOLDERS = (BUNDLE_URL, BUNDLE_SHA256, BUNDLE_BYTES)
+STATE_URL = "@STATE_URL@"  # '' when the state directory is empty
+STATE_SHA256 = "@STATE_SHA256@"
+STATE_BYTES = "@STATE_TAR_GZ@"  # dropped when there is no state
+PLACEHOLDERS = (BUNDLE_URL, BUNDLE_SHA256, BUNDLE_BYTES, STATE_URL, STATE_SHA256, STATE_BYTES)
+# The init step: the code bundle into /phx, then the job's state directory (when it has one)
+# into /phx/state, each with storage/bundle.py's FETCH (python3's standard library only).
+FETCH_INIT = (
+    "import os\n"
+    "e = os.environ\n"
+    "for url, digest, into in (('PHX_BUNDLE_URL', 'PHX_BUNDLE_SHA256', '/phx'), ('PHX_STATE_URL', 'PHX_STATE_SHA256', '/phx/state')):\n"
+    "    if e.get(url):\n"
+    "        e['PHX_BUNDLE_URL'], e['PHX_BUNDLE_SHA256'], e['PHX_BUNDLE_DIR'] = e[url], e.get(digest, ''), into\n"
+    f"        exec({FETCH!r}, {{}})\n"
+)
 CONFIGMAP_MAX = 1024 * 1024  # bytes of data a ConfigMap may hold (the API server refuses more)
 LAUNCH_GZIP_ABOVE = 128 * 1024  # launch.json beyond this travels gzipped (many nodes)
 POD_ENTRY = "phalanx.backends.kubernetes.pod"
@@ -192,7 +207,7 @@ def launch_data(w: Workload) -> tuple[str, dict[str, str], dict[str, str]]:
 def config_map(w: Workload) -> dict[str, Any]:
     _, data, binary = launch_data(w)
     if w.bundle_in_configmap:
-        binary = {**binary, "bundle.tar.gz": BUNDLE_BYTES}
+        binary = {**binary, "bundle.tar.gz": BUNDLE_BYTES, "state.tar.gz": STATE_BYTES}
     obj: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(w)}
     if data:
         obj["data"] = data
@@ -204,7 +219,7 @@ def config_map(w: Workload) -> dict[str, Any]:
 
 def secret(w: Workload) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata(w), "type": "Opaque", "immutable": True,
-            "stringData": {"bundle-url": BUNDLE_URL}}
+            "stringData": {"bundle-url": BUNDLE_URL, "state-url": STATE_URL}}
 
 
 def service(w: Workload) -> dict[str, Any]:
@@ -246,9 +261,12 @@ def pod_command(w: Workload, rank_from: str) -> list[str]:
 def fetch_env(w: Workload) -> list[dict[str, Any]]:
     if w.bundle_in_configmap:
         url: dict[str, Any] = {"name": "PHX_BUNDLE_URL", "value": f"{LAUNCH_DIR}/bundle.tar.gz"}
+        state: dict[str, Any] = {"name": "PHX_STATE_URL", "value": STATE_URL}
     else:
         url = {"name": "PHX_BUNDLE_URL", "valueFrom": {"secretKeyRef": {"name": w.name, "key": "bundle-url"}}}
-    return [url, {"name": "PHX_BUNDLE_SHA256", "value": BUNDLE_SHA256}, {"name": "PHX_BUNDLE_DIR", "value": ROOT}]
+        state = {"name": "PHX_STATE_URL", "valueFrom": {"secretKeyRef": {"name": w.name, "key": "state-url"}}}
+    return [url, {"name": "PHX_BUNDLE_SHA256", "value": BUNDLE_SHA256}, state,
+            {"name": "PHX_STATE_SHA256", "value": STATE_SHA256}]
 
 
 def container_env(w: Workload) -> list[dict[str, Any]]:
@@ -304,7 +322,7 @@ def node_container(w: Workload, rank_from: str, name: str = CONTAINER) -> dict[s
 def fetch_container(w: Workload) -> dict[str, Any]:
     """Downloads and unpacks the bundle with nothing but the image's python3."""
     return {
-        "name": FETCH_CONTAINER, "image": w.image, "command": ["python3", "-c", FETCH], "env": fetch_env(w),
+        "name": FETCH_CONTAINER, "image": w.image, "command": ["python3", "-c", FETCH_INIT], "env": fetch_env(w),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "phx", "mountPath": ROOT}, {"name": "phx-launch", "mountPath": LAUNCH_DIR, "readOnly": True}],
     }
@@ -343,12 +361,13 @@ def scheduling(section: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fill(objects: list[dict[str, Any]], values: Mapping[str, str]) -> list[dict[str, Any]]:
-    """``objects`` with every placeholder string replaced by its value. Pure."""
+def fill(objects: list[dict[str, Any]], values: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """``objects`` with every placeholder string replaced by its value; a None value drops
+    the key holding it. Pure."""
 
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
+            return {k: walk(v) for k, v in node.items() if not (isinstance(v, str) and v in values and values[v] is None)}
         if isinstance(node, list):
             return [walk(v) for v in node]
         if isinstance(node, str) and node in values:
