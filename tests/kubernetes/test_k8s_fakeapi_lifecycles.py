@@ -15,6 +15,8 @@ from phalanx import jobs
 from phalanx.core.paths import JobPaths, read_json
 from phalanx.core.state import JobState
 
+from tests.conftest import phalanx
+
 from .fakecluster import INDEX, UNSCHEDULABLE
 
 LEFT = ("jobs", "pods", "services", "configmaps", "secrets")
@@ -54,14 +56,17 @@ def test_k8s_fakeapi_unschedulable_is_queued_then_runs_and_succeeds(k8s):
         record = jobs.open_store().list()[0]
         path = JobPaths(Path(record.job_dir)).scheduler_job(0)
         note = k8s.cluster.wait_for(lambda: (read_json(path) or {}).get("queued"), text="the queue note")
+        shown = phalanx("status", record.id, check=True).stdout
         del k8s.cluster.holds[1]
-        return note
+        return note, shown
 
     thread, seen = _while_running(k8s, look_then_release, delay=0.5)
     record, code = jobs.run(k8s.spec(2))
     thread.join(5)
     assert code == 0 and record.state is JobState.SUCCEEDED, record.root_cause_dict()
-    assert seen["value"] == f"Unschedulable: {UNSCHEDULABLE}"
+    note, shown = seen["value"]
+    assert note == f"Unschedulable: {UNSCHEDULABLE}"
+    assert f"\nqueued    QUEUED: Unschedulable: {UNSCHEDULABLE}\n" in shown, shown
     paths = JobPaths(Path(record.job_dir))
     assert "step=1 loss=0.5" in paths.rank_log(0, 1).read_text()  # the pod's log, rebuilt here
     assert read_json(paths.node_result(0, 1))["exitcode"] == 0

@@ -70,7 +70,8 @@ class Ending:
 
 
 class Attempt:
-    every = 1.0  # seconds between pod listings
+    every = 1.0  # seconds between pod listings once every node's log is followed
+    starting_every = 0.25  # until then: a started pod's first lines reach the user sooner
     drain = 10.0  # seconds a finished pod's log may still take to arrive
 
     def __init__(self, client: Client, ref: Ref, paths: JobPaths, ranks: list[list[int]], grace_seconds: int,
@@ -171,7 +172,8 @@ class Attempt:
             except Exception as exc:  # noqa: BLE001 - a broken watcher fails the attempt rather than hang it
                 self._broken(exc)
                 return
-            self.wake.wait(self.every)
+            starting = len(self.followers) + len(self.codes) < self.nnodes
+            self.wake.wait(min(self.every, self.starting_every) if starting else self.every)
             self.wake.clear()
 
     def refresh(self) -> None:
