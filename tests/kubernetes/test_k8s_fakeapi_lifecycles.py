@@ -7,6 +7,7 @@ backend and its pod watcher, exactly as ``phalanx run --backend k8s`` does."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -201,3 +202,29 @@ def test_k8s_fakeapi_objects_are_owned_by_the_job(k8s):
     assert record.state is JobState.CANCELLED
     for refs in seen["owners"].values():
         assert [(r["kind"], r["uid"], r["blockOwnerDeletion"]) for r in refs] == [("Job", seen["uid"], True)]
+
+
+def test_k8s_fakeapi_lost_supervisor_its_job_is_found_by_labels_and_stopped(k8s):
+    """The supervisor dies (SIGKILL): the pods run on, the job shows LOST and what still runs;
+    `stop` finds the Job by its labels (its scheduler.json gone too) and stops it, creating nothing."""
+    import os
+    import signal
+
+    k8s.kubelet.choose = lambda pod: "run"
+    job_id = phalanx("run", "-d", "--backend", "k8s", "-n", "2x1", "--grace", "3", "train.py", cwd=k8s.workdir,
+                     check=True).stdout.strip()
+    k8s.cluster.wait_for(lambda: len([p for p in k8s.cluster.pods() if p["status"].get("phase") == "Running"]) == 2,
+                         text="both pods to run")
+    status = json.loads(phalanx("status", job_id, "--json", check=True).stdout)
+    os.kill(status["supervisor_pid"], signal.SIGKILL)
+    k8s.cluster.wait_for(lambda: json.loads(phalanx("status", job_id, "--json").stdout)["state"] == "LOST", text="LOST")
+    JobPaths(Path(status["job_dir"])).scheduler_job(0).unlink()
+    shown = phalanx("status", job_id, check=True).stdout
+    assert f"left      K8S job phx-{job_id}-a0 still runs without a supervisor" in shown, shown
+    stopped = phalanx("stop", job_id, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert json.loads(phalanx("status", job_id, "--json", check=True).stdout)["state"] == "LOST"
+    k8s.cluster.wait_for(lambda: not _left(k8s), text="every object to be deleted")
+    assert len([p for m, p in k8s.cluster.store.requests if m == "POST" and p.endswith("/jobs")]) == 1
+    results = [read_json(JobPaths(Path(status["job_dir"])).node_result(0, n)) for n in (0, 1)]
+    assert [r["stopped_by"] for r in results] == ["SIGTERM", "SIGTERM"]

@@ -43,7 +43,8 @@ class Ref:
     container: str
 
     def record(self, **extra: Any) -> dict[str, Any]:
-        return {"scheduler": "k8s", **asdict(self), **extra}
+        # job_id: what `status` names a lost attempt by ("K8S job phx-...").
+        return {"scheduler": "k8s", **asdict(self), "phalanx_job": self.job_id, "job_id": self.name, **extra}
 
 
 def node_rank_of(pod: dict[str, Any], kind: str) -> int | None:
@@ -85,7 +86,8 @@ class Attempt:
         self.pending_timeout = pending_timeout
         self.keep_failed = keep_failed
         self.lock = threading.RLock()
-        self.codes: dict[int, int] = {}
+        self.codes: dict[int, int] = {}  # node rank -> exit code, as poll() reports it
+        self.staged: dict[int, int] = {}  # recorded, not reported yet
         self.views: dict[int, pods.PodView] = {}
         self.pods: dict[int, str] = {}  # node rank -> its pod's name
         self.frames: dict[str, pods.Frames] = {}
@@ -147,9 +149,10 @@ class Attempt:
         self.delete_objects(grace=0)
         with self.lock:
             for n in range(self.nnodes):
-                if n not in self.codes:
+                if n not in self.codes and n not in self.staged:
                     self._record(n, pods.result_from(self.views.get(n) or pods.PodView(pods.QUEUED), None,
                                                      self.ref.container, n, self.ranks[n], stopped_by="SIGKILL"))
+            self._publish()
         self.wake.set()
 
     def delete_objects(self, grace: int | None = None) -> None:
@@ -195,15 +198,16 @@ class Attempt:
         # stopped because of it (backoffLimit 0) would look taken, not a casualty.
         first_unready = min((e.when for e in endings if not e.ready), default=None)
         cutoff = math.floor(first_unready) if first_unready is not None else math.inf
-        with self.lock:  # all at once: a supervisor that polls sees them in one tick
+        with self.lock:
             for ending in sorted(endings, key=lambda e: e.when):
                 if ending.ready and ending.when < cutoff:
                     ending.report()
+            ends = {**self.codes, **self.staged}
         self._note_queue()
-        with self.lock:
-            done = len(self.codes) == self.nnodes
-        if done and not self.cleaned:
-            self._clean_up()
+        if len(ends) == self.nnodes and not self.cleaned:
+            self._clean_up(ends)  # before the last end is reported: the supervisor may exit right after
+        with self.lock:  # all at once: a supervisor that polls sees them in one tick
+            self._publish()
 
     def _refresh_node(self, n: int, pod: dict[str, Any] | None, waiting: str) -> Ending | None:
         if pod is None:
@@ -330,11 +334,16 @@ class Attempt:
             self._record(n, result)
 
     def _record(self, n: int, result: dict[str, Any]) -> None:
-        """The node's end (lock held)."""
+        """The node's end, written to its result.json; reported by ``_publish`` (lock held)."""
         result.setdefault("node_rank", n)
         result.setdefault("failures", [])
         write_json(self.paths.node_result(self.ref.attempt, n), result)
-        self.codes[n] = int(result["exitcode"])
+        self.staged[n] = int(result["exitcode"])
+
+    def _publish(self) -> None:
+        """Report the recorded ends to ``poll`` (lock held)."""
+        self.codes.update(self.staged)
+        self.staged.clear()
 
     def _note_unreported(self, n: int, v: pods.PodView, result: dict[str, Any], events: list[str] | None = None) -> None:
         """Say why in the node's agent.log when nothing of the node arrived (its own log is
@@ -373,6 +382,7 @@ class Attempt:
                     with open(log, "a") as fh:
                         fh.write(traceback.format_exc())
                     self._record(n, {"exitcode": 1, "failures": [], "error": text})
+            self._publish()
 
     def _delete_pod(self, name: str, grace: int) -> None:
         try:
@@ -380,8 +390,8 @@ class Attempt:
         except ApiError:
             pass
 
-    def _clean_up(self) -> None:
-        failed = any(code != 0 for code in self.codes.values())
+    def _clean_up(self, ends: dict[int, int]) -> None:
+        failed = any(code != 0 for code in ends.values())
         keep = self.keep_failed and failed and (self.failed_first or not self.signalled) and not self.killed
         for thread in list(self.followers.values()):
             thread.join(timeout=self.drain)
