@@ -151,3 +151,20 @@ def test_k8s_launch_files_of_many_nodes_travel_gzipped_and_are_read_back(tmp_pat
     path = tmp_path / "launch.json.gz"
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
     assert pod.read_launch(str(path), 2)["node"]["node_rank"] == 2
+
+
+def test_k8s_in_pod_import_path_is_the_standard_library_and_phalanx_only():
+    """What a pod imports before torch: no site-packages at all (python -S), phalanx from the
+    bundle's lib/ only; resource sampling degrades to nothing without psutil."""
+    probe = (
+        "import sys\n"
+        "import phalanx.backends.kubernetes.pod, phalanx.launch.agent, phalanx.launch.bootstrap\n"
+        "from phalanx.launch.agent import _start_sampler\n"
+        "assert _start_sampler(None, 0, 0, 1.0) is None\n"
+        "names = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'phalanx', '__main__'}\n"
+        "print(sorted(names))\n"
+    )
+    proc = subprocess.run([sys.executable, "-S", "-c", probe], env={"PYTHONPATH": str(SRC), "PATH": os.environ["PATH"]},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -37,7 +37,7 @@ from ..local import RESTART_SAFE_ENV, build_nodes
 from ..options import validate
 from . import delivery, kinds, manifests, options
 from .client import ApiError, Client
-from .watch import Attempt, K8sNode, Ref
+from .watch import Attempt, Ref
 
 POD_JOB_DIR = manifests.ROOT + "/job"
 POD_CODE = manifests.ROOT + "/code"
@@ -196,3 +196,25 @@ def apply(client: Client, objects: list[dict[str, Any]]) -> str:
         what = f"creating the {objects[len(created)]['kind']}" if len(created) < len(objects) else "setting owners"
         raise BackendError(f"the cluster refused {what}: {exc.message}", exc.hint) from None
     return str(answers[-1]["metadata"].get("uid", ""))
+
+
+class K8sNode(NodeHandle):
+    """One node of an attempt, as the supervisor sees it: its pod, through the shared Attempt."""
+
+    kill_margin = 20.0  # API round trips, the pod entry's final mirror scan, the log's last frames
+
+    def __init__(self, attempt: Attempt, node_rank: int) -> None:
+        self.attempt = attempt
+        self.node_rank = node_rank
+
+    def poll(self) -> int | None:
+        return self.attempt.poll(self.node_rank)
+
+    def signal(self, signum: int) -> None:
+        self.attempt.signal(signum)
+
+    def kill(self) -> None:
+        self.attempt.kill()
+
+    def running(self) -> bool:
+        return self.attempt.running(self.node_rank)

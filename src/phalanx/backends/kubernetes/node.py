@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...launch.remote import Receiver
+from .manifests import COMPLETION_INDEX
 
 QUEUED, STARTING, RUNNING, ENDED, FAILED_START = "queued", "starting", "running", "ended", "failed_start"
 IMAGE_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
@@ -132,6 +133,20 @@ def _waiting_problem(status: Mapping[str, Any], spec: Mapping[str, Any]) -> PodV
         return PodView(FAILED_START, f"container {status.get('name')} cannot start ({reason}): {waiting.get('message', '')}",
                        reason=reason)
     return None
+
+
+def node_rank_of(pod: Mapping[str, Any], kind: str) -> int | None:
+    """The node a pod runs, as its controller numbered it (completion index, or replica)."""
+    meta = pod.get("metadata") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    if kind == "pytorchjob":
+        index = labels.get("training.kubeflow.org/replica-index")
+        role = labels.get("training.kubeflow.org/replica-type", "")
+        if index is None or not str(index).isdigit():
+            return None
+        return 0 if role.lower() == "master" else int(index) + 1
+    index = labels.get(COMPLETION_INDEX, notes.get(COMPLETION_INDEX))
+    return int(index) if index is not None and str(index).isdigit() else None
 
 
 def memory_limit(pod: Mapping[str, Any], container: str) -> str | None:

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...core.paths import JobPaths, read_json, write_json
-from ..base import NodeHandle
 from . import node as pods
 from .client import ApiError, Client
-from .manifests import COMPLETION_INDEX, selector
+from .manifests import selector
 
 
 @dataclass(frozen=True)
@@ -45,19 +44,6 @@ class Ref:
     def record(self, **extra: Any) -> dict[str, Any]:
         # job_id: what `status` names a lost attempt by ("K8S job phx-...").
         return {"scheduler": "k8s", **asdict(self), "phalanx_job": self.job_id, "job_id": self.name, **extra}
-
-
-def node_rank_of(pod: dict[str, Any], kind: str) -> int | None:
-    meta = pod.get("metadata") or {}
-    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
-    if kind == "pytorchjob":
-        index = labels.get("training.kubeflow.org/replica-index")
-        role = labels.get("training.kubeflow.org/replica-type", "")
-        if index is None or not str(index).isdigit():
-            return None
-        return 0 if role.lower() == "master" else int(index) + 1
-    index = labels.get(COMPLETION_INDEX, notes.get(COMPLETION_INDEX))
-    return int(index) if index is not None and str(index).isdigit() else None
 
 
 @dataclass
@@ -183,7 +169,7 @@ class Attempt:
         listed = self.client.list("Pod", labels=selector(self.ref.job_id, self.ref.attempt))
         by_rank: dict[int, dict[str, Any]] = {}
         for pod in sorted(listed, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
-            rank = node_rank_of(pod, self.ref.kind)
+            rank = pods.node_rank_of(pod, self.ref.kind)
             if rank is not None and 0 <= rank < self.nnodes:
                 by_rank[rank] = pod  # the newest pod of each index
         waiting = self._workload_waiting() if len(by_rank) < self.nnodes and not self.killed else ""
@@ -398,25 +384,3 @@ class Attempt:
         if not keep:
             self.delete_objects()
         self.cleaned = True
-
-
-class K8sNode(NodeHandle):
-    """One node of an attempt, as the supervisor sees it: its pod, through the shared Attempt."""
-
-    kill_margin = 20.0  # API round trips, the pod entry's final mirror scan, the log's last frames
-
-    def __init__(self, attempt: Attempt, node_rank: int) -> None:
-        self.attempt = attempt
-        self.node_rank = node_rank
-
-    def poll(self) -> int | None:
-        return self.attempt.poll(self.node_rank)
-
-    def signal(self, signum: int) -> None:
-        self.attempt.signal(signum)
-
-    def kill(self) -> None:
-        self.attempt.kill()
-
-    def running(self) -> bool:
-        return self.attempt.running(self.node_rank)
