@@ -138,3 +138,14 @@ def test_k8s_every_option_is_a_flag_and_documented():
         assert f"`{option.flag}" in page and f"`{option.name}`" in page, f"document {option.flag} in docs/kubernetes.md"
     for key in options.SECTION_KEYS:
         assert f"  {key}:" in page, f"show kubernetes.{key} in docs/kubernetes.md"
+
+
+def test_k8s_help_imports_only_the_options_module():
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom typer.testing import CliRunner\nfrom phalanx.cli.main import app\n"
+             "CliRunner().invoke(app, ['--help']); CliRunner().invoke(app, ['run', '--help'])\n"
+             "print(sorted(m for m in sys.modules if 'kubernetes' in m or m.split('.')[0] in ('yaml', 'jsonschema', 'fsspec')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "['phalanx.backends.kubernetes', 'phalanx.backends.kubernetes.options']", out
