@@ -105,6 +105,10 @@ class Cluster:
     def _loop(self) -> None:
         while not self.stopping:
             try:
+                for jobset in self.store.list("jobsets", None):
+                    self._jobset(jobset)
+                for pytorchjob in self.store.list("pytorchjobs", None):
+                    self._pytorchjob(pytorchjob)
                 for job in self.store.list("jobs", None):
                     self._job(job)
                 for pod in self.store.list("pods", None):
@@ -152,6 +156,84 @@ class Cluster:
                 created.add(index)
                 self.store.put("pods", ns, self._pod_for(job, index))
 
+    def _jobset(self, jobset: dict[str, Any]) -> None:
+        """What the JobSet controller does: a Job ``<jobset>-<replicatedJob>-<i>`` per replica,
+        owned by the JobSet, its pods in the subdomain ``<jobset>`` (enableDNSHostnames); the
+        JobSet Failed when a Job fails (maxRestarts 0), Completed when every Job completed."""
+        meta, ns = jobset["metadata"], jobset["metadata"]["namespace"]
+        name, created = meta["name"], self.created.setdefault(meta["uid"], set())
+        jobs = []
+        for r, rjob in enumerate(jobset["spec"]["replicatedJobs"]):
+            for i in range(rjob.get("replicas", 1)):
+                child = f"{name}-{rjob['name']}-{i}"
+                if r * 1000 + i not in created:
+                    created.add(r * 1000 + i)
+                    template = json.loads(json.dumps(rjob["template"]))
+                    labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                              "jobset.sigs.k8s.io/job-index": str(i)}
+                    pod_meta = template["spec"]["template"].setdefault("metadata", {})
+                    pod_meta["labels"] = {**pod_meta.get("labels", {}), **labels}
+                    template["spec"]["template"]["spec"].setdefault("subdomain", name)
+                    self.store.put("jobs", ns, {"apiVersion": "batch/v1", "kind": "Job", "spec": template["spec"], "metadata": {
+                        "name": child, "labels": labels, "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
+                        "kind": "JobSet", "name": name, "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]}})
+                jobs.append(child)
+        states = [[c["type"] for c in (self._get("jobs", ns, j) or {}).get("status", {}).get("conditions", [])
+                   if c["status"] == "True"] for j in jobs]
+        if any("Failed" in s for s in states):
+            self._condition("jobsets", ns, name, "Failed", "True", "FailedJobs", "jobset failed due to one or more job failures")
+        elif all("Complete" in s for s in states):
+            self._condition("jobsets", ns, name, "Completed", "True", "AllJobsCompleted", "jobset completed successfully")
+
+    def _pytorchjob(self, job: dict[str, Any]) -> None:
+        """What the Training Operator v1 does: pods ``<name>-master-0`` and ``<name>-worker-<i>``
+        (labels ``training.kubeflow.org/replica-type|replica-index``), a headless Service named
+        like each, and the env it gives the container ``pytorch``: MASTER_ADDR, MASTER_PORT (its
+        ``pytorchjob-port``), WORLD_SIZE and RANK counting nodes, and the PET_* of torchrun."""
+        meta, ns, spec = job["metadata"], job["metadata"]["namespace"], job["spec"]
+        name, created = meta["name"], self.created.setdefault(meta["uid"], set())
+        replicas = spec["pytorchReplicaSpecs"]
+        nodes = sum(r.get("replicas", 1) for r in replicas.values())
+        master = f"{name}-master-0"
+        owner = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": meta["uid"], "controller": True,
+                  "blockOwnerDeletion": True}]
+        for role, rspec in replicas.items():
+            for i in range(rspec.get("replicas", 1)):
+                rank = 0 if role == "Master" else i + 1
+                if rank in created:
+                    continue
+                created.add(rank)
+                template = json.loads(json.dumps(rspec["template"]))
+                pod_name = f"{name}-{role.lower()}-{i}"
+                labels = {**template["metadata"].get("labels", {}), "training.kubeflow.org/job-name": name,
+                          "training.kubeflow.org/replica-type": role.lower(), "training.kubeflow.org/replica-index": str(i),
+                          "training.kubeflow.org/operator-name": "pytorchjob-controller"}
+                container = next(c for c in template["spec"]["containers"] if c["name"] == "pytorch")
+                port = next((p["containerPort"] for p in container.get("ports", []) if p["name"] == "pytorchjob-port"), 23456)
+                given = {"MASTER_PORT": str(port), "MASTER_ADDR": master, "WORLD_SIZE": str(nodes), "RANK": str(rank),
+                         "PYTHONUNBUFFERED": "1", "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(port),
+                         "PET_NNODES": str(nodes), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": spec.get("nprocPerNode", "auto")}
+                container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in given.items())]
+                template["spec"]["hostname"] = pod_name
+                self.store.put("services", ns, {"apiVersion": "v1", "kind": "Service", "metadata": {
+                    "name": pod_name, "labels": labels, "ownerReferences": owner}, "spec": {"clusterIP": "None", "selector": labels,
+                    "ports": [{"name": "pytorchjob-port", "port": port}]}})
+                self.store.put("pods", ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                    "name": pod_name, "labels": labels, "annotations": template["metadata"].get("annotations", {}),
+                    "ownerReferences": owner}, "spec": template["spec"], "status": {"phase": "Pending", "qosClass": "BestEffort"}})
+        pods = self.store.list("pods", ns, f"training.kubeflow.org/job-name={name}")
+        phases = [p.get("status", {}).get("phase") for p in pods]
+        if "Failed" in phases or len(pods) < len(created):
+            self._condition("pytorchjobs", ns, name, "Failed", "True", "PyTorchJobFailed", f"PyTorchJob {name} is failed")
+        elif phases and all(ph == "Succeeded" for ph in phases):
+            self._condition("pytorchjobs", ns, name, "Succeeded", "True", "PyTorchJobSucceeded", f"PyTorchJob {name} succeeded")
+
+    def _get(self, plural: str, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.store.get(plural, ns, name)
+        except Exception:
+            return None
+
     def _pod_for(self, job: dict[str, Any], index: int) -> dict[str, Any]:
         meta, template = job["metadata"], json.loads(json.dumps(job["spec"]["template"]))
         name = meta["name"]
@@ -175,7 +257,7 @@ class Cluster:
         if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
             return
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        index = int((pod["metadata"].get("labels") or {}).get(INDEX, -1))
+        index = node_of(pod)
         held = self.holds.get(index)
         scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "PodScheduled"), None)
         if held is not None:
@@ -207,6 +289,16 @@ class Cluster:
     def gone(self, pod: dict[str, Any]) -> None:
         """The kubelet stopped a pod being deleted: it leaves the API."""
         self.store.remove("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+
+def node_of(pod: dict[str, Any]) -> int:
+    """The node a pod is, as its controller numbered it (completion index or replica)."""
+    labels = pod["metadata"].get("labels") or {}
+    if INDEX in labels:
+        return int(labels[INDEX])
+    if labels.get("training.kubeflow.org/replica-type") == "worker":
+        return int(labels["training.kubeflow.org/replica-index"]) + 1
+    return 0
 
 
 def _set_condition(obj: dict[str, Any], kind: str, state: str, reason: str, message: str) -> None:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .fakecluster import INDEX, Cluster, container_status, terminated
+from .fakecluster import Cluster, container_status, node_of, terminated
 from .fakeapi import now
 
 STEP = 0.3  # seconds between the steps of a lifecycle
@@ -66,7 +66,7 @@ class ScriptedKubelet:
             if pod["metadata"].get("deletionTimestamp"):
                 cluster.gone(pod)
             return
-        node = int(pod["metadata"]["labels"].get(INDEX, 0))
+        node = node_of(pod)
         image = pod["spec"]["containers"][0]["image"]
         container = pod["spec"]["containers"][0]["name"]
         if play.stop_grace is not None and play.step >= 2:
@@ -111,7 +111,7 @@ class ScriptedKubelet:
             log = cluster.log(pod, container)
             log.path.write_text(frame(f"node_{node}/agent.log", "phalanx pod: node agent started\n", 0)
                                 + frame(f"rank_{node}/proc.json", json.dumps({"pid": 7, "rank": node, "node_rank": node,
-                                                                              "host": pod["spec"]["hostname"]}))
+                                                                              "host": pod["spec"].get("hostname")}))
                                 + frame(f"rank_{node}/output.log", f"rank {node} starts\nstep=1 loss=0.5\n", 0))
             log.started = True
             cluster.set_status(pod, lambda s: s.update(
@@ -144,14 +144,14 @@ class ScriptedKubelet:
 
     def _end(self, cluster: Cluster, pod: dict[str, Any], play: Play, code: int, reason: str, result: dict[str, Any] | None = None,
              stopped: bool = False, report: bool = True, extra: str = "") -> None:
-        node = int(pod["metadata"]["labels"].get(INDEX, 0))
+        node = node_of(pod)
         container = pod["spec"]["containers"][0]["name"]
         image = pod["spec"]["containers"][0]["image"]
         if stopped:
             result = {"exitcode": 143, "failures": [], "stopped_by": "SIGTERM"}
         message = ""
         if report and result is not None:
-            result = {"node_rank": node, "host": pod["spec"]["hostname"], **result}
+            result = {"node_rank": node, "host": pod["spec"].get("hostname"), **result}
             message = json.dumps(result, sort_keys=True)
             log = cluster.log(pod, container)
             with open(log.path, "a") as fh:

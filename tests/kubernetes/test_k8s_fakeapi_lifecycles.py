@@ -228,3 +228,30 @@ def test_k8s_fakeapi_lost_supervisor_its_job_is_found_by_labels_and_stopped(k8s)
     assert len([p for m, p in k8s.cluster.store.requests if m == "POST" and p.endswith("/jobs")]) == 1
     results = [read_json(JobPaths(Path(status["job_dir"])).node_result(0, n)) for n in (0, 1)]
     assert [r["stopped_by"] for r in results] == ["SIGTERM", "SIGTERM"]
+
+
+def test_k8s_fakeapi_jobset_runs_through_its_child_job_and_is_cleaned_up(k8s):
+    k8s.cluster.store.groups.add("jobset.x-k8s.io/v1alpha2")
+    record, code = jobs.run(k8s.spec(2, k8s_kind="jobset"))
+    assert code == 0 and record.state is JobState.SUCCEEDED, record.root_cause_dict()
+    created = [p for m, p in k8s.cluster.store.requests if m == "POST" and p.endswith("/jobsets")]
+    assert len(created) == 1
+    results = [read_json(JobPaths(Path(record.job_dir)).node_result(0, n)) for n in (0, 1)]
+    assert [r["host"] for r in results] == [f"phx-{record.id}-a0-node-0-{n}" for n in (0, 1)]  # the pods' hostnames
+    k8s.cluster.wait_for(lambda: not _left(k8s) and not k8s.cluster.store.list("jobsets", None),
+                         text="the JobSet, its Job and pods to be deleted")
+
+
+def test_k8s_fakeapi_pytorchjob_failure_names_the_worker_rank(k8s):
+    from .fakecluster import node_of
+
+    k8s.cluster.store.groups.add("kubeflow.org/v1")
+    k8s.kubelet.choose = lambda pod: "fail" if node_of(pod) == 1 else "run"
+    record, code = jobs.run(k8s.spec(2, k8s_kind="pytorchjob"))
+    assert record.state is JobState.FAILED and code == 1
+    cause = record.root_cause_dict()
+    assert (cause["rank"], cause["node_rank"], cause["message"]) == (1, 1, "boom")
+    assert {p["metadata"]["name"] for p in k8s.cluster.store.list("pods", None)} <= {
+        f"phx-{record.id}-a0-master-0", f"phx-{record.id}-a0-worker-0"}
+    k8s.cluster.wait_for(lambda: not _left(k8s) and not k8s.cluster.store.list("pytorchjobs", None),
+                         text="the PyTorchJob, its pods and Services to be deleted")
