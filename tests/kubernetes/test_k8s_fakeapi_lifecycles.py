@@ -221,11 +221,15 @@ def test_k8s_fakeapi_lost_supervisor_its_job_is_found_by_labels_and_stopped(k8s)
     JobPaths(Path(status["job_dir"])).scheduler_job(0).unlink()
     shown = phalanx("status", job_id, check=True).stdout
     assert f"left      K8S job phx-{job_id}-a0 still runs without a supervisor" in shown, shown
+    assert len([p for m, p in k8s.cluster.store.requests if m == "POST" and p.endswith("/jobs")]) == 1
+    k8s.cluster.store.requests.clear()
+    shown = phalanx("status", job_id, check=True).stdout  # again, from a clean request log
+    assert not [p for m, p in k8s.cluster.store.requests if m != "GET" or p.endswith("/log")], "status only looks"
     stopped = phalanx("stop", job_id, timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert json.loads(phalanx("status", job_id, "--json", check=True).stdout)["state"] == "LOST"
     k8s.cluster.wait_for(lambda: not _left(k8s), text="every object to be deleted")
-    assert len([p for m, p in k8s.cluster.store.requests if m == "POST" and p.endswith("/jobs")]) == 1
+    assert not [p for m, p in k8s.cluster.store.requests if m == "POST" and p.endswith("/jobs")], "stop created nothing"
     results = [read_json(JobPaths(Path(status["job_dir"])).node_result(0, n)) for n in (0, 1)]
     assert [r["stopped_by"] for r in results] == ["SIGTERM", "SIGTERM"]
 

@@ -86,8 +86,9 @@ class Attempt:
         self.cleaned = False
         self.queue_note = ""
         self.wake = threading.Event()
+        # Started by the first question, not here: a command that only looks (status of a LOST
+        # job finds its handles) must not follow logs or clean up.
         self.thread = threading.Thread(target=self._loop, name=f"k8s-{ref.name}", daemon=True)
-        self.thread.start()
 
     @property
     def nnodes(self) -> int:
@@ -95,11 +96,18 @@ class Attempt:
 
     # -- what the handles ask --------------------------------------------------------------
 
+    def _watching(self) -> None:
+        with self.lock:
+            if not self.thread.is_alive() and not self.cleaned and self.thread.ident is None:
+                self.thread.start()
+
     def poll(self, node_rank: int) -> int | None:
+        self._watching()
         with self.lock:
             return self.codes.get(node_rank)
 
     def running(self, node_rank: int) -> bool:
+        self._watching()
         with self.lock:
             v = self.views.get(node_rank)
             return node_rank in self.codes or (v is not None and v.state in (pods.RUNNING, pods.ENDED))
