@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def plan_times(repeats: int) -> dict[str, list[float]]:
             get_backend("k8s").plan(spec, "3f2a9c1d", 0, HomePaths(Path("/tmp")))
             samples.append(time.perf_counter() - started)
         out[f"plan {nodes}x8 (in-process)"] = samples
-    home = tempfile.mkdtemp(prefix="phx-bench-")
+    home = tempfile.mkdtemp(prefix="phx-bench-k8s-plan-")
     env = {**os.environ, "PHALANX_HOME": home}
     commands = {
         "phalanx run --backend k8s --dry-run -n 4x8": [PY, "-m", "phalanx", "run", "--backend", "k8s", "--dry-run", "-n", "4x8",
@@ -125,6 +126,7 @@ def plan_times(repeats: int) -> dict[str, list[float]]:
             started = time.perf_counter()
             subprocess.run(cmd, env=env, cwd=BENCH, capture_output=True, check=True)
             out.setdefault(name, []).append(time.perf_counter() - started)
+    shutil.rmtree(home, ignore_errors=True)
     return out
 
 
@@ -165,6 +167,7 @@ def main() -> None:
             kubelet.close()
     finally:
         netns.destroy(net)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
