@@ -56,6 +56,7 @@ FILE_KEYS = {
     "snapshot": "run from a copy of the working directory taken at submit time (default true)",
     "backend_options": "options of the backend (mapping), e.g. {hosts: 'gpu1,gpu2'} for ssh",
     "sagemaker": "SageMaker settings: role, instance_type, vpc, volume_size, tags, kms, max_run, max_wait... (mapping)",
+    "kubernetes": "k8s backend: node selector, tolerations, volumes, env, ... (see docs/kubernetes.md)",
     "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
 }
 SWEEP_KEYS = ("strategy", "trials", "seed", "objective", "early_stop", "parallel", "fail_fast")
@@ -209,6 +210,10 @@ def build_spec(opts: RunOptions) -> JobSpec:
         from .backends.sagemaker.options import section_options
 
         file_opts = {**section_options(file["sagemaker"]), **file_opts}
+    if file.get("kubernetes") is not None:
+        from .backends.kubernetes.options import check_section
+
+        file_opts = {**file_opts, "kubernetes": check_section(file["kubernetes"], opts.job_file)}
     spec = spec.with_(backend_options={**file_opts, **given})
     if spec.max_restarts < 0 or spec.grace < 0 or spec.max_retries < 0:
         raise UsageError("--max-restarts, --max-retries and --grace must not be negative", "use 0 or more")

@@ -30,6 +30,7 @@ BUILTIN: dict[str, str] = {
     "sagemaker": "phalanx.backends.sagemaker.backend:SageMakerBackend",
     "skypilot": "phalanx.backends.skypilot.backend:SkyPilotBackend",
     "ray": "phalanx.backends.ray.backend:RayBackend",
+    "k8s": "phalanx.backends.kubernetes.backend:KubernetesBackend",
 }
 
 
