@@ -169,3 +169,39 @@ def test_k8s_in_pod_import_path_is_the_standard_library_and_phalanx_only():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_k8s_pod_says_at_once_that_it_was_told_to_stop(tmp_path):
+    """A preempted pod may leave the API before a listing sees its DisruptionTarget: the entry
+    sends its own frame when SIGTERM comes (from its loop, not the handler), once, before its
+    end; the supervisor's end reads it and writes no file for it."""
+    import signal
+    import time
+
+    launch, _ = _launch_for("job", tmp_path)
+    stream = io.BytesIO()
+    entry = pod.Pod(pod.read_launch(str(launch), 0), stream, str(tmp_path / "termination-log"), tmp_path / "no-cgroup")
+    entry._tell_signal()
+    assert stream.getvalue() == b"", "nothing to say before a signal"
+    before = time.time()
+    entry._forward(signal.SIGTERM, None)  # as the handler does: records, sends nothing
+    assert stream.getvalue() == b""
+    entry._tell_signal()
+    entry._tell_signal()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["signal"] == "SIGTERM"
+    out = tmp_path / "local"
+    frames = Frames(out, {}, tag="0")
+    frames.feed(lines[0] + b"\n")
+    assert frames.stop is not None and frames.stop[0] == "SIGTERM" and before <= frames.stop[1] <= time.time()
+    assert not out.exists() or not any(out.rglob("*")), "a signal frame writes no file"
+
+
+def test_k8s_casualty_slack_only_for_a_conditions_second():
+    """A failure half a second before the peer was taken: a casualty when the time is a
+    condition's (dated to the second), its own failure when the time is the pod's own."""
+    result = {"exitcode": 1, "failures": [{"rank": 1, "exitcode": 1, "timestamp": 99.5}]}
+    from phalanx.backends.kubernetes.node import as_casualty
+
+    assert as_casualty(dict(result), 0, "taken", 100.0)["failures"] == [], "within the condition's second"
+    assert as_casualty(dict(result), 0, "taken", 100.0, slack=0.0) == result, "the pod's own clock: it failed first"
