@@ -73,6 +73,24 @@ def test_k8s_fakeapi_a_bundle_too_big_for_a_configmap_is_refused(k8s):
     assert "--code-uri s3://BUCKET/PREFIX" in proc.stderr
 
 
+def test_k8s_fakeapi_a_shared_state_too_big_for_a_configmap_is_refused(k8s, tmp_path):
+    """The state directory travels with the code: a named run whose shared state directory is too
+    big for the ConfigMap is refused before anything is created; a run of the same script without
+    a name gets its own, empty one, so another run's state is no reason to refuse it."""
+    state = tmp_path / "home" / "state" / "big"
+    state.mkdir(parents=True)
+    (state / "checkpoint.pt").write_bytes(os.urandom(1 << 20))
+    proc = _run(k8s, "--name", "big")
+    _nothing_created(k8s, proc)
+    assert "and the state directory" in proc.stderr and "more than the 960 KiB a ConfigMap can carry" in proc.stderr
+
+    (tmp_path / "home" / "state" / "train").mkdir()
+    (tmp_path / "home" / "state" / "train" / "checkpoint.pt").write_bytes(os.urandom(1 << 20))
+    k8s.kubelet.choose = lambda pod: "succeed"
+    proc = _run(k8s)  # named 'train' after its script, but with its own state directory
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_k8s_fakeapi_a_refusal_midway_deletes_what_was_created(k8s):
     """The cluster takes the ConfigMap, then refuses the Service (a quota): the job fails at
     once saying so, and the ConfigMap is gone again."""

@@ -85,7 +85,10 @@ def estimate(spec: JobSpec, home: Path, delivery: Delivery) -> None:
 
     with tempfile.TemporaryDirectory(prefix="phx-bundle-") as tmp:
         bundle = build_for(files, Path(tmp) / "bundle.tar.gz", delivery)
-        state = pack(HomePaths(home).state_dir(spec.state_key), Path(tmp) / "state.tar.gz")
+        # A job without a shared state directory (no --name, no --state) gets its own, new and
+        # empty (storage/statedir.py): only a shared one can already hold files to ship.
+        shared = spec.state_name
+        state = pack(HomePaths(home).state_dir(shared), Path(tmp) / "state.tar.gz") if shared else None
         if state is not None and bundle.size + state.size > delivery.limit:
             raise UsageError(f"the code ({bundle.size >> 10} KiB) and the state directory ({state.size >> 10} KiB, compressed) "
                              f"are more than the {delivery.limit >> 10} KiB a ConfigMap can carry",
