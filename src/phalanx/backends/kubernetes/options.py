@@ -52,10 +52,10 @@ OPTIONS = (
     BackendOption("k8s_kind", str, DEFAULT_KIND, "What to create: " + "; ".join(f"{k}: {v}" for k, v in KINDS.items())
                   + "."),
     BackendOption("gpus_per_node", int, None, "GPUs per node (slurm: sbatch --gpus-per-node; k8s: nvidia.com/gpu limit)."),
-    BackendOption("pending_timeout", float, None, "k8s: fail an attempt whose pods wait this many seconds for "
+    BackendOption("pending_timeout", float, None, "Fail an attempt whose pods wait this many seconds for "
                                                   "a node (default: wait)."),
-    BackendOption("keep_failed", bool, False, "k8s: keep a failed attempt's pods for debugging (not deleted, no TTL)."),
-    BackendOption("code_uri", str, None, "k8s: object store prefix (s3://...) the code bundle is uploaded to; "
+    BackendOption("keep_failed", bool, False, "Keep a failed attempt's pods for debugging (not deleted, no TTL)."),
+    BackendOption("code_uri", str, None, "Object store prefix (s3://...) the code bundle is uploaded to; "
                                          "default: the --output URI; without either, a ConfigMap."),
     BackendOption("kubernetes", dict, None, "The job file's kubernetes: section (checked there)."),
 )
