@@ -1,14 +1,16 @@
 """The Kubernetes backend's options and the job file's ``kubernetes:`` section, as data and
 checks that need no cluster (and import nothing heavy: the CLI reads this module).
 
-Command-line options (``backend_options`` in a job file, same names)::
+Command-line options (``backend_options`` in a job file, same names), each with its value rule
+(``kind``), so a flag and a job-file value fail alike, in one line, before anything is planned::
 
     --namespace team-a  --context prod  --image pytorch/pytorch:...  --queue team-a
-    --k8s-kind job|pytorchjob|trainjob|jobset  --gpus-per-node 8  --pending-timeout 600
-    --keep-failed  --code-uri s3://bucket/prefix
+    --k8s-kind job|pytorchjob|trainjob|jobset  --gpus-per-node 8  --memory 64Gi
+    --pending-timeout 600  --keep-failed  --code-uri s3://bucket/prefix
 
-The ``kubernetes:`` section holds what only a cluster's admins can tell a user (checked here
-with the file's line numbers)::
+The ``kubernetes:`` section (``SECTIONS``; the same mapping as ``backend_options.pod``, which
+wins over it) holds what only a cluster's admins can tell a user. ``check_section`` reads the
+job file's Node, so its errors name the line of the key it refuses::
 
     kubernetes:
       node_selector: {cloud.google.com/gke-accelerator: nvidia-h100-80gb}
