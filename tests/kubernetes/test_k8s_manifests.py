@@ -144,6 +144,17 @@ def test_k8s_pod_grace_covers_the_jobs_grace(plan_of):
     assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 101 + 15
 
 
+@pytest.mark.parametrize("kind", ["job", "trainjob"])
+def test_k8s_memory_is_each_pods_request_and_limit_over_the_section(plan_of, kind):
+    section = {"resources": {"requests": {"cpu": "8", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}}
+    objects = manifests.from_yaml(plan_of(Resources(2, 1), {"k8s_kind": kind, "memory": "64Gi", "pod": section}).submission)
+    for obj in objects:
+        schemas.validate(obj)
+    spec = objects[-1]["spec"]
+    res = spec["trainer"]["resourcesPerNode"] if kind == "trainjob" else spec["template"]["spec"]["containers"][0]["resources"]
+    assert res == {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "64Gi"}}
+
+
 def test_k8s_names_are_dns_labels_for_any_job_id():
     assert manifests.object_name("3f2a9c1d", 2) == "phx-3f2a9c1d-a2"
     odd = manifests.object_name("Sweep_7/Trial.3", 0)
