@@ -60,7 +60,7 @@ def test_flags_and_keys_are_unique():
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("backend", ["ssh", "slurm", "local", "ray", "sagemaker", "skypilot"])
+@pytest.mark.parametrize("backend", ["ssh", "slurm", "local", "ray", "sagemaker", "skypilot", "k8s"])
 def test_builtin_backends_declare_what_their_light_module_says(backend):
     from phalanx.backends.registry import get_backend
 

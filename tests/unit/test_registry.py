@@ -49,7 +49,7 @@ def test_a_third_party_backend_registers_through_an_entry_point(toy_package):
 
 
 def test_an_unknown_backend_lists_the_known_ones(toy_package):
-    with pytest.raises(UsageError, match="unknown backend 'nope'; known backends: broken, local, ray, sagemaker, skypilot, slurm, ssh, toy"):
+    with pytest.raises(UsageError, match="unknown backend 'nope'; known backends: broken, k8s, local, ray, sagemaker, skypilot, slurm, ssh, toy"):
         registry.get_backend("nope")
 
 

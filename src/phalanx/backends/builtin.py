@@ -9,4 +9,5 @@ BACKENDS: dict[str, str] = {
     "sagemaker": "phalanx.backends.sagemaker.backend:SageMakerBackend",
     "skypilot": "phalanx.backends.skypilot.backend:SkyPilotBackend",
     "ray": "phalanx.backends.ray.backend:RayBackend",
+    "k8s": "phalanx.backends.kubernetes.backend:KubernetesBackend",
 }

@@ -85,12 +85,13 @@ class BackendSection:
     key: str
     help: str
     to_options: Callable[[Any], dict[str, Any]]
+    node: bool = False  # to_options gets the job file's Node (with lines), not the plain mapping
 
     def as_option(self, backend: str, declared: Sequence[BackendOption]) -> Option:
         def check(value: Any) -> dict[str, Any]:
             return typed(backend, declared, self.to_options(value), prefix=f"{self.key}.")
 
-        return Option(self.key, Checked(check=check, expected="a mapping"), self.help, group="backend",
+        return Option(self.key, Checked(check=check, expected="a mapping", node=self.node), self.help, group="backend",
                       file=self.key, field="backend_options", backends=(backend,), expands=True)
 
 

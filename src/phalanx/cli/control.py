@@ -107,6 +107,9 @@ def status_cmd(
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
     out.write(f"job       {record.id}  {record.name}\n")
     out.write(f"state     {record.state.value}{code}\n")
+    waiting = _queued(record) if not is_terminal(record.state) else None
+    if waiting:
+        out.write(f"queued    {waiting}\n")
     out.write(f"command   {record.command}\n")
     out.write(f"topology  {record.topology} on {record.backend}   attempt {record.attempt}\n")
     out.write(f"created   {ago(record.created_at)}   duration {duration(record.duration)}\n")
@@ -161,6 +164,16 @@ def status_cmd(
             out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")
         if cause.get("log"):
             out.write(f"log: {cause['log']}\n")
+
+
+def _queued(record) -> str | None:  # type: ignore[no-untyped-def]
+    """What a scheduler holds the current attempt back for (the backend's ``queued`` detail in
+    the attempt's scheduler.json: Kubernetes' Unschedulable message, a Kueue queue), or None."""
+    from .. import query
+
+    scheduled = query.scheduler_job(record)
+    note = scheduled.details.get("queued") if scheduled is not None else None
+    return f"QUEUED: {note}" if note else None
 
 
 def logs_cmd(

@@ -158,16 +158,22 @@ class RankFailure:
     local_rank: int | None = None
     pid: int | None = None
     signal: str | None = None  # "SIGSEGV" when a signal ended it
+    # What the platform said of it, when it saw more than the agent could (Kubernetes: the
+    # container was OOM-killed at its memory limit); the rank's error.json, if any, comes first.
+    message: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "RankFailure":
         r = _Reader(data, where)
         return cls(r.whole("rank"), r.whole("exitcode"), r.number("timestamp"), r.whole("local_rank", None),
-                   r.whole("pid", None), r.text("signal", None))
+                   r.whole("pid", None), r.text("signal", None), r.text("message", None))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "pid": self.pid, "exitcode": self.exitcode,
-                "signal": self.signal, "timestamp": self.timestamp}
+        data: dict[str, Any] = {"rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
+                                "exitcode": self.exitcode, "signal": self.signal, "timestamp": self.timestamp}
+        if self.message is not None:
+            data["message"] = self.message
+        return data
 
 
 @dataclass(frozen=True)

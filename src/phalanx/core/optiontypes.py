@@ -272,12 +272,13 @@ class Checked(ValueType):
 
     check: Callable[[Any], Any] = staticmethod(lambda value: value)  # type: ignore[assignment]
     expected: str = "a mapping"
+    node: bool = False  # check gets the Node itself, to name the line of the key it refuses
 
     def from_text(self, text: str) -> Any:
         raise BadValue(self.expected, "it is a job-file setting")
 
     def from_node(self, node: Node) -> Any:
-        return self.check(node.plain())
+        return self.check(node if self.node else node.plain())
 
 
 class ListOf(ValueType):

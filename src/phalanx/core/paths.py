@@ -28,8 +28,9 @@
         attempt_<k>/
           batch.sh                    the batch script submitted to a scheduler (SLURM)
           batch.log                   the batch script's own output (the scheduler writes it; Ray: the driver's)
-          scheduler.json              the scheduler's id for the attempt (SLURM, Ray, SageMaker, SkyPilot job id)
+          scheduler.json              the scheduler's id for the attempt (SLURM, Ray, SageMaker, SkyPilot job id, Kubernetes workload)
           skypilot-workdir/           what SkyPilot syncs to every VM (skypilot backend)
+          manifests.yaml              the Kubernetes objects the attempt created (placeholders unfilled)
           node_<n>/agent.log          the node agent's (and torchrun's) own output
           node_<n>/ssh.log            the ssh client's messages for the node's link (ssh backend)
           node_<n>/launch.json        what the node agent runs (its part of the plan)
@@ -244,6 +245,9 @@ class JobPaths:
 
     def scheduler_job(self, attempt: int) -> Path:
         return self.attempt(attempt) / "scheduler.json"
+
+    def manifests(self, attempt: int) -> Path:
+        return self.attempt(attempt) / "manifests.yaml"
 
     def node_dir(self, attempt: int, node_rank: int | str) -> Path:
         """A node's directory; a str ``node_rank`` leaves a placeholder for whoever fills it

@@ -176,8 +176,9 @@ def _from_node(option: Option, node: Node, job: JobFile | None) -> Any:
         return option.type.from_node(node)
     except UsageError as exc:  # a backend's own validator (a Checked value): placed in the file
         key = option.file_key or option.name
+        line = getattr(exc, "line", 0) or node.line  # a validator that read the Node names the inner key's line
         if exc.message.startswith((f"{key}:", f"{key}.")):  # it names the key itself
-            raise UsageError(f"{job.path}:{node.line}: {exc.message}" if job else exc.message, exc.hint) from None
+            raise UsageError(f"{job.path}:{line}: {exc.message}" if job else exc.message, exc.hint) from None
         raise UsageError(f"{job.where(node, key) if job else key}: {exc.message}", exc.hint) from None
     except BadValue as exc:
         path, inner = exc.at if exc.at else ("", node)
