@@ -14,6 +14,7 @@ neither memory nor a read transaction that would keep writers waiting.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -132,9 +133,22 @@ class Store:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=30000")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the job store {path}: {exc}", "move the file aside to start a new store") from None
+            self._conn = self._read_only(exc)
         self._lock = threading.Lock()
         self._migrate()
+
+    def _read_only(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+        """A store on a read-only filesystem or directory (a shared, mounted home): SQLite cannot
+        create the WAL's ``-shm`` beside it, so it is opened ``immutable`` (SQLite's URI option for
+        read-only media): reads work, every write is refused in words (``write_error``)."""
+        if not self.path.exists() or os.access(self.path.parent, os.W_OK):
+            raise StoreError(f"cannot open the job store {self.path}: {exc}", "move the file aside to start a new store") from None
+        try:
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.DatabaseError as again:
+            raise StoreError(f"cannot open the read-only job store {self.path}: {again}",
+                             "check the file, or set PHALANX_HOME to another store") from None
 
     def close(self) -> None:
         self._conn.close()
