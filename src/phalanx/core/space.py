@@ -19,6 +19,8 @@ from pathlib import Path
 from ..errors import DiskFull
 
 RESERVE_BYTES = 256 * 1024  # a WAL commit of the job's end (a few pages), attempts.jsonl, result files
+# What a new job needs at least before its code snapshot: the reserve, its json files, store pages
+START_BYTES = RESERVE_BYTES + 128 * 1024
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 

@@ -138,10 +138,15 @@ class Store:
         self._migrate()
 
     def _read_only(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
-        """A store on a read-only filesystem or directory (a shared, mounted home): SQLite cannot
-        create the WAL's ``-shm`` beside it, so it is opened ``immutable`` (SQLite's URI option for
-        read-only media): reads work, every write is refused in words (``write_error``)."""
-        if not self.path.exists() or os.access(self.path.parent, os.W_OK):
+        """A store on a read-only filesystem or directory (a shared, mounted home), or on a full
+        disk: SQLite cannot create the WAL's ``-shm`` beside it (no connection has it open, so
+        nobody writes), so it is opened ``immutable`` (SQLite's URI option for read-only media):
+        reads work, every write is refused in words (``write_error``)."""
+        from ..core.space import free_bytes
+
+        full = (free_bytes(self.path.parent) or 0) < 64 * 1024
+        self._full_at_open = full
+        if not self.path.exists() or (os.access(self.path.parent, os.W_OK) and not full):
             raise StoreError(f"cannot open the job store {self.path}: {exc}", "move the file aside to start a new store") from None
         try:
             return sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None,
@@ -189,7 +194,7 @@ class Store:
         mounted store: reads work, writes need a home of one's own). Anything else as it was."""
         from ..core.space import as_disk_full, is_full
 
-        if is_full(exc):
+        if is_full(exc) or getattr(self, "_full_at_open", False):
             return as_disk_full(exc, f"the job store ({self.path.name})", self.path.parent)
         if "readonly" in str(exc) or "read-only" in str(exc):
             return StoreError(f"the job store {self.path} is read-only, so this command cannot record anything "

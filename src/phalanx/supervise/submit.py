@@ -26,6 +26,7 @@ from ..store import JobRecord, Store
 def new_job_id(home: HomePaths) -> str:
     """A fresh job (or sweep) id, checked against every id the store ever handed out, and
     against the directories of jobs and sweeps a store that was moved aside left behind."""
+    space.need(home.root, space.START_BYTES, "a new job's files and row")  # before the store is written
     store = Store(home.db)
     while True:
         job_id = store.new_id()
