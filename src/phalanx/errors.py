@@ -55,3 +55,13 @@ class MissingDependency(PhalanxError):
 class ContractError(PhalanxError):
     """A file that crosses a process or machine boundary does not match its model
     (``core/contracts.py``): written by another phalanx version, or edited."""
+
+
+class DiskFull(PhalanxError):
+    """A write failed for lack of space (ENOSPC, EDQUOT, SQLite's "database or disk is full"):
+    ``what`` was being written under ``where``. Built by ``core/space.py``."""
+
+    def __init__(self, what: str, where: str, detail: str = "", hint: str | None = None) -> None:
+        self.what, self.where = what, where
+        super().__init__(f"disk full while writing {what} under {where}{detail}",
+                         hint or "free some space there, or point PHALANX_HOME at a larger disk")

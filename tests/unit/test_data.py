@@ -362,3 +362,23 @@ def test_a_snapshot_of_hard_links_bundles_as_plain_files(tmp_path):
     unpack(bundle.path, tmp_path / "out")
     assert (tmp_path / "out" / "code" / "train.py").read_text() == "print('hi')\n"
     assert (tmp_path / "out" / "code" / "pkg" / "empty.py").read_text() == ""
+
+
+@pytest.mark.parametrize("form", ["path", "file-url"])
+def test_outputs_go_to_a_local_directory_named_by_path_or_file_url(tmp_path, phx_home, form):
+    """`--output /dir` and `--output file:///dir` are the same destination (the URL once failed
+    every job: its temporary names kept the scheme and os.replace could not find them)."""
+    from tests.conftest import phalanx
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "w.py").write_text('import os\nopen(os.path.join(os.environ["PHALANX_OUTPUT_DIR"], "o.txt"), "w").write("x")\n')
+    dest = tmp_path / "out"
+    uri = dest.as_uri() if form == "file-url" else str(dest)
+    proc = phalanx("run", "-q", "--output", uri, "w.py", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    (landed,) = dest.glob("w-*/output/o.txt")
+    assert landed.read_text() == "x"
+    assert not list(dest.rglob("*.part"))
+    (manifest,) = dest.glob("w-*/_phalanx_artifacts.json")
+    assert json.loads(manifest.read_text())["output"]["o.txt"]["size"] == 1

@@ -113,6 +113,8 @@ class SingleProcessNode(NodeHandle):
         self._result: NodeResult | None = None
 
     def poll(self) -> NodeResult | None:
+        if self.streams is not None and self.streams.log_error is not None and self._signalled is None:
+            raise self.streams.log_error  # its log cannot be written (disk full): the supervisor ends the job
         if self._result is None:
             code = self.proc.poll()
             if code is None:

@@ -128,6 +128,12 @@ class HomePaths:
     def job(self, job_id: str) -> "JobPaths":
         return JobPaths(self.jobs / job_id)
 
+    @property
+    def staging(self) -> Path:
+        """Where a job's directory is laid out before it moves into ``jobs/`` together with its
+        row (``supervise/submit.create_job``): ``staging/<id>.<pid>`` (the pid: whose it is)."""
+        return self.root / "staging"
+
     def channel_cache(self, source: str, extract: bool = False) -> "ChannelCachePaths":
         """The cache entry of one input source (a remote URI, or a local archive to extract)."""
         key = hashlib.sha256((source + ("#extract" if extract else "")).encode()).hexdigest()[:16]
@@ -208,6 +214,11 @@ class JobPaths:
     @property
     def attempts_log(self) -> Path:
         return self.root / "attempts.jsonl"
+
+    @property
+    def reserve(self) -> Path:
+        """Space the supervisor holds to record the job's end when the disk fills (``core/space.py``)."""
+        return self.root / ".reserve"
 
     @property
     def output_dir(self) -> Path:
@@ -342,8 +353,10 @@ def write_atomic(path: Path, text: str) -> None:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a failed write() names no file: say which (disk full)
         raise
 
 

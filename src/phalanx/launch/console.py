@@ -71,6 +71,9 @@ class Streams:
         self._reads = {pairs[0][0]: console.stdout_fd, pairs[1][0]: console.stderr_fd}
         self._thread: threading.Thread | None = None
         self._stop = (-1, -1)
+        # A write to the log that failed (the disk is full): the relay goes on to the terminal
+        # (the process must not block on a pipe nobody reads); its supervisor fails the job.
+        self.log_error: OSError | None = None
 
     def started(self) -> None:
         """The process has its ends: close ours (so its end of output reads as the end) and relay."""
@@ -117,7 +120,12 @@ class Streams:
                             open_fds.pop(fd)
                             continue
                         _write_all(open_fds[fd], data)
-                        log.write(data)
+                        if self.log_error is None:
+                            try:
+                                log.write(data)
+                            except OSError as exc:
+                                exc.filename = exc.filename or str(self.log)
+                                self.log_error = exc
         finally:
             for fd in open_fds:
                 _close(fd)

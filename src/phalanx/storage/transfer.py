@@ -81,8 +81,15 @@ def is_local(fs: Any) -> bool:
     return protocol in ("file", "local")
 
 
+def os_path(fs: Any, path: str) -> str:
+    """``path`` as the operating system names it when ``fs`` is this machine's disk (a ``file://``
+    URL loses its scheme: os.replace and os.path read plain paths), else unchanged."""
+    return str(fs._strip_protocol(path)) if is_local(fs) else path
+
+
 def write_bytes(fs: Any, path: str, data: bytes) -> None:
     """Write a small object whole: one PUT on object storage, a temporary name and a rename locally."""
+    path = os_path(fs, path)
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if is_local(fs):
         part = f"{path}.{secrets.token_hex(4)}.part"
@@ -241,7 +248,7 @@ def upload(fs: Any, items: Sequence[Item], progress: Progress | None = None) -> 
     local = is_local(fs)
 
     def send(item: Item) -> Any:
-        dst = f"{item.dst}.{secrets.token_hex(4)}.part" if local else item.dst
+        dst = f"{os_path(fs, item.dst)}.{secrets.token_hex(4)}.part" if local else item.dst
         return dst, lambda cb: _put_one(fs, item, dst, cb)
 
     def finish(item: Item, dst: str) -> None:
@@ -250,7 +257,7 @@ def upload(fs: Any, items: Sequence[Item], progress: Progress | None = None) -> 
         if arrived != expected and not (item.grows and expected <= arrived <= os.path.getsize(item.src)):
             raise TransferError(f"'{item.dst}' holds {arrived} bytes after the upload, expected {expected}", "it was sent again")
         if local:
-            os.replace(dst, item.dst)
+            os.replace(dst, os_path(fs, item.dst))
 
     _run(fs, items, send, finish, progress)
 

@@ -14,6 +14,7 @@ neither memory nor a read transaction that would keep writers waiting.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
@@ -132,9 +133,27 @@ class Store:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=30000")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the job store {path}: {exc}", "move the file aside to start a new store") from None
+            self._conn = self._read_only(exc)
         self._lock = threading.Lock()
         self._migrate()
+
+    def _read_only(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+        """A store on a read-only filesystem or directory (a shared, mounted home), or on a full
+        disk: SQLite cannot create the WAL's ``-shm`` beside it (no connection has it open, so
+        nobody writes), so it is opened ``immutable`` (SQLite's URI option for read-only media):
+        reads work, every write is refused in words (``write_error``)."""
+        from ..core.space import free_bytes
+
+        full = (free_bytes(self.path.parent) or 0) < 64 * 1024
+        self._full_at_open = full
+        if not self.path.exists() or (os.access(self.path.parent, os.W_OK) and not full):
+            raise StoreError(f"cannot open the job store {self.path}: {exc}", "move the file aside to start a new store") from None
+        try:
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.DatabaseError as again:
+            raise StoreError(f"cannot open the read-only job store {self.path}: {again}",
+                             "check the file, or set PHALANX_HOME to another store") from None
 
     def close(self) -> None:
         self._conn.close()
@@ -164,8 +183,24 @@ class Store:
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> int:
         with self._lock:
-            cur = self._conn.execute(sql, tuple(params))
+            try:
+                cur = self._conn.execute(sql, tuple(params))
+            except sqlite3.OperationalError as exc:
+                raise self.write_error(exc) from exc
             return cur.rowcount
+
+    def write_error(self, exc: sqlite3.OperationalError) -> Exception:
+        """A refused write in words: the disk is full, or the store is read-only (a shared,
+        mounted store: reads work, writes need a home of one's own). Anything else as it was."""
+        from ..core.space import as_disk_full, is_full
+
+        if is_full(exc) or getattr(self, "_full_at_open", False):
+            return as_disk_full(exc, f"the job store ({self.path.name})", self.path.parent)
+        if "readonly" in str(exc) or "read-only" in str(exc):
+            return StoreError(f"the job store {self.path} is read-only, so this command cannot record anything "
+                              "(ps, status and logs work)",
+                              "run it where the store is writable, or set PHALANX_HOME to a writable directory")
+        return exc
 
     # -- writes -----------------------------------------------------------------
 
@@ -185,12 +220,27 @@ class Store:
                 continue
         raise StoreError(f"no free job id found in the store {self.path}", "move the store aside to start a new one")
 
-    def insert_job(self, **fields: Any) -> None:
+    def insert_job(self, then: Callable[[], None] | None = None, **fields: Any) -> None:
+        """Insert a job's row; ``then`` (moving its directory into place) runs inside the same
+        transaction, which commits only once it returned: a failure of either leaves neither."""
         fields.setdefault("created_at", time.time())
         fields.setdefault("state", JobState.PENDING.value)
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
-        self._write(f"INSERT INTO jobs ({cols}) VALUES ({marks})", fields.values())
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._conn.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(fields.values()))
+                    if then is not None:
+                        then()
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:  # SQLite may have rolled back itself (disk full)
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                raise self.write_error(exc) from exc
 
     def insert_jobs(self, rows: Iterable[dict[str, Any]]) -> int:
         """Insert many jobs in one transaction (imports, benchmarks); every row has the same

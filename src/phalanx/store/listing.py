@@ -11,6 +11,7 @@ are not in such a listing); other sorts read the matching rows once and sort the
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -323,8 +324,11 @@ def delete_jobs(store: Store, ids: Sequence[str]) -> int:
                 store._conn.execute(f"DELETE FROM tags WHERE id IN ({marks})", chunk)
                 store._conn.execute(f"DELETE FROM job_metrics WHERE id IN ({marks})", chunk)
             store._conn.execute("COMMIT")
-        except BaseException:
-            store._conn.execute("ROLLBACK")
+        except BaseException as exc:
+            if store._conn.in_transaction:
+                store._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                raise store.write_error(exc) from exc  # read-only or full: in words
             raise
     return removed
 

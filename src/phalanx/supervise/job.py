@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable
 
 from ..backends.registry import get_backend
+from ..core import space
 from ..core.contracts import OutcomeKind, StopReason
 from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
@@ -104,12 +105,21 @@ class JobRun:
         self.outcome: Outcome | None = None
         self.attempt: AttemptRun | None = None
         self._sync: Any = None
+        self._reserve: space.Reserve | None = None
 
     @property
     def done(self) -> bool:
         return self.exit_code is not None
 
     def start(self, identity: dict[str, Any] | None = None) -> None:
+        try:
+            self._start(identity)
+        except Exception as exc:
+            if not space.is_full(exc):
+                raise
+            self._disk_full(exc)
+
+    def _start(self, identity: dict[str, Any] | None) -> None:
         if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt,
                                      **(identity or liveness.identity())):
             self.exit_code = 1  # stopped before it started
@@ -133,6 +143,8 @@ class JobRun:
             self._finish(sync)
             return
         self._sync = sync
+        # Room to record the end if the ranks fill the disk (released in _disk_full)
+        self._reserve = space.Reserve(self.paths.reserve)
         if left is not None:
             self._attach(left)
             return
@@ -182,9 +194,45 @@ class JobRun:
     def tick(self) -> None:
         if self.done or self.attempt is None:
             return
-        outcome = self.attempt.tick()
-        if outcome is not None:
-            self._attempt_over(self.attempt, outcome)
+        try:
+            outcome = self.attempt.tick()
+            if outcome is not None:
+                self._attempt_over(self.attempt, outcome)
+        except Exception as exc:
+            if not space.is_full(exc):
+                raise
+            self._disk_full(exc)
+
+    def _disk_full(self, exc: BaseException) -> None:
+        """A write failed for lack of space: stop the ranks (what fills the disk), give back the
+        reserve, and record the job FAILED saying what could not be written where. Never leaves
+        it RUNNING: if even that cannot be written, the supervisor ends and reads show LOST."""
+        full = space.as_disk_full(exc)
+        self.say(str(full))
+        if self.exit_code is not None:  # the end is recorded; only its aftermath did not fit
+            return
+        handles = self.attempt.handles if self.attempt is not None else []
+        for h in handles:  # kill() returns once the kill has landed
+            try:
+                h.kill()
+            except Exception as again:  # noqa: BLE001 - its result.json may not fit either
+                if not space.is_full(again):
+                    raise
+        if self._reserve is not None:
+            self._reserve.release()
+        if self._sync is not None:
+            self._sync.stop()
+        outcome = failed(full.message, self.plan.attempt)
+        self.outcome = outcome
+        try:
+            if self.attempt is not None:
+                history.log_attempt(self.paths, self.plan.attempt, self.attempt.started, outcome, False, "disk full")
+            self.exit_code = record_end(self.store, self.record, outcome)
+        except Exception as again:  # noqa: BLE001
+            if not space.is_full(again):
+                raise
+            self.say(f"could not record the job's end either ({again}); it shows as LOST")
+            self.exit_code = 1
 
     def _attempt_over(self, attempt: AttemptRun, outcome: Outcome) -> None:
         plan = attempt.plan
@@ -211,6 +259,8 @@ class JobRun:
         outcome = data.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = record_end(self.store, self.record, outcome)
+        if self._reserve is not None:
+            self._reserve.release()
         endings.job_ended(self, outcome)  # usage, metric summary, notification
 
 

@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from ..backends.base import Backend
 from ..backends.registry import get_backend
-from ..core.paths import HomePaths, read_json, write_atomic, write_json
+from ..core import space
+from ..core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from ..core.state import JobState
+from ..errors import DiskFull, PhalanxError
 from ..storage.statedir import for_job
 from ..store import JobRecord, Store
 
@@ -23,6 +26,7 @@ from ..store import JobRecord, Store
 def new_job_id(home: HomePaths) -> str:
     """A fresh job (or sweep) id, checked against every id the store ever handed out, and
     against the directories of jobs and sweeps a store that was moved aside left behind."""
+    space.need(home.root, space.START_BYTES, "a new job's files and row")  # before the store is written
     store = Store(home.db)
     while True:
         job_id = store.new_id()
@@ -80,36 +84,93 @@ def check_done(spec: JobSpec, store: Store, home: HomePaths) -> tuple[JobRecord 
 def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs: dict[str, Any] | None = None,
                **columns: Any) -> JobRecord:
     """Record the job (PENDING) and lay out its directory (with the code snapshot). Nothing runs yet.
-    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params)."""
-    spec = for_job(spec, plan.job_id)
-    paths = home.job(plan.job_id)
-    paths.root.mkdir(parents=True, exist_ok=False)
-    paths.output_dir.mkdir()
-    if spec.snapshot:
-        from ..storage.snapshot import snapshot_job
+    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params).
 
-        snapshot_job(spec, paths, home.root)
-    if inputs is not None:
-        write_json(paths.inputs, inputs)
-    home.state_dir(spec.state_key).mkdir(parents=True, exist_ok=True)
-    write_json(paths.spec, spec.to_dict())
-    write_atomic(paths.plan, plan.to_json())
-    store.insert_job(
-        id=plan.job_id,
-        name=spec.name,
-        backend=spec.backend,
-        nnodes=spec.resources.nnodes,
-        nproc_per_node=spec.resources.nproc_per_node,
-        command=spec.entrypoint.display(),
-        job_dir=str(paths.root),
-        spec_json=json.dumps(spec.to_dict(), sort_keys=True),
-        **columns,
-    )
+    All or nothing, even when killed: the directory is laid out under ``staging/`` and moved into
+    ``jobs/`` inside the transaction that inserts the row, so a crash or a full disk leaves no
+    job directory without its row nor the reverse (``clear_staging`` removes what a killed
+    submit left in ``staging/``)."""
+    spec = for_job(spec, plan.job_id)
+    spec_json = json.dumps(spec.to_dict(), sort_keys=True)
+    plan_json = plan.to_json()
+    needed = space.RESERVE_BYTES + 2 * len(spec_json) + len(plan_json) + 64 * 1024  # + a few store pages
+    space.need(home.root, needed, f"the files of job {plan.job_id}")
+    clear_staging(home)
+    final = home.job(plan.job_id)
+    staged = JobPaths(home.staging / f"{plan.job_id}.{os.getpid()}")
+    try:
+        staged.root.mkdir(parents=True)
+        final.root.parent.mkdir(parents=True, exist_ok=True)
+        staged.output_dir.mkdir()
+        if spec.snapshot:
+            from ..storage.snapshot import snapshot_job
+
+            snapshot_job(spec, staged, home.root)
+        if inputs is not None:
+            write_json(staged.inputs, inputs)
+        home.state_dir(spec.state_key).mkdir(parents=True, exist_ok=True)
+        write_json(staged.spec, spec.to_dict())
+        write_atomic(staged.plan, plan_json)
+        store.insert_job(
+            then=lambda: os.rename(staged.root, final.root),  # fails when the id's directory exists
+            id=plan.job_id,
+            name=spec.name,
+            backend=spec.backend,
+            nnodes=spec.resources.nnodes,
+            nproc_per_node=spec.resources.nproc_per_node,
+            command=spec.entrypoint.display(),
+            job_dir=str(final.root),
+            spec_json=spec_json,
+            **columns,
+        )
+    except BaseException as exc:
+        shutil.rmtree(staged.root, ignore_errors=True)
+        if space.is_full(exc):
+            raise _full_at_submit(exc, spec, home, needed) from exc
+        raise
     if spec.tags:  # issue 16: the job's labels, indexed for ps and the dashboard
         from ..store.listing import set_tags
 
         set_tags(store, plan.job_id, dict(spec.tags))
     return store.get(plan.job_id)
+
+
+def _full_at_submit(exc: BaseException, spec: JobSpec, home: HomePaths, needed: int) -> DiskFull:
+    """The disk filled while the job was being laid out: what it needed (its code snapshot at
+    most, the job files, the reserve) against what is free; nothing of the job is left."""
+    code = 0
+    if spec.snapshot:
+        from ..storage.snapshot import preflight
+
+        try:
+            code = preflight(spec, home.root).nbytes
+        except PhalanxError:
+            code = 0
+    full = space.as_disk_full(exc, None, home.root)
+    return DiskFull(full.what, full.where, f": starting the job needs about {space.size(needed + code)} "
+                    f"(code snapshot {space.size(code)}), {space.size(space.free_bytes(home.root))} free; nothing was started")
+
+
+def clear_staging(home: HomePaths) -> None:
+    """Remove what killed submits left in ``staging/`` (their pid is gone)."""
+    try:
+        names = os.listdir(home.staging)
+    except FileNotFoundError:
+        return
+    for name in names:
+        pid = name.rpartition(".")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(home.staging / name, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def clean_state(spec: JobSpec, home: HomePaths) -> Path | None:
