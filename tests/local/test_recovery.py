@@ -77,10 +77,13 @@ def test_retry_runs_on_the_kept_agents_with_a_fresh_rendezvous(phx_home, tmp_pat
     before = _results(job_dir, 0)
     assert sorted(before) == [0, 1] and all(r["agent_pid"] for r in before.values())
     agents = {node: r["agent_pid"] for node, r in before.items()}
-    # Every rank of attempt 1 is a child of the agent that ran its node in attempt 0.
+    # Every rank of attempt 1 is a child of the agent that ran its node in attempt 0, and an
+    # interpreter that agent started ahead, while the supervisor decided (launch/standby.py).
     for rank in range(4):
         proc = json.loads((job_dir / "attempt_1" / f"rank_{rank}" / "proc.json").read_text())
-        assert psutil.Process(proc["pid"]).ppid() == agents[proc["node_rank"]]
+        worker = psutil.Process(proc["pid"])
+        assert worker.ppid() == agents[proc["node_rank"]]
+        assert worker.cmdline()[1:4] == ["-u", "-m", "phalanx.launch.standby"]
     # A fresh rendezvous: a new port, served by the kept agent of node 0, and attempt 0's store gone
     # from it; the workers' store is new too, and the rank that served attempt 0's has exited.
     old_port, new_port = _endpoint(job_dir, 0), _endpoint(job_dir, 1)

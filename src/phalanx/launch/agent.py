@@ -40,6 +40,7 @@ from ..errors import ContractError
 from . import trace
 from .control import AgentLine
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
+from .workers import Standbys, WorkerSource, supplied
 
 
 def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
@@ -84,12 +85,14 @@ def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, 
     result["exitcode"] = min(failures, key=lambda f: f["timestamp"])["exitcode"] or 1
 
 
-def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, watcher: ChildWatcher | None = None) -> dict[str, Any]:
+def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, watcher: ChildWatcher | None = None,
+                 source: WorkerSource | None = None) -> dict[str, Any]:
     """Run the node through torch's elastic agent, in this process (no extra interpreter).
 
     ``watcher``: a kept agent's (more attempts follow in this process). torch's signal handlers
     then live only while it runs, and a stop signal that comes before torch installs them (during
-    the rendezvous), or that the watcher holds already, stops the attempt too."""
+    the rendezvous), or that the watcher holds already, stops the attempt too. ``source``: workers
+    prepared ahead, taken before starting new ones (``launch/workers.py``)."""
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -106,7 +109,8 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, watcher: ChildWa
             if watcher is not None and watcher.stop_requests:
                 signum = signal.Signals(watcher.stop_requests[0])
                 raise SignalException(f"stopped by {signum.name} before it started", signum)
-            elastic_launch(config, cmd)(*cmd_args)
+            with supplied(source, str(paths.agent_log(attempt, node.node_rank))):
+                elastic_launch(config, cmd)(*cmd_args)
         finally:
             if saved is not None:
                 _restore_handlers(saved)
@@ -138,9 +142,10 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, watcher: ChildWa
 
 
 def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int,
-               watcher: ChildWatcher | None = None) -> dict[str, Any]:
+               watcher: ChildWatcher | None = None, source: WorkerSource | None = None) -> dict[str, Any]:
     """Start the node's processes ourselves; fail fast when one fails; forward stop signals.
-    ``watcher``: a kept agent's own (a stop request it holds stops this attempt)."""
+    ``watcher``: a kept agent's own (a stop request it holds stops this attempt); ``source``:
+    workers prepared ahead, taken before starting new ones."""
     with ExitStack() as stack:
         if watcher is None:
             watcher = stack.enter_context(ChildWatcher())
@@ -148,10 +153,11 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int,
             signum = watcher.stop_requests[0]
             return {"exitcode": 128 + signum, "failures": [], "stopped_by": signal.Signals(signum).name}
         procs: dict[int, subprocess.Popen[bytes]] = {}
+        log = str(paths.agent_log(attempt, node.node_rank))
         for p in node.processes:
-            procs[p.rank] = subprocess.Popen(
-                list(p.argv), env={**os.environ, **p.env}, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+            env = {**os.environ, **p.env}
+            ready = source.take(p.argv, env, log) if source is not None else None
+            procs[p.rank] = ready or subprocess.Popen(list(p.argv), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         failures: list[dict[str, Any]] = []
         stopped_by: int | None = None
 
@@ -252,9 +258,10 @@ def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile
         fail(f"{exc} (PHALANX_NODE_ADDRS={os.environ.get('PHALANX_NODE_ADDRS', '')!r})")
 
 
-def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = None) -> NodeResult:
-    """Run one attempt of this node to its end and write its ``result.json``. ``watcher``: set
-    by a kept agent (more attempts follow in this process)."""
+def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = None,
+             source: WorkerSource | None = None) -> NodeResult:
+    """Run one attempt of this node to its end and write its ``result.json``. ``watcher`` and
+    ``source``: set by a kept agent (more attempts follow in this process; workers ready ahead)."""
     paths = JobPaths(Path(data.job_dir))
     attempt = data.attempt
     started = time.time()
@@ -262,9 +269,9 @@ def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = No
     steps = trace.follow_torch(paths, attempt=attempt, node=node.node_rank)
     try:
         if node.torchrun_argv is not None:
-            result = run_torchrun(node, paths, attempt, watcher)
+            result = run_torchrun(node, paths, attempt, watcher, source)
         else:
-            result = run_direct(node, data.grace, paths, attempt, watcher)
+            result = run_direct(node, data.grace, paths, attempt, watcher, source)
     finally:
         trace.unfollow(steps)
         if sampler is not None:
@@ -282,6 +289,7 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
     line, until the line ends (or a stop signal comes between attempts)."""
     line = AgentLine(control)
     base_env = dict(os.environ)
+    standbys = Standbys()
     code = 0
     with ChildWatcher() as watcher:
         while True:
@@ -291,11 +299,17 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
             os.environ.clear()  # this attempt's variables only, none left from the one before
             os.environ.update(base_env)
             os.environ.update(node.env)
-            report = run_node(node, data, watcher)
+            report = run_node(node, data, watcher, standbys)
+            standbys.close()  # what this attempt did not take
             # Stops that came during the attempt stopped it; one that comes from now on ends the agent.
             watcher.stop_requests.clear()
             line.ended(data.attempt, report.exitcode)
             trace.mark(paths, "agent", "reported", attempt=data.attempt, node=node.node_rank)
+            if report.exitcode != 0:
+                # Failed, or stopped because another node failed: the supervisor may retry. The
+                # next attempt's interpreters start now, while it decides and the new rendezvous
+                # runs; unused, they go when the agent does.
+                standbys.prepare(_local_workers(node))
             sys.stdout.flush()
             sys.stderr.flush()
             following = line.next(watcher)
@@ -304,9 +318,21 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
                 break
             launch, log = following
             _log_to(log)
+    standbys.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _local_workers(node: NodePlan) -> int:
+    """How many workers this node starts: its processes, or torchrun's --nproc-per-node."""
+    if node.torchrun_argv is None:
+        return len(node.processes)
+    for arg in node.torchrun_argv:
+        if arg.startswith("--nproc-per-node="):
+            value = arg.split("=", 1)[1]
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 def _log_to(log: str) -> None:
