@@ -177,7 +177,8 @@ class LocalNode(NodeHandle):
         # The agent leads its own session; its workers lead theirs and die with it
         # (PR_SET_PDEATHSIG in the bootstrap), so killing the agent's group suffices.
         self._signalled = signal.SIGKILL
-        signal_group(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:  # not reaped yet: the pid is still the agent's
+            signal_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
     def rerun(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -103,16 +104,18 @@ class Standbys:
 
 
 def _drop(proc: subprocess.Popen[bytes], write: int) -> None:
-    """An unused standby: the end of its pipe tells it to exit; reaped here."""
+    """An unused standby: it holds nothing worth an orderly exit (it may still be starting),
+    so it is killed, with anything it started, and reaped here."""
     try:
         os.close(write)
     except OSError:
         pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if proc.poll() is None:  # not reaped yet, so its pid is still its own
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # it leads its own session
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
 
 
 @contextmanager
