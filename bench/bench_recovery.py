@@ -13,9 +13,10 @@ and where the time goes (medians, seconds after the death): the failed attempt h
 workers stopped and, for phalanx, the supervisor's decision), the new rendezvous begun, the workers
 being started. phalanx's steps come from its PHALANX_TRACE file, torchrun's from its INFO log.
 `--before SRC` adds phalanx from another checkout's `src` directory (PYTHONPATH), e.g. the code
-before kept agents, measured in the same rounds.
+before kept agents, measured in the same rounds. `--nodes 2`: two local nodes of one rank each
+(`phalanx -n 2x1` against one torchrun per node, c10d on loopback).
 
-    .venv/bin/python bench/bench_recovery.py [--repeats 5] [--before /tmp/before/src]
+    .venv/bin/python bench/bench_recovery.py [--repeats 5] [--before /tmp/before/src] [--nodes 2]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import datetime as dt
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -53,13 +55,14 @@ def _times(text: str, kind: str, after: float = 0.0) -> list[float]:
     return [t for t in map(float, re.findall(rf"{kind} t=([0-9]+\.[0-9]+)", text)) if t > after]
 
 
-def run_phalanx(tmp: Path, env: dict[str, str], src: str | None = None) -> Sample | None:
+def run_phalanx(tmp: Path, env: dict[str, str], src: str | None = None, nodes: int = 1) -> Sample | None:
     marker, home = tmp / "died", tmp / "home"
     env = {**env, "PHALANX_HOME": str(home), "PHALANX_TRACE": "1"}
     if src:
         env["PYTHONPATH"] = src
     proc = subprocess.run(
-        [sys.executable, "-m", "phalanx", "run", "-n", str(RANKS), "--max-retries", "1", SCRIPT, "--marker", str(marker)],
+        [sys.executable, "-m", "phalanx", "run", "-n", str(RANKS) if nodes == 1 else f"{nodes}x{RANKS // nodes}",
+         "--max-retries", "1", SCRIPT, "--marker", str(marker)],
         env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )
     if proc.returncode != 0 or not marker.exists():
@@ -101,36 +104,61 @@ def _torch_log(stderr: str, message: str, after: float) -> float | None:
     return None
 
 
-def run_torchrun(tmp: Path, env: dict[str, str]) -> Sample | None:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _torchruns(nodes: int, marker: Path) -> list[list[str]]:
+    """What a user types: one torchrun (``--standalone``), or one per node on loopback with an explicit
+    host (as ``docs/restarts.md`` measured, and as phalanx runs local nodes)."""
+    common = ["--max-restarts", "1", "--monitor-interval", "0.1"]
+    tail = [SCRIPT, "--marker", str(marker)]
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    if nodes == 1:
+        return [[*run, "--standalone", "--nproc-per-node", str(RANKS), *common, *tail]]
+    port = _free_port()
+    return [[*run, f"--nnodes={nodes}", f"--nproc-per-node={RANKS // nodes}", f"--node-rank={n}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench", f"--rdzv-conf=is_host={str(n == 0).lower()}",
+             "--local-addr=127.0.0.1", *common, *tail] for n in range(nodes)]
+
+
+def run_torchrun(tmp: Path, env: dict[str, str], nodes: int = 1) -> Sample | None:
     marker = tmp / "died"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
-         "--max-restarts", "1", "--monitor-interval", "0.1", SCRIPT, "--marker", str(marker)],
-        env={**env, "LOGLEVEL": "INFO"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        # Hung after the restart (the failure mode of the shared store). SIGTERM lets torchrun stop
-        # its workers, which run in sessions of their own and would outlive a SIGKILL of torchrun.
-        proc.terminate()
+    procs = [subprocess.Popen(argv, env={**env, "LOGLEVEL": "INFO"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for argv in _torchruns(nodes, marker)]
+    outs: list[tuple[str, str]] = []
+    deadline = time.monotonic() + TIMEOUT
+    for proc in procs:
         try:
-            proc.communicate(timeout=60)
+            outs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        return None
-    if proc.returncode != 0 or not marker.exists():
+            # Hung after the restart (the failure mode of the shared store). SIGTERM lets torchrun stop
+            # its workers, which run in sessions of their own and would outlive a SIGKILL of torchrun.
+            for other in procs:
+                other.terminate()
+            for other in procs:
+                try:
+                    other.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    other.kill()
+                    other.communicate()
+            return None
+    if any(p.returncode != 0 for p in procs) or not marker.exists():
         return None
     death = float(marker.read_text())
+    stdout = "".join(out for out, _ in outs)
     firsts, collectives = _times(stdout, "first", death), _times(stdout, "collective", death)
     if len(firsts) != RANKS or len(collectives) != RANKS:
         return None
-    rendezvous = _torch_log(stderr, "[default] Rendezvous'ing worker group", death)
-    starting = _torch_log(stderr, "[default] Starting worker group", death)
-    return Sample({"handled": None if rendezvous is None else rendezvous - death,
-                   "rendezvous": None if rendezvous is None else rendezvous - death,
-                   "start workers": None if starting is None else starting - death,
+
+    def logged(message: str) -> float | None:  # the last node to get there
+        stamps = [_torch_log(err, message, death) for _, err in outs]
+        return None if None in stamps else max(s for s in stamps if s is not None) - death
+
+    rendezvous = logged("[default] Rendezvous'ing worker group")
+    return Sample({"handled": rendezvous, "rendezvous": rendezvous, "start workers": logged("[default] Starting worker group"),
                    "first line": max(firsts) - death, "first collective": max(collectives) - death})
 
 
@@ -143,22 +171,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--before", metavar="SRC", help="another checkout's src directory, measured too")
+    parser.add_argument("--nodes", type=int, choices=(1, 2), default=1,
+                        help="2: two local nodes of one rank each (phalanx -n 2x1; one torchrun per node)")
     args = parser.parse_args()
+    nodes = args.nodes
     base = {**os.environ, "OMP_NUM_THREADS": "1"}
     base.pop("PYTHONPATH", None)
     ours = "phalanx --max-retries 1 (kept agent)"
-    variants = {ours: lambda tmp: run_phalanx(tmp, base)}
+    variants = {ours: lambda tmp: run_phalanx(tmp, base, nodes=nodes)}
     if args.before:
-        variants["phalanx --max-retries 1 (--before)"] = lambda tmp: run_phalanx(tmp, base, args.before)
-    variants["torchrun --max-restarts 1"] = lambda tmp: run_torchrun(tmp, base)
+        variants["phalanx --max-retries 1 (--before)"] = lambda tmp: run_phalanx(tmp, base, args.before, nodes)
+    if nodes == 1:  # two nodes sharing the store hang past any timeout (docs/restarts.md: 0/10)
+        variants["torchrun --max-restarts 1"] = lambda tmp: run_torchrun(tmp, base, nodes)
     variants["torchrun --max-restarts 1, DISABLE_SHARE_RDZV_TCP_STORE"] = lambda tmp: run_torchrun(
-        tmp, {**base, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+        tmp, {**base, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, nodes)
     results: dict[str, list[Sample | None]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, fn in variants.items():
             with tempfile.TemporaryDirectory() as tmp:
                 results[name].append(fn(Path(tmp)))
-    print("median seconds after the death at which each step was reached (every node / every rank)")
+    print(f"{nodes} node(s), {RANKS} ranks; median seconds after the death at which each step was reached "
+          "(every node / every rank)")
     print(f"{'variant':<58} {'recovered':>9} " + " ".join(f"{s:>16}" for s in STEPS))
     for name, samples in results.items():
         good = [s for s in samples if s is not None]
