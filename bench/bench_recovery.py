@@ -200,6 +200,12 @@ def main() -> None:
             value = _median(good, key)
             cells.append(f"{'-':>16}" if value is None else f"{value:16.3f}")
         print(f"{name:<58} {len(good):>5}/{len(samples):<3} " + " ".join(cells))
+    print("spread (min .. max seconds):")
+    for name, samples in results.items():
+        good = [s for s in samples if s is not None]
+        spread = [f"{key} {min(s.at[key] for s in good):.3f} .. {max(s.at[key] for s in good):.3f}"  # type: ignore[type-var]
+                  for key in ("first line", "first collective")] if good else []
+        print(f"  {name:<58} " + "; ".join(spread))
     mine = [s for s in results[ours] if s is not None]
     for name in variants:
         if name == ours:
@@ -207,8 +213,12 @@ def main() -> None:
         other = [s for s in results[name] if s is not None]
         for key in ("first line", "first collective"):
             a, b = _median(mine, key), _median(other, key)
+            # Paired by round (the machine's load drifts): the median of the rounds' own ratios.
+            pairs = [m.at[key] / o.at[key] for m, o in zip(results[ours], results[name])  # type: ignore[operator]
+                     if m is not None and o is not None and o.at[key]]
+            paired = f", median of {len(pairs)} rounds' ratios {statistics.median(pairs):.2f}" if pairs else ""
             if a is not None and b:
-                print(f"ratio {key:<16} phalanx (kept agent) / [{name}]: {a / b:.2f}")
+                print(f"ratio {key:<16} phalanx (kept agent) / [{name}]: {a / b:.2f}{paired}")
 
 
 if __name__ == "__main__":
