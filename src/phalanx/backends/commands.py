@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | None = None) -> subprocess.Popen[bytes]:
+def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | None = None,
+          pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (so terminal signals reach only the supervisor),
-    stdin closed, stdout+stderr appended to ``log``."""
+    stdin closed, stdout+stderr appended to ``log``; ``pass_fds`` stay open in it (a control line)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
@@ -31,6 +32,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | Non
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
 
 
