@@ -170,3 +170,25 @@ def test_stop_in_the_retry_window_leaves_nothing_behind(phx_home, tmp_path):
     assert [a["outcome"] for a in final["attempts"]] == ["failed", "cancelled"]
     seen.update(json.loads(p.read_text())["pid"] for p in job_dir.glob("attempt_*/rank_*/proc.json"))
     assert len(seen) >= 4 and _alive(seen) == []  # two agents and two ranks at least
+
+
+def test_a_killed_supervisor_takes_its_kept_agents_and_their_workers(phx_home, tmp_path):
+    """Issue 17's survival with kept agents: kill -9 the supervisor while the retry runs on the
+    agents of the failed attempt (and on workers they started ahead). Nothing of the job survives
+    (the line ends, the agents die with their parent, the workers with theirs) and it shows LOST."""
+    script = tmp_path / "recover.py"
+    script.write_text(SCRIPT)  # attempt 1 never gets its go: it runs until the supervisor is killed
+    job_id = phalanx("run", "-d", "--name", "orphaned", "--max-retries", "1", "-n", "2x1", str(script),
+                     check=True).stdout.strip()
+    record = _status(job_id)
+    job_dir = Path(record["job_dir"])
+    _wait_for(lambda: _ready(job_dir, 1, 2), timeout=240, what="attempt 1 to run")
+    agents = [r["agent_pid"] for r in _results(job_dir, 0).values()]
+    workers = [json.loads((job_dir / "attempt_1" / f"rank_{r}" / "proc.json").read_text())["pid"] for r in range(2)]
+    assert sorted(psutil.Process(w).ppid() for w in workers) == sorted(agents)  # the retry is on the kept agents
+    supervisor = psutil.Process(record["supervisor_pid"])
+    tree = [p.pid for p in supervisor.children(recursive=True)]
+    assert set(agents) <= set(tree) and set(workers) <= set(tree)
+    supervisor.kill()
+    _wait_for(lambda: _alive(tree) == [], timeout=30, what="no agent or worker to survive")
+    assert _status(job_id)["state"] == "LOST"
