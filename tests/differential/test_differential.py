@@ -17,8 +17,6 @@ SLOW = {"lightning_starts_its_own_workers", "public_mnist_style_example", "jax_i
         "jax_initialize_own_arguments", "jax_initialize_in_a_helper_after_phalanx"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW else [])
-                                  for c in CASES])
 def unglued(lines: Counter[str], other: Counter[str]) -> Counter[str]:
     """``lines`` with each line the other run lacks split in two where both halves are lines of the
     other run. Processes that share one stdout unbuffered (a script and the workers it starts itself,
@@ -36,6 +34,8 @@ def unglued(lines: Counter[str], other: Counter[str]) -> Counter[str]:
     return out
 
 
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW else [])
+                                  for c in CASES])
 def test_script_sees_and_leaves_the_same(case, tmp_path, phx_home):
     for module in case.needs:
         if importlib.util.find_spec(module) is None:
