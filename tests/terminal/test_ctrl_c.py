@@ -75,6 +75,30 @@ def test_ctrl_c_with_two_ranks_reaches_each_once_as_under_torchrun(project, env,
     assert last_job(env).state.value == ("SUCCEEDED" if code == 0 else "CANCELLED")
 
 
+@pytest.mark.parametrize("framework,mode,code", [("torch", "exit0", 0), ("tf", "exit0", 0), ("torch", "raise", 130)])
+def test_ctrl_c_during_a_retry_on_kept_agents_is_not_retried_and_leaves_nothing(project, env, framework, mode, code):
+    """Attempt 0 fails, attempt 1 runs on the kept node agent (torch's elastic agent, or the
+    agent's own launcher for TF); a Ctrl-C there reaches each rank once, the status is the
+    scripts', no further attempt starts although retries remain, and the agent is let go."""
+    argv = command("phalanx-n2", "retry_interrupt.py", mode)
+    argv[argv.index("run") + 1:argv.index("run") + 1] = ["--max-retries", "3", "--framework", framework]
+    term = _interrupted(argv, project, env, READY_2)
+    ranks = [int(pid) for pid in re.findall(rb"pid=(\d+)", term.seen)]
+    assert term.wait() == code, term.text()
+    lines = _script_lines(term.text())
+    assert all(f"interrupted {r}" in lines and f"saved {r}" in lines for r in (0, 1)), term.text()
+    assert sorted(p.read_text() for p in project.glob("ckpt_*.txt")) == ["sigints=1\n"] * 2
+    job = last_job(env)
+    assert job.state.value == ("SUCCEEDED" if code == 0 else "CANCELLED")
+    attempts = [json.loads(line) for line in job.paths.attempts_log.read_text().splitlines()]
+    assert [a["retry"] for a in attempts] == [True, False], attempts
+    assert attempts[-1]["message"].startswith("interrupted (Ctrl-C)"), attempts
+    agent = {json.loads((job.paths.root / f"attempt_{k}" / "node_0" / "result.json").read_text())["agent_pid"]
+             for k in (0, 1)}
+    assert len(agent) == 1, "attempt 1 ran on attempt 0's agent"
+    assert ranks and not any(alive(pid) for pid in [*ranks, *agent]), "no agent or rank outlives phalanx"
+
+
 @pytest.mark.parametrize("how,ready", [("phalanx", "ready"), ("phalanx-n2", READY_2)])
 def test_ctrl_c_again_escalates_to_sigterm_then_sigkill_leaving_nothing(project, env, how, ready):
     term = _interrupted(command(how, "interrupt.py", "stubborn"), project, env, ready)

@@ -10,6 +10,8 @@ calls, in the order the supervisor (``phalanx.supervise``) makes them::
     ... every tick: handle.poll(), handle.running(), handle.collect()
     ... to stop:   handle.signal(SIGTERM), after the grace period handle.kill()
     ... at the end: handle.collect(final=True)
+    ... a retry:   backend.start(next_plan, paths, previous=handles)   # kept agents run it
+    ... the last:  handle.release()
 
 and, for an attempt whose supervisor vanished: ``backend.attach(plan, paths)``.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.contracts import NodeResult, read_node_result, write_node_result
@@ -93,12 +96,27 @@ class NodeHandle(abc.ABC):
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the node's agent (which forwards it to the ranks). Idempotent; a
         node that has ended is not an error. The supervisor owns the grace period: it calls
-        ``kill`` when that is over."""
+        ``kill`` when that is over. Concerns this handle's attempt only: once that has ended,
+        an agent kept for the next attempt is not signalled."""
 
     @abc.abstractmethod
     def kill(self) -> None:
         """End the node now (SIGKILL to the agent and everything it started, or the
-        scheduler's equivalent). Idempotent. May block for a few seconds while the kill lands."""
+        scheduler's equivalent). Idempotent. May block for a few seconds while the kill lands.
+        Like ``signal``, nothing once this handle's attempt has ended."""
+
+    def rerun(self, node: NodePlan, paths: JobPaths, attempt: int) -> "NodeHandle | None":
+        """Run the next attempt's ``node`` on this node's agent, kept alive after this handle's
+        attempt ended, and return the new attempt's handle; None when this node has no agent
+        left to run it (default: agents run one attempt), and ``Backend.start`` starts a new
+        one. The launch file is in ``paths`` already. Non-blocking. Called by ``Backend.start``
+        only, after this handle's attempt has ended."""
+        return None
+
+    def release(self) -> None:
+        """The supervisor starts no further attempt on this node's agent: let a kept agent go
+        (it exits; nothing of the job is left on the node). Idempotent, non-blocking or briefly
+        blocking; nothing for a handle whose agent was handed to a later attempt (``rerun``)."""
 
     def running(self) -> bool:
         """Whether the node's processes can run now: False while a scheduler holds the node back
@@ -183,15 +201,28 @@ class Backend(abc.ABC):
         plan = self._plan(spec, job_id, attempt, home, home.job(job_id), facts)
         return annotate(plan, spec, self.shares_files(spec), home.root)
 
-    def start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
+    def start(self, plan: Plan, paths: JobPaths, previous: Sequence[NodeHandle] = ()) -> list[NodeHandle]:
         """Start every node agent of ``plan``; returns one handle per node, in node-rank order,
         without waiting for the nodes (it may block briefly: a submission, a preflight, copying
         the code). Each node's launch file (``contracts.LaunchFile``) is in ``paths`` already.
         Not idempotent: every call starts the nodes again. Raises BackendError when nothing
-        could be started (then nothing runs)."""
+        could be started (then nothing runs).
+
+        ``previous``: the handles of the job's attempt before this one (all ended), for a retry.
+        A node whose agent was kept (``NodeHandle.rerun``) runs the new attempt on it; the
+        others get a new agent. Every handle of ``previous`` is either handed over or released."""
         for node in plan.nodes:
             paths.node_dir(plan.attempt, node.node_rank).mkdir(parents=True, exist_ok=True)
-        return self._start(plan, paths)
+        kept = _rerun(plan, paths, previous)
+        try:
+            if not kept:
+                return self._start(plan, paths)
+            return [kept.get(n.node_rank) or self._start_node(n, paths, plan.attempt) for n in plan.nodes]
+        except BaseException:
+            for handle in kept.values():  # none of the attempt may run on without a supervisor
+                handle.kill()
+                handle.release()
+            raise
 
     def attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
         """Handles for ``plan``'s attempt, started earlier by a supervisor that has since vanished,
@@ -220,6 +251,21 @@ class Backend(abc.ABC):
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
         return None
+
+
+def _rerun(plan: Plan, paths: JobPaths, previous: Sequence[NodeHandle]) -> dict[int, NodeHandle]:
+    """The new attempt's handles of the nodes whose kept agents run it; every other handle of
+    ``previous`` released."""
+    kept: dict[int, NodeHandle] = {}
+    nodes = {n.node_rank: n for n in plan.nodes}
+    for old in previous:
+        node = nodes.get(old.node_rank)
+        handle = old.rerun(node, paths, plan.attempt) if node is not None else None
+        if handle is None:
+            old.release()
+        else:
+            kept[old.node_rank] = handle
+    return kept
 
 
 def ports_needed(spec: JobSpec) -> int:

@@ -19,14 +19,16 @@ from typing import Mapping, Sequence
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | None = None,
-          stdio: tuple[int, int, int] | None = None) -> subprocess.Popen[bytes]:
+          stdio: tuple[int, int, int] | None = None, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (so terminal signals reach only the supervisor),
     stdin closed, stdout+stderr appended to ``log``; or, with ``stdio``, on those three
-    descriptors (a lone foreground process lent the terminal: ``launch/console.py``)."""
+    descriptors (a lone foreground process lent the terminal: ``launch/console.py``).
+    ``pass_fds`` stay open in it (a control line)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     if stdio is not None:
         return subprocess.Popen(list(argv), env={**os.environ, **env}, cwd=cwd, stdin=stdio[0], stdout=stdio[1],
-                                stderr=stdio[2], start_new_session=True)
+                                stderr=stdio[2], start_new_session=True,
+                                pass_fds=tuple(pass_fds))
     with open(log, "ab") as out:
         return subprocess.Popen(
             list(argv),
@@ -36,6 +38,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str | Non
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
 
 

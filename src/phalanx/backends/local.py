@@ -3,11 +3,13 @@
 ``-n 2x2`` starts two node agents that really rendezvous (c10d) over loopback, exactly as
 two machines would; only the addresses are 127.0.0.1. Networking is pinned to loopback
 (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``) unless the user set it.
+
+Node agents are kept between attempts (``launch/control.py``): a retry runs on the agents of
+the attempt before, which have torch imported already; an agent that died is replaced.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -18,7 +20,9 @@ from ..core.env import Topology
 from ..core.paths import HomePaths, JobPaths
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec, in_snapshot
+from ..launch import trace
 from ..launch.console import RELAY, RELAY_ENV, TTY_ENV, Console, Streams
+from ..launch.control import AgentControl
 from ..launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..launch.procs import exit_code, signal_group, signal_name
 from . import commands
@@ -87,7 +91,16 @@ class LocalBackend(Backend):
                 raise
             streams.started()
             return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, tty, log, cwd=node.cwd), paths, attempt)
+        control = AgentControl()
+        line = control.agent_end.fileno()
+        try:
+            agent = commands.spawn((*node.agent_argv, "--control", str(line)), tty, log, cwd=node.cwd, pass_fds=(line,))
+        except BaseException:
+            control.agent_end.close()
+            control.close()
+            raise
+        control.started()
+        return LocalNode(node, agent, paths, attempt, control)
 
 
 def _lone(node: NodePlan) -> bool:
@@ -149,17 +162,32 @@ class SingleProcessNode(NodeHandle):
 
 
 class LocalNode(NodeHandle):
-    """A node agent started here; it writes the node's result itself."""
+    """A node agent started here; it writes the node's result itself. The agent is kept: once
+    its attempt has ended it waits on its control line, for the next attempt (``rerun``) or to
+    be let go (``release``)."""
 
-    def __init__(self, node_rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int) -> None:
-        self.node_rank = node_rank
+    def __init__(self, node: NodePlan, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int,
+                 control: AgentControl) -> None:
+        self.node_rank = node.node_rank
+        self.node = node
         self.proc = proc
+        self.control = control
         self.paths, self.attempt = paths, attempt
         self._signalled: int | None = None
         self._result: NodeResult | None = None
+        self._handed_over = False
+
+    def _reported(self) -> bool:
+        """The agent said this attempt is over (and wrote its result); it may live on."""
+        return self.attempt in self.control.ends
 
     def poll(self) -> NodeResult | None:
         if self._result is None:
+            if self._reported():
+                self._result = synthesize(self.paths, self.attempt, NodeResult.synthesize(
+                    self.node_rank, self.control.ends[self.attempt], f"node agent {self.node_rank} reported the end "
+                    "of its attempt but no result"))
+                return self._result
             code = self.proc.poll()
             if code is None:
                 return None
@@ -172,19 +200,41 @@ class LocalNode(NodeHandle):
         return self._result
 
     def signal(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            self._signalled = signum
-            try:
-                self.proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
+        if self._reported() or self.proc.poll() is not None:
+            return  # this attempt is over; a kept agent waits for the supervisor's next word
+        self._signalled = signum
+        try:
+            self.proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
     def kill(self) -> None:
+        if self._reported():
+            return
         # The agent leads its own session; its workers lead theirs and die with it
         # (PR_SET_PDEATHSIG in the bootstrap), so killing the agent's group suffices.
         self._signalled = signal.SIGKILL
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc.poll() is None:  # not reaped yet: the pid is still the agent's
+            signal_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+    def rerun(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle | None:
+        # The agent's interpreter and working directory were chosen when it started.
+        same = (node.agent_argv[:1], node.cwd) == (self.node.agent_argv[:1], self.node.cwd)
+        if self._handed_over or not same or not self._reported() or self.proc.poll() is not None:
+            return None
+        if not self.control.run(str(paths.node_launch(attempt, node.node_rank)), str(paths.agent_log(attempt, node.node_rank))):
+            return None
+        self._handed_over = True
+        trace.mark(paths, "supervisor", "agent kept", attempt=attempt, node=node.node_rank, pid=self.proc.pid)
+        return LocalNode(node, self.proc, paths, attempt, self.control)
+
+    def release(self) -> None:
+        if self._handed_over:
+            return
+        self.control.close()
+        try:
+            self.proc.wait(timeout=5)  # an agent between attempts leaves at once
+        except subprocess.TimeoutExpired:
+            signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

@@ -185,7 +185,7 @@ class RankExit:
 
 
 _RESULT_KEYS = {"version", "node_rank", "host", "exitcode", "failures", "terminated", "ranks", "stopped_by",
-                "started", "finished", "error", "synthesized"}
+                "started", "finished", "error", "synthesized", "agent_pid"}
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,7 @@ class NodeResult:
     error: str | None = None  # why there is no ordinary report (never started, torch missing, ...)
     synthesized: bool = False  # the node never reported; its handle wrote this in its place
     details: Mapping[str, Any] = field(default_factory=dict)  # backend-specific (slurm_job, slurm_state)
+    agent_pid: int | None = None  # the node agent that ran the attempt (a kept agent runs several)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "result.json") -> "NodeResult":
@@ -222,7 +223,7 @@ class NodeResult:
         return cls(r.whole("node_rank", None), r.whole("exitcode"), r.text("host", None), failures, tuple(terminated),
                    ranks, r.text("stopped_by", None), r.number("started", None), r.number("finished", None),
                    r.text("error", None), r.flag("synthesized"),
-                   {k: v for k, v in r.data.items() if k not in _RESULT_KEYS})
+                   {k: v for k, v in r.data.items() if k not in _RESULT_KEYS}, r.whole("agent_pid", None))
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {**self.details, "version": VERSION, "node_rank": self.node_rank, "host": self.host,
@@ -231,7 +232,7 @@ class NodeResult:
             data["terminated"] = list(self.terminated)
         if self.ranks:
             data["ranks"] = {str(k): {"pid": v.pid, "exitcode": v.exitcode} for k, v in sorted(self.ranks.items())}
-        for key in ("stopped_by", "started", "finished", "error"):
+        for key in ("stopped_by", "started", "finished", "error", "agent_pid"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.synthesized:

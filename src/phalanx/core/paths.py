@@ -20,6 +20,7 @@
         plan.json                     the plan of the latest attempt (what submit executes)
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
+        trace.jsonl                   with PHALANX_TRACE=1: when each step of a start or restart happened
         output/                       PHALANX_OUTPUT_DIR
         code/                         the code snapshot (at submit time): hard links into cache/code/objects
         code.json                     what the snapshot holds: files, bytes, digest, large files left out
@@ -219,6 +220,11 @@ class JobPaths:
     def reserve(self) -> Path:
         """Space the supervisor holds to record the job's end when the disk fills (``core/space.py``)."""
         return self.root / ".reserve"
+
+    @property
+    def trace(self) -> Path:
+        """Timestamps of the steps of starts and restarts, with ``PHALANX_TRACE=1`` (launch/trace.py)."""
+        return self.root / "trace.jsonl"
 
     @property
     def output_dir(self) -> Path:

@@ -13,6 +13,12 @@ in-place restarts) or, when no torchrun is needed, starts the processes itself. 
 Under a scheduler that starts the same command on every node (``srun``), ``--node-rank-from
 SLURM_NODEID`` picks this node's launch file (``{node_rank}`` in the ``--launch`` path), and the
 node addresses the scheduler chose arrive in ``PHALANX_NODE_ADDRS`` (see ``plan.bind_addresses``).
+
+With ``--control FD`` (the local backend) the agent is *kept*: after an attempt it reports its end
+on that line and waits for the supervisor to name the next attempt's launch file, which it runs
+in this same process, with torch already imported: a retry then costs what torchrun's in-place
+restart costs, with a fresh rendezvous (the new plan's port and store) and new workers. The
+supervisor decides every retry; the line ending lets the agent go (``launch/control.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
@@ -30,7 +37,10 @@ from ..core.contracts import LaunchFile, NodeResult, read_launch, read_rank_erro
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, bind_addresses
 from ..errors import ContractError
+from . import trace
+from .control import AgentLine
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
+from .workers import Standbys, WorkerSource, supplied
 
 
 def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
@@ -75,10 +85,16 @@ def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, 
     result["exitcode"] = min(failures, key=lambda f: f["timestamp"])["exitcode"] or 1
 
 
-def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None) -> dict[str, Any]:
+def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None,
+                 watcher: ChildWatcher | None = None, source: WorkerSource | None = None) -> dict[str, Any]:
     """Run the node through torch's elastic agent, in this process (no extra interpreter).
     A stop signal reaches torch's agent, which passes it on to the workers and waits
-    ``grace`` seconds (torch's own default: 30) before SIGKILL."""
+    ``grace`` seconds (torch's own default: 30) before SIGKILL.
+
+    ``watcher``: a kept agent's (more attempts follow in this process). torch's signal handlers
+    then live only while it runs, and a stop signal that comes before torch installs them (during
+    the rendezvous), or that the watcher holds already, stops the attempt too. ``source``: workers
+    prepared ahead, taken before starting new ones (``launch/workers.py``)."""
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -91,8 +107,17 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
     config, cmd, cmd_args = config_from_args(parse_args([*node.torchrun_argv, *node.worker_argv]))
     if grace is not None and hasattr(config, "shutdown_timeout"):  # LaunchConfig has it since torch 2.6
         config.shutdown_timeout = max(1, int(grace))
+    saved = _stops_raise(SignalException, config.signals_to_handle) if watcher is not None else None
     try:
-        elastic_launch(config, cmd)(*cmd_args)
+        try:
+            if watcher is not None and watcher.stop_requests:
+                signum = signal.Signals(watcher.stop_requests[0])
+                raise SignalException(f"stopped by {signum.name} before it started", signum)
+            with supplied(source, str(paths.agent_log(attempt, node.node_rank))):
+                elastic_launch(config, cmd)(*cmd_args)
+        finally:
+            if saved is not None:
+                _restore_handlers(saved)
     except ChildFailedError as err:
         failures: list[dict[str, Any]] = [
             {
@@ -116,9 +141,11 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
         return {"exitcode": first["exitcode"] or 1, "failures": [f for f in failures if not f.get("terminated")],
                 "terminated": [f["rank"] for f in failures if f.get("terminated")]}
     except SignalException as sig:
-        # torch forwarded the signal to the workers and waited for them (30 s, then SIGKILL).
+        # torch forwarded the signal to the workers and waited for them (``grace``, then SIGKILL).
+        # A kept agent stopped before torch started any worker has no ranks: the signal's status.
         ranks = rank_exits(paths, attempt, node.node_rank, 128 + int(sig.sigval))
-        return {"exitcode": interrupted_code(ranks) if sig.sigval == signal.SIGINT else 128 + int(sig.sigval),
+        interrupted = sig.sigval == signal.SIGINT and ranks
+        return {"exitcode": interrupted_code(ranks) if interrupted else 128 + int(sig.sigval),
                 "failures": [], "ranks": ranks, "stopped_by": signal.Signals(sig.sigval).name}
     return {"exitcode": 0, "failures": []}
 
@@ -152,14 +179,23 @@ def interrupted_code(ranks: dict[str, dict[str, Any]]) -> int:
     return next((c for c in codes if c != 0), 0)
 
 
-def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int) -> dict[str, Any]:
-    """Start the node's processes ourselves; fail fast when one fails; forward stop signals."""
-    with ChildWatcher() as watcher:
+def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int,
+               watcher: ChildWatcher | None = None, source: WorkerSource | None = None) -> dict[str, Any]:
+    """Start the node's processes ourselves; fail fast when one fails; forward stop signals.
+    ``watcher``: a kept agent's own (a stop request it holds stops this attempt); ``source``:
+    workers prepared ahead, taken before starting new ones."""
+    with ExitStack() as stack:
+        if watcher is None:
+            watcher = stack.enter_context(ChildWatcher())
+        if watcher.stop_requests:  # a kept agent was stopped between being told to run and running
+            signum = watcher.stop_requests[0]
+            return {"exitcode": 128 + signum, "failures": [], "stopped_by": signal.Signals(signum).name}
         procs: dict[int, subprocess.Popen[bytes]] = {}
+        log = str(paths.agent_log(attempt, node.node_rank))
         for p in node.processes:
-            procs[p.rank] = subprocess.Popen(
-                list(p.argv), env={**os.environ, **p.env}, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+            env = {**os.environ, **p.env}
+            ready = source.take(p.argv, env, log) if source is not None else None
+            procs[p.rank] = ready or subprocess.Popen(list(p.argv), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         failures: list[dict[str, Any]] = []
         stopped_by: int | None = None
 
@@ -277,32 +313,129 @@ def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile
         fail(f"{exc} (PHALANX_NODE_ADDRS={os.environ.get('PHALANX_NODE_ADDRS', '')!r})")
 
 
+def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = None,
+             source: WorkerSource | None = None) -> NodeResult:
+    """Run one attempt of this node to its end and write its ``result.json``. ``watcher`` and
+    ``source``: set by a kept agent (more attempts follow in this process; workers ready ahead)."""
+    paths = JobPaths(Path(data.job_dir))
+    attempt = data.attempt
+    started = time.time()
+    sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
+    steps = trace.follow_torch(paths, attempt=attempt, node=node.node_rank)
+    try:
+        if node.torchrun_argv is not None:
+            result = run_torchrun(node, paths, attempt, data.grace, watcher, source)
+        else:
+            result = run_direct(node, data.grace, paths, attempt, watcher, source)
+    finally:
+        trace.unfollow(steps)
+        if sampler is not None:
+            sampler.stop()
+    trace.mark(paths, "agent", "ended", attempt=attempt, node=node.node_rank)
+    add_unnoticed_raises(result, paths, attempt, node.node_rank)
+    result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time(), agent_pid=os.getpid())
+    report = NodeResult.from_dict(result, f"node {node.node_rank}'s result")
+    write_node_result(paths.node_result(attempt, node.node_rank), report)
+    return report
+
+
+def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
+    """A kept agent: run attempt after attempt as the supervisor names them on the ``control``
+    line, until the line ends (or a stop signal comes between attempts)."""
+    line = AgentLine(control)
+    base_env = dict(os.environ)
+    standbys = Standbys()
+    code = 0
+    with ChildWatcher() as watcher:
+        while True:
+            node, data = _load(launch, node_rank_from)
+            paths = JobPaths(Path(data.job_dir))
+            trace.mark(paths, "agent", "launching", attempt=data.attempt, node=node.node_rank, pid=os.getpid())
+            os.environ.clear()  # this attempt's variables only, none left from the one before
+            os.environ.update(base_env)
+            os.environ.update(node.env)
+            report = run_node(node, data, watcher, standbys)
+            standbys.close()  # what this attempt did not take
+            # Stops that came during the attempt stopped it; one that comes from now on ends the agent.
+            watcher.stop_requests.clear()
+            line.ended(data.attempt, report.exitcode)
+            trace.mark(paths, "agent", "reported", attempt=data.attempt, node=node.node_rank)
+            if report.exitcode != 0 and report.stopped_by != "SIGINT":
+                # Failed, or stopped because another node failed: the supervisor may retry (never
+                # after a Ctrl-C). The next attempt's interpreters start now, while it decides and
+                # the new rendezvous runs; unused, they go when the agent does.
+                standbys.prepare(_local_workers(node))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            following = line.next(watcher)
+            if following is None:
+                code = 128 + watcher.stop_requests[0] if watcher.stop_requests else 0
+                break
+            launch, log = following
+            _log_to(log)
+    standbys.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _local_workers(node: NodePlan) -> int:
+    """How many workers this node starts: its processes, or torchrun's --nproc-per-node."""
+    if node.torchrun_argv is None:
+        return len(node.processes)
+    for arg in node.torchrun_argv:
+        if arg.startswith("--nproc-per-node="):
+            value = arg.split("=", 1)[1]
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _log_to(log: str) -> None:
+    """This process's stdout and stderr (and so torch's messages) into ``log`` from now on."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _stops_raise(exception: type[BaseException], torch_signals: str) -> dict[int, Any]:
+    """Until ``_restore_handlers``: a stop signal raises torch's ``SignalException`` (what
+    torch's own handler does once it starts workers), so it also stops a rendezvous. Returns the
+    handlers to restore, of every signal torch may take over."""
+    names = {signal.Signals(s).name for s in STOP_SIGNALS} | {n.strip() for n in torch_signals.split(",") if n.strip()}
+    signums = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    saved = {int(s): signal.getsignal(s) for s in signums}
+
+    def stop(signum: int, _frame: object) -> None:
+        raise exception(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))  # type: ignore[call-arg]
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+    return saved
+
+
+def _restore_handlers(saved: dict[int, Any]) -> None:
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m phalanx.launch.agent")
     parser.add_argument("--launch", required=True, help="the node's launch.json")
     parser.add_argument("--node-rank-from", metavar="VAR",
                         help="environment variable holding this node's rank, filled into {node_rank} of --launch")
+    parser.add_argument("--control", type=int, metavar="FD",
+                        help="a line to the supervisor: keep running the attempts it names (launch/control.py)")
     args = parser.parse_args(argv)
-    node, data = _load(args.launch, args.node_rank_from)
     # SIGTERM, not SIGKILL: our workers then get their grace period too.
     die_with_parent(signal.SIGTERM)
-    paths = JobPaths(Path(data.job_dir))
-    attempt = data.attempt
+    if args.control is not None:
+        serve(args.control, args.launch, args.node_rank_from)
+    node, data = _load(args.launch, args.node_rank_from)
     os.environ.update(node.env)
-    started = time.time()
-    sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
-    try:
-        if node.torchrun_argv is not None:
-            result = run_torchrun(node, paths, attempt, data.grace)
-        else:
-            result = run_direct(node, data.grace, paths, attempt)
-    finally:
-        if sampler is not None:
-            sampler.stop()
-    add_unnoticed_raises(result, paths, attempt, node.node_rank)
-    result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time())
-    report = NodeResult.from_dict(result, f"node {node.node_rank}'s result")
-    write_node_result(paths.node_result(attempt, node.node_rank), report)
+    report = run_node(node, data)
     sys.stdout.flush()
     os._exit(report.exitcode & 0xFF)
 

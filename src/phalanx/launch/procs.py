@@ -12,13 +12,20 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable  # not typing: workers import this module
+from _thread import allocate_lock  # not threading: workers import this module, and no script sees it
+from collections.abc import Callable, Iterable, Sequence  # not typing: workers import this module
 
 TYPE_CHECKING = False  # mypy reads this as True; workers start without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+# The write end of the active watcher's wake-up pipe, for ``wake`` (one watcher at a time: the
+# wake-up fd of ``signal`` is one per process too). The lock keeps a late ``wake`` from writing
+# into a closed pipe's number, which an open() may have reused.
+_wake_fd: int | None = None
+_wake_lock = allocate_lock()
 
 
 class ChildWatcher:
@@ -28,6 +35,9 @@ class ChildWatcher:
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
         self._old_fd = signal.set_wakeup_fd(self._write)
+        global _wake_fd
+        with _wake_lock:
+            self._old_wake, _wake_fd = _wake_fd, self._write
         self._old_handlers: dict[int, Any] = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, _ignore)}
         for signum in stop_signals:
             self._old_handlers[signum] = signal.signal(signum, self._on_stop)
@@ -35,17 +45,23 @@ class ChildWatcher:
     def _on_stop(self, signum: int, _frame: object) -> None:
         self.stop_requests.append(signum)
 
-    def wait(self, timeout: float) -> None:
-        """Sleep until a signal arrives (child exit or stop request) or ``timeout`` passes."""
-        ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))
-        if ready:
+    def wait(self, timeout: float, also: Sequence[int] = ()) -> list[int]:
+        """Sleep until a signal arrives (child exit or stop request), ``wake`` is called, one of
+        the file descriptors ``also`` is readable, or ``timeout`` passes; returns those of
+        ``also`` that are readable."""
+        ready, _, _ = select.select([self._read, *also], [], [], max(0.0, timeout))
+        if self._read in ready:
             try:
                 while os.read(self._read, 512):
                     pass
             except BlockingIOError:
                 pass
+        return [fd for fd in ready if fd != self._read]
 
     def close(self) -> None:
+        global _wake_fd
+        with _wake_lock:
+            _wake_fd = self._old_wake
         signal.set_wakeup_fd(self._old_fd)
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
@@ -57,6 +73,17 @@ class ChildWatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wake() -> None:
+    """Wake the active watcher's ``wait`` now; from any thread (a reader thread that got news
+    for the main loop). Nothing when no watcher is active."""
+    with _wake_lock:
+        if _wake_fd is not None:
+            try:
+                os.write(_wake_fd, b"w")
+            except OSError:  # full: it is awake anyway
+                pass
 
 
 def die_with_parent(signum: int) -> None:

@@ -12,7 +12,8 @@
   starting a second copy (``leftover.py``); an attempt nobody saw end is recorded LOST;
 - **retry**: a failed attempt is rerun as a whole (all nodes, fresh rendezvous, same job id,
   ``PHALANX_ATTEMPT`` + 1, same state directory) while retries remain and the failure is
-  retryable (``retry.py``);
+  retryable (``retry.py``). Node agents the backend kept alive run it (torch imported already,
+  ``NodeHandle.rerun``); the last attempt's agents are let go (``NodeHandle.release``);
 - **stop vs preemption**: ``phalanx stop`` (the store says STOPPING) cancels the job, and so does
   Ctrl-C unless the script, given its SIGINT, ends with 0 (``AttemptRun.stop``, ``outcome.interrupted``);
   SIGTERM/SIGUSR1/SIGHUP from anyone else mean the machine is being taken away: every rank
@@ -34,6 +35,7 @@ import signal
 import time
 from typing import Any, Callable
 
+from ..backends.base import NodeHandle
 from ..backends.registry import get_backend
 from ..core import space
 from ..core.contracts import OutcomeKind, StopReason
@@ -41,6 +43,7 @@ from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
 from ..core.state import JobState
 from ..errors import BackendError
+from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
@@ -155,17 +158,19 @@ class JobRun:
         history.record_lost(self.paths, self.plan.attempt)  # the history has no gaps
         self._start_attempt()
 
-    def _start_attempt(self) -> None:
+    def _start_attempt(self, previous: list[NodeHandle] | None = None) -> None:
+        """Start ``self.plan``; ``previous``: the ended attempt's handles, for a retry."""
         plan = self.plan
         write_launch_files(plan, self.paths, self.spec.sample_interval)
         started = time.time()
         try:
-            handles = self.backend.start(plan, self.paths)
+            handles = self.backend.start(plan, self.paths, previous or ())
         except BackendError as exc:  # e.g. sbatch refused the job: nothing runs, say why
             outcome = failed(f"could not start: {exc}", plan.attempt)
             history.log_attempt(self.paths, plan.attempt, started, outcome, False, "could not start")
             self._end(outcome)
             return
+        trace.mark(self.paths, "supervisor", "started", attempt=plan.attempt)
         self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say)
 
     def _attach(self, left: leftover.Leftover) -> None:
@@ -236,6 +241,7 @@ class JobRun:
 
     def _attempt_over(self, attempt: AttemptRun, outcome: Outcome) -> None:
         plan = attempt.plan
+        trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
@@ -246,11 +252,14 @@ class JobRun:
                      f"retrying ({self.retries}/{self.spec.max_retries}) as attempt {plan.attempt + 1}")
             self.plan = plan_attempt(self.backend, self.spec, self.record.id, plan.attempt + 1, self.home)
             self.store.update(self.record.id, attempt=self.plan.attempt, retries=self.retries)
-            self._start_attempt()
+            self._start_attempt(attempt.handles)
             return
         self._end(outcome)
 
     def _end(self, outcome: Outcome) -> None:
+        if self.attempt is not None:
+            for handle in self.attempt.handles:  # no attempt follows: kept agents may go
+                handle.release()
         if self._sync is not None:
             self._sync.stop()
         self._finish(outcome)

@@ -132,3 +132,23 @@ def test_without_skypilot_the_start_says_what_to_install(tmp_path, monkeypatch):
 
     with pytest.raises(MissingDependency, match="phalanx\\[skypilot\\]"):
         _start(tmp_path, monkeypatch, None)
+
+
+def test_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monkeypatch):
+    """SkyPilot's nodes run one attempt each (no kept agents): on a retry ``Backend.start`` with the
+    ended attempt's handles launches attempt 1 as a new cluster, and letting the old handles go
+    touches nothing of SkyPilot's (the attempt-0 cluster went down with its job, ``down=True``)."""
+    fake = FakeSky(exit_code=1)
+    handles, paths = _start(tmp_path, monkeypatch, fake)
+    fake.ended.set()
+    assert _wait(handles) == [1, 1]
+    backend = get_backend("skypilot")
+    spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
+    plan = backend.plan(spec, "sky1", 1, HomePaths(tmp_path), backend.facts(spec))
+    before = len(fake.calls)
+    retried = backend.start(plan, paths, previous=handles)
+    assert _wait(retried) == [1, 1] and all(new is not old for new, old in zip(retried, handles))
+    calls = fake.calls[before:]
+    assert ("launch", "phx-sky1-a1", True) in calls and ("tail_logs", "phx-sky1-a1", 3) in calls
+    assert not any(c[0] in ("cancel", "down") for c in calls), calls  # nothing done to attempt 0
+    assert json.loads(paths.node_result(1, 0).read_text())["exitcode"] == 1
