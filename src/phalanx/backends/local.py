@@ -94,6 +94,7 @@ class LocalBackend(Backend):
     def _plan(
         self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, ports: PortSource
     ) -> Plan:
+        submitted = spec  # what the user's files say (the snapshot may not exist yet)
         if spec.snapshot:
             spec = in_snapshot(spec, str(paths.code_dir))
         nnodes = spec.resources.nnodes
@@ -113,7 +114,13 @@ class LocalBackend(Backend):
         net_env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **RESTART_SAFE_ENV}
         hosts = tuple(f"localhost-{i}" if nnodes > 1 else "localhost" for i in range(nnodes))
         nodes = build_nodes(spec, topo, paths, hosts, (LOOPBACK,) * nnodes, net_env)
-        return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
+        plan = Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
+        if spec.warm:  # started from this machine's warm interpreter pool (launch/warm.py)
+            from .. import config
+            from ..launch import warm
+
+            plan = warm.apply(plan, submitted, 60.0 * float(config.get("warm_idle")))
+        return plan
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
         log = paths.agent_log(attempt, node.node_rank)
@@ -123,7 +130,9 @@ class LocalBackend(Backend):
             proc = node.processes[0]
             popen = commands.spawn(proc.argv, {**node.env, **proc.env}, log, cwd=node.cwd)
             return SingleProcessNode(node, proc.rank, popen, paths.node_result(attempt, node.node_rank))
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd))
+        # The agent applies node.env to itself anyway; starting it with it lets a warm agent share
+        # its workers' pool (one pool per environment).
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, node.env, log, cwd=node.cwd))
 
 
 class SingleProcessNode(NodeHandle):

@@ -204,6 +204,7 @@ class JobSpec:
     output_uri: str | None = None  # where PHALANX_OUTPUT_DIR and the logs are uploaded at the end
     skip_if_done: bool = False  # no-op when the last successful run of this name had the same inputs
     snapshot: bool = False  # run from a copy of workdir taken at submit time (JobPaths.code_dir)
+    warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm.py)
 
     @property
     def uses_torchrun(self) -> bool:
@@ -263,6 +264,7 @@ class JobSpec:
             output_uri=data.get("output_uri"),
             skip_if_done=bool(data.get("skip_if_done", False)),
             snapshot=bool(data.get("snapshot", False)),
+            warm=bool(data.get("warm", False)),
         )
 
 
