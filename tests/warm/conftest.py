@@ -55,22 +55,27 @@ def script(path: Path, *args: str) -> list[str]:
     return ["phalanx.launch.bootstrap", "--script", str(path), *args]
 
 
-def ensure_pool(pool_dir: str, preload: str = "") -> dict:
-    """This environment's pool, started if needed and holding ``preload``: the first start of an
-    environment runs cold while its pool imports in the background."""
+def ensure_pool(pool_dir: str, preload: str = "", env: dict | None = None) -> dict:
+    """The pool of ``env`` (default: this process's), started if needed and holding ``preload``:
+    the first start of an environment runs cold while its pool imports in the background."""
+    from phalanx.launch import warm_proto
+
     wanted = [m for m in preload.split(",") if m]
+    key = warm_proto.pool_key(env if env is not None else os.environ)
+
+    def mine(p: dict) -> bool:
+        return p["key"] == key and not p.get("busy") and not p["stopping"]
 
     def ready() -> dict | None:
-        return next((p for p in pool_info(pool_dir) if not p.get("busy") and not p["stopping"]
-                     and all(m in p["preloaded"] for m in wanted)), None)
+        return next((p for p in pool_info(pool_dir) if mine(p) and all(m in p["preloaded"] for m in wanted)), None)
 
     if ready() is None:
         nothing = HERE / "nothing.py"
-        assert run(script(nothing), pool_dir, preload=preload).returncode == 0
-        pool = wait_for(lambda: next((p for p in pool_info(pool_dir) if not p.get("busy") and not p["stopping"]), None),
-                        timeout=300, what="the pool to start")
+        assert run(script(nothing), pool_dir, preload=preload, env=env).returncode == 0
+        pool = wait_for(lambda: next((p for p in pool_info(pool_dir) if mine(p)), None), timeout=300,
+                        what="the pool to start")
         if not all(m in pool["preloaded"] for m in wanted):  # it imports them on this request
-            assert run(script(nothing), pool_dir, preload=preload, timeout=300).returncode == 0
+            assert run(script(nothing), pool_dir, preload=preload, env=env, timeout=300).returncode == 0
     return wait_for(ready, what=f"a pool holding {wanted}")
 
 

@@ -78,7 +78,8 @@ def main(argv: list[str]) -> "NoReturn":
     except Exception as exc:  # noqa: BLE001 - whatever went wrong, the cold start is still right
         reply = {"cold": f"{type(exc).__name__}: {exc}"}
     if "pid" not in reply:
-        warm_proto.note(log, f"cold start of {module} (pid {os.getpid()}): {reply.get('cold')}")
+        if warm_proto.private_dir(directory) is None:  # never write into a directory that is not ours
+            warm_proto.note(log, f"cold start of {module} (pid {os.getpid()}): {reply.get('cold')}")
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.execv(sys.executable, cold)
     _stand_in(reply["pid"], reply["channel"], mask)

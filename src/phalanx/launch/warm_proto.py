@@ -39,7 +39,7 @@ RUN_VARIABLES = frozenset({
     "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
     # Set by shells, terminals, ssh sessions and pytest per command or session:
     "PWD", "OLDPWD", "_", "SHLVL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TERM_SESSION_ID", "WINDOWID",
-    "PYTEST_CURRENT_TEST",
+    "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
 })
 RUN_PREFIXES = ("PHALANX_", "SM_", "TORCHELASTIC_")
 

@@ -122,6 +122,7 @@ class Pool:
 
     def listen(self) -> None:
         self.listener = _listen(self.path)
+        self.socket_inode = os.stat(self.path).st_ino  # to remove our socket, never a successor's
         self.poller.register(self.listener, select.POLLIN)
         self.poller.register(self._wake_r, select.POLLIN)
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -174,7 +175,7 @@ class Pool:
         warm_proto.note(self.log, f"retiring: {why}")
         if self.listener is not None:
             try:
-                if os.stat(self.path).st_ino == os.fstat(self.listener.fileno()).st_ino:
+                if os.stat(self.path).st_ino == self.socket_inode:
                     os.unlink(self.path)
             except OSError:
                 pass
