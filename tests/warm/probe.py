@@ -89,6 +89,8 @@ def snapshot():
         "nice": os.nice(0), "affinity": sorted(os.sched_getaffinity(0)), "main_thread": threading.main_thread().name,
         "import_func": repr(__import__("builtins").__import__),
         "stack": [(f.filename, f.lineno, f.name) for f in __import__("traceback").extract_stack()],
+        "proc_cmdline": open("/proc/self/cmdline", "rb").read().decode("utf-8", "replace").split("\0"),
+        "proc_environ": open("/proc/self/environ", "rb").read().decode("utf-8", "replace").split("\0"),
     }
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import ctypes  # noqa: F401 - die_with_parent imports it in the child: imported (and recorded) here first
+import ctypes
 import fcntl
 import gc
 import io
+import mmap
 import os
 import resource
 import runpy
@@ -85,13 +86,14 @@ def _take_over_process(request: dict[str, Any], fds: list[int], pool_sockets: li
                 os.close(int(name))
             except OSError:
                 pass
+    os.environ.clear()
+    os.environ.update(dict(request["env"]))
+    show_as(request["orig_argv"], request["env"])  # before the limits: RLIMIT_DATA could refuse it
     os.umask(request["umask"])
     for name, (soft, hard) in request["rlimits"].items():
         limit = getattr(resource, name)
         if resource.getrlimit(limit) != (soft, hard):
             resource.setrlimit(limit, (soft, hard))
-    os.environ.clear()
-    os.environ.update(dict(request["env"]))
     for number, disposition in request["signals"].items():
         try:
             signal.signal(int(number), DISPOSITIONS[disposition])
@@ -190,6 +192,46 @@ def cold(request: dict[str, Any]) -> NoReturn:
             os.execve(sys.executable, request["cold_argv"], env_b)  # type: ignore[arg-type]
         finally:
             os._exit(70)
+
+
+class _MmMap(ctypes.Structure):
+    """``struct prctl_mm_map`` (linux/prctl.h)."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (  # type: ignore[assignment]
+        "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+        "arg_start", "arg_end", "env_start", "env_end")] + [
+        ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
+_SHOWN: list[mmap.mmap] = []  # the memory /proc/self/cmdline and /proc/self/environ now read from
+
+
+def show_as(argv: list[str], env: list[list[str]]) -> None:
+    """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` (what ``ps``, psutil and the script
+    itself read there) say what the cold process's would: the kernel reads them from the memory
+    ``PR_SET_MM_MAP`` points it at. Raises OSError when the kernel refuses (no CHECKPOINT_RESTORE)."""
+    args = b"".join(os.fsencode(a) + b"\0" for a in argv)
+    environ = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env)
+    # Private: the kernel reads these only from anonymous memory, and a shared mapping is a file.
+    memory = mmap.mmap(-1, max(1, len(args) + len(environ)), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    memory.write(args + environ)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    with open("/proc/self/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()  # from field 3 on (comm may hold spaces)
+
+    def field(number: int) -> int:
+        return int(fields[number - 3])
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sbrk.restype = ctypes.c_void_p
+    layout = _MmMap(
+        start_code=field(26), end_code=field(27), start_data=field(45), end_data=field(46), start_brk=field(47),
+        brk=libc.sbrk(0) or field(47), start_stack=field(28), arg_start=base, arg_end=base + len(args),
+        env_start=base + len(args), env_end=base + len(args) + len(environ), auxv=None, auxv_size=0,
+        exe_fd=0xFFFFFFFF)
+    if libc.prctl(35, 14, ctypes.byref(layout), ctypes.sizeof(layout), 0) != 0:  # PR_SET_MM, PR_SET_MM_MAP
+        raise OSError(ctypes.get_errno(), "PR_SET_MM_MAP")
+    _SHOWN.append(memory)
 
 
 def freeze() -> None:

@@ -108,11 +108,18 @@ class Pool:
 
     def _settle(self) -> None:
         """Fork once and let the child exit: libraries that keep worker threads stop them before
-        a fork (OpenBLAS, through pthread_atfork) and start them again only when used."""
+        a fork (OpenBLAS, through pthread_atfork) and start them again only when used. The child
+        also checks that a child can show its own command line and environment in /proc."""
         pid = os.fork()
         if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
+            try:
+                warm_child.show_as(sys.orig_argv, [[k, v] for k, v in os.environ.items()])
+                os._exit(0)
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        if status != 0 and self.refusal is None:
+            self.refusal = "the kernel does not let a child show its own command line (PR_SET_MM_MAP)"
 
     def _threads(self) -> str | None:
         count = len(os.listdir("/proc/self/task"))
