@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.launch import warm_proto, warm_server
+from phalanx.launch import warm_checks, warm_proto
 
 from .conftest import PROBE, ensure_pool, pool_info, run, script, served, start, wait_for
 
@@ -196,9 +196,9 @@ def test_initialised_cuda_refuses_with_a_fake_torch_cuda(monkeypatch):
     fake = type(sys)("torch.cuda")
     fake.is_initialized = lambda: True  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch.cuda", fake)
-    assert warm_server._cuda() == "CUDA is initialised in the pool"
+    assert warm_checks.cuda() == "CUDA is initialised in the pool"
     fake.is_initialized = lambda: False  # type: ignore[attr-defined]
-    assert warm_server._cuda() is None
+    assert warm_checks.cuda() is None
 
 
 def test_a_pool_answers_status_and_stops(pool_dir):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import os
 import socket
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,9 @@ SCAN_LIMIT = 32  # local modules followed when looking for what a script imports
 def apply(plan: Plan, spec: JobSpec, idle_s: float, directory: str | None = None) -> Plan:
     """``plan`` with its Python processes started warm. Pure apart from reading the script (to
     see whether it imports torch) and the environment (where pools live)."""
-    if spec.entrypoint.kind is EntrypointKind.COMMAND:
-        return plan
-    common = ("--dir", directory or warm_proto.pool_dir(os.environ), "--idle", f"{idle_s:g}")
+    if spec.entrypoint.kind is EntrypointKind.COMMAND or not sys.platform.startswith("linux"):
+        return plan  # commands exec another program; the pool needs Linux (/proc, prctl, SCM_RIGHTS)
+    common = ("--dir", os.path.abspath(directory or warm_proto.pool_dir(os.environ)), "--idle", f"{idle_s:g}")
     worker = _options(common, script_preloads(spec))
     return replace(plan, nodes=tuple(_node(node, common, worker) for node in plan.nodes))
 

@@ -33,7 +33,6 @@ import threading
 import traceback
 import types
 
-from .procs import die_with_parent
 from .warm_imports import Restorer
 
 TYPE_CHECKING = False
@@ -47,7 +46,8 @@ BOOTSTRAP = "phalanx.launch.bootstrap"
 
 
 def become(request: dict[str, Any], fds: list[int], restorer: Restorer, pool_sockets: list[socket.socket]) -> list[str]:
-    """Take the client's place. For a worker (the pool's own module, the bootstrap) return its
+    """Take the client's place; the pool's imports are already kept aside (``restorer``, hidden
+    and installed in the pool before the fork). For a worker (the pool's own module) return its
     arguments: the caller returns them up to the bootstrap's ``main()``, which goes on as the cold
     worker would. Any other module runs here, as ``python -m`` runs it, and this never returns."""
     module = request["module"]
@@ -56,8 +56,7 @@ def become(request: dict[str, Any], fds: list[int], restorer: Restorer, pool_soc
         # What the pool's start-up (a bootstrap's) left in the importer cache, less its own sys.path[0].
         started = set(restorer.rec.importers[1:])
         _take_over_interpreter(request, fresh_main=module != BOOTSTRAP, importers=started)
-        restorer.hide()
-        restorer.install()
+        restorer.started()
         signal.pthread_sigmask(signal.SIG_SETMASK, [signal.Signals(s) for s in request["mask"]])
     except BaseException:  # noqa: BLE001 - nothing of the script has run: start it cold
         cold(request)
@@ -68,7 +67,9 @@ def become(request: dict[str, Any], fds: list[int], restorer: Restorer, pool_soc
 
 def _take_over_process(request: dict[str, Any], fds: list[int], pool_sockets: list[socket.socket]) -> None:
     os.setsid()
-    die_with_parent(signal.SIGKILL)  # until the module sets its own: nothing outlives the pool
+    # Until the module sets its own, nothing outlives the pool. Not procs.die_with_parent: that
+    # imports ctypes, and an import here would bring it back into sys.modules before its time.
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     signal.set_wakeup_fd(-1)
     for sock in pool_sockets:
         sock.detach()  # their descriptors are closed below; the objects must not close them again

@@ -42,13 +42,14 @@ def _inherited() -> "list[int]":
 
 _INHERITED = _inherited()
 
-import io  # noqa: E402 - after the baseline: this module's own imports are not the cold start's
+# Only C modules and what the interpreter has loaded already: this runs before every warm start
+# (``signal``, ``socket`` and ``json`` would pull in ``enum`` and ``re``: tens of milliseconds).
+import _signal as signal  # noqa: E402 - after the baseline: this module's own imports are not the cold start's
+import _socket  # noqa: E402
+import io  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
 
 from . import warm_proto  # noqa: E402
-from .procs import die_with_parent  # noqa: E402
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,11 +64,20 @@ FORWARDED = sorted(s for s in signal.valid_signals() if s not in NOT_FORWARDED a
 DEATHSIG = {"phalanx.launch.agent": signal.SIGTERM}  # the agent's own PR_SET_PDEATHSIG; else SIGKILL
 
 
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL), as ``procs.die_with_parent`` (not imported: it loads ``signal``)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str]) -> "NoReturn":
     options, module, args = _parse(argv)
     started = _capture()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    die_with_parent(signal.SIGKILL)
+    _die_with_parent()
     cold = _cold_argv(module, args)
     environ = os.environ
     directory = options.get("--dir") or warm_proto.pool_dir(environ)
@@ -179,7 +189,7 @@ def _ask(directory: str, key: str, options: dict[str, str], module: str, args: l
     return reply
 
 
-def _connect(directory: str, key: str, idle: float, preload: "list[str]", cold: "list[str]") -> "socket.socket | str":
+def _connect(directory: str, key: str, idle: float, preload: "list[str]", cold: "list[str]") -> "_socket.socket | str":
     """A connection to this environment's pool, or why there is none (then one is starting)."""
     path = os.path.join(directory, f"{key}.sock")
     sock = _try_connect(path)
@@ -235,8 +245,8 @@ def _spawn_detached(argv: "list[str]", env: "dict[str, str]", lock: int, log_pat
     os.waitpid(pid, 0)
 
 
-def _try_connect(path: str) -> "socket.socket | None":
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _try_connect(path: str) -> "_socket.socket | None":
+    sock = warm_proto.unix_socket()
     try:
         sock.connect(path)
         return sock
@@ -271,7 +281,7 @@ def _stand_in(pid: int, channel: warm_proto.Channel, mask: "Any") -> "NoReturn":
     if pidfd is not None:
         import select
 
-        select.select([pidfd], [], [])
+        select.select([pidfd], [], [])  # readable when the child has exited
     _die_of(signal.SIGKILL)
 
 

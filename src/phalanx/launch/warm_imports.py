@@ -188,21 +188,27 @@ class Recorder:
 
 
 class Restorer:
-    """In a forked child: keeps the pool's imports aside until the script imports them."""
+    """Keeps the pool's imports aside until a script imports them. The pool hides them once after
+    its imports (``hide`` + ``install``), so that every child it forks starts that way without
+    touching a thousand modules (which would copy their pages); ``unhide`` undoes it for the
+    pool's own later imports."""
 
     def __init__(self, recorder: Recorder, on_miss: "Callable[[str], None] | None" = None) -> None:
         self.rec = recorder
         self.on_miss = on_miss
         self.hidden: "dict[str, ModuleType]" = {}
+        self.order: dict[str, int] = {}  # where each hidden module stood in sys.modules
         self.detached: dict[str, tuple[Any, str]] = {}  # module -> (parent module, attribute)
         self.path: list[str] = []
+        self._original: Any = None
 
     def hide(self) -> None:
         """Take every module the start-up did not import out of ``sys.modules``, with its
-        attribute on its parent package and the registry entries its import made."""
+        attribute on its parent package and the registry entries its import made. Idempotent."""
         base = set(self.rec.baseline)
-        for name in list(sys.modules):
+        for index, name in enumerate(list(sys.modules)):
             if name not in base:
+                self.order[name] = index
                 self.hidden[name] = sys.modules.pop(name)
         for name, module in self.hidden.items():
             parent_name, _, attr = name.rpartition(".")
@@ -223,9 +229,36 @@ class Restorer:
                 calls[:] = [c for c in calls if getattr(c, "func", None) is not payload[0]]
         self.path = list(sys.path)
 
+    def hidden_cleanly(self) -> bool:
+        """``sys.modules`` is still exactly the start-up's (nothing was imported since ``hide``)."""
+        return list(sys.modules) == list(self.rec.baseline)
+
+    def unhide(self) -> None:
+        """Put every module back as the pool had it, and what their imports registered."""
+        for name in sorted(self.hidden, key=lambda n: self.order.get(n, 0)):
+            sys.modules[name] = self.hidden.pop(name)
+        for name, (parent, attr) in self.detached.items():
+            parent.__dict__[attr] = sys.modules[name]
+        self.detached.clear()
+        for _owner, kind, payload in self.rec.effects:
+            _redo(kind, payload)
+
     def install(self) -> None:
-        self._original = _bootstrap._find_and_load_unlocked  # type: ignore[attr-defined]
-        _bootstrap._find_and_load_unlocked = self._find_and_load_unlocked  # type: ignore[attr-defined]
+        """Route imports through the modules kept aside (replaces the import system's
+        ``_find_and_load_unlocked``: ``sys.meta_path`` and the rest stay as they are)."""
+        if self._original is None:
+            self._original = _bootstrap._find_and_load_unlocked  # type: ignore[attr-defined]
+            _bootstrap._find_and_load_unlocked = self._find_and_load_unlocked  # type: ignore[attr-defined]
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            _bootstrap._find_and_load_unlocked = self._original  # type: ignore[attr-defined]
+            self._original = None
+
+    def started(self) -> None:
+        """In the child, once it has the script's sys.path: changes to it from here on may make
+        another module win (``_shadowed``)."""
+        self.path = list(sys.path)
 
     def _find_and_load_unlocked(self, name: str, import_: "Callable[[str], Any]") -> "ModuleType":
         if name not in self.hidden:

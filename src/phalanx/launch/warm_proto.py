@@ -3,32 +3,37 @@ messages between them.
 
 A pool serves one user, one interpreter (executable, prefix, version, flags) and one environment,
 less the variables that differ from run to run by design (``RUN_VARIABLES``): torchrun's and
-phalanx's per-process variables, which nothing reads when a module is imported. Everything else
-in the environment may change what an import does (``OMP_NUM_THREADS`` sizes OpenMP's pool when
-the library loads, ``PYTHONPATH`` decides what is found), so it is part of the key: a different
-environment gets a different pool.
+phalanx's per-process variables, which nothing reads when a module is imported, and what shells
+and terminals set per session. Everything else in the environment may change what an import
+does (``OMP_NUM_THREADS`` sizes OpenMP's pool when the library loads, ``PYTHONPATH`` decides what
+is found), so it is part of the key: a different environment gets a different pool. The key only
+finds the pool; the pool compares interpreter and environment itself.
 
 Pools live in a private directory (0700, owned by the user, never a symlink): ``$PHALANX_WARM_DIR``,
 else ``$XDG_RUNTIME_DIR/phalanx-warm``, else ``/tmp/phalanx-warm-<uid>``. Per pool:
-``<key>.sock`` (the socket), ``<key>.json`` (what ``phalanx pool status`` shows), ``<key>.log``
-(the pool's notes, and every fallback to a cold start with its reason), ``<key>.lock`` (held
-while a client starts the pool), ``<key>.off`` (the pool cannot serve this environment: why).
+``<key>.sock`` (the socket), ``<key>.log`` (the pool's notes, and every fallback to a cold start
+with its reason) and ``<key>.lock`` (held by the live pool, handed to it by the client that
+started it: one pool per environment).
 
-Messages are a 4-byte big-endian length and that much JSON; the request carries the client's
-stdin, stdout, stderr and working directory as file descriptors (SCM_RIGHTS).
+Messages are a 4-byte big-endian length and a ``marshal``-encoded value (both ends run the same
+interpreter; the pool reads nothing before it checked the caller's uid); a run request carries
+the client's descriptors and working directory (SCM_RIGHTS).
 
-Stdlib only, and only light modules: every warm start imports this.
+Only C modules and ones the interpreter has already loaded: every warm start imports this, and
+its cost is on every start.
 """
 
-import hashlib
-import json
+import _socket
+import array
+import marshal
 import os
-import socket
 import stat
 import struct
 import sys
+import time
+import zlib
 
-PROTOCOL = 1
+PROTOCOL = 2
 
 # Set per process by torchrun or phalanx, or per trial by a sweep: they differ between the
 # requests one pool serves. None of them is read when torch (or numpy) is imported.
@@ -55,12 +60,12 @@ def is_run_variable(name: str) -> bool:
     return name in RUN_VARIABLES or name.startswith(RUN_PREFIXES)
 
 
-def pool_environment(environ: "dict[str, str] | os._Environ[str]") -> dict[str, str]:
+def pool_environment(environ: "dict[str, str] | os._Environ[str]") -> "dict[str, str]":
     """The environment a pool runs (and imports) with: the caller's, less the per-run variables."""
     return {k: v for k, v in environ.items() if not is_run_variable(k)}
 
 
-def interpreter() -> dict[str, object]:
+def interpreter() -> "dict[str, object]":
     """What makes two interpreters interchangeable for a pool (``-u`` is not among them: each
     child's standard streams are rebuilt from the request)."""
     return {
@@ -71,9 +76,11 @@ def interpreter() -> dict[str, object]:
 
 
 def pool_key(environ: "dict[str, str] | os._Environ[str]") -> str:
-    identity = {"protocol": PROTOCOL, "uid": os.geteuid(), "interpreter": interpreter(),
-                "env": sorted(pool_environment(environ).items())}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("ascii")).hexdigest()[:20]
+    # Not marshal: its bytes depend on interning and reference counts, not only on the value.
+    parts = [str(PROTOCOL), str(os.geteuid()), *sorted(map(str, interpreter().items())),
+             *(f"{k}={v}" for k, v in sorted(pool_environment(environ).items()))]
+    identity = "\0".join(parts).encode("utf-8", "surrogateescape")
+    return "%08x%08x%08x" % (zlib.crc32(identity), zlib.adler32(identity), zlib.crc32(identity, 0x9E3779B9))
 
 
 def pool_dir(environ: "dict[str, str] | os._Environ[str]") -> str:
@@ -85,7 +92,7 @@ def pool_dir(environ: "dict[str, str] | os._Environ[str]") -> str:
     return f"/tmp/phalanx-warm-{os.geteuid()}"
 
 
-def private_dir(path: str) -> str | None:
+def private_dir(path: str) -> "str | None":
     """Create ``path`` (0700) if needed; None when it is fit for sockets, else why not."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
@@ -103,8 +110,6 @@ def private_dir(path: str) -> str | None:
 
 def note(path: str, text: str) -> None:
     """Append one line to a pool's log; never fails the caller."""
-    import time
-
     line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{os.getpid()}] {text}\n"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -116,23 +121,30 @@ def note(path: str, text: str) -> None:
         pass
 
 
-def peer_uid(conn: "socket.socket") -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+def unix_socket() -> "_socket.socket":
+    return _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+
+
+def peer_uid(conn: "_socket.socket") -> int:
+    creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", creds)[1])
 
 
 class Channel:
-    """Length-prefixed JSON messages over a Unix stream socket, with file descriptors."""
+    """Length-prefixed ``marshal`` messages over a Unix stream socket, with file descriptors."""
 
-    def __init__(self, sock: "socket.socket") -> None:
+    def __init__(self, sock: "_socket.socket") -> None:
         self.sock = sock
         self._buf = b""
-        self._fds: list[int] = []
+        self._fds: "list[int]" = []
 
     def send(self, message: object, fds: "list[int] | tuple[int, ...]" = ()) -> None:
-        data = json.dumps(message).encode("ascii")
+        data = marshal.dumps(message, 4)  # type: ignore[arg-type]
         frame = LENGTH.pack(len(data)) + data
-        sent = socket.send_fds(self.sock, [frame], list(fds)) if fds else self.sock.send(frame)
+        if fds:
+            sent = self.sock.sendmsg([frame], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+        else:
+            sent = self.sock.send(frame)
         if sent < len(frame):
             self.sock.sendall(frame[sent:])
 
@@ -147,9 +159,13 @@ class Channel:
                     data = self._buf[LENGTH.size:LENGTH.size + size]
                     self._buf = self._buf[LENGTH.size + size:]
                     fds, self._fds = self._fds, []
-                    return json.loads(data), fds
-            chunk, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, MAX_FDS)
-            self._fds.extend(fds)
+                    return marshal.loads(data), fds
+            chunk, ancillary, _flags, _addr = self.sock.recvmsg(1 << 16, _socket.CMSG_SPACE(MAX_FDS * 4))
+            for level, kind, payload in ancillary:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    given = array.array("i")
+                    given.frombytes(payload[: len(payload) - len(payload) % given.itemsize])
+                    self._fds.extend(given)
             if not chunk:
                 for fd in self._fds:
                     os.close(fd)

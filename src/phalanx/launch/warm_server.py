@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import select
 import signal
 import socket
 import sys
 import time
 
-from . import warm_child, warm_proto
+from . import warm_checks, warm_child, warm_proto
 from .warm_imports import Recorder, Restorer
 
 TYPE_CHECKING = False
@@ -66,7 +67,7 @@ class Pool:
         self.unavailable: list[str] = []
         self.learnt: list[str] = []
         self.refusal: str | None = None
-        self.files: list[tuple[str, int, int]] = []
+        self.changes: warm_checks.Changes | None = None
         self.served = 0
         self.fallbacks = 0
         self.last_fallback = ""
@@ -76,6 +77,7 @@ class Pool:
         self.interpreter = warm_proto.interpreter()
         self.poller = select.poll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.restorer = Restorer(recorder, self._learner())
 
     # -- what it holds ------------------------------------------------------------------------
 
@@ -84,9 +86,11 @@ class Pool:
         import importlib
 
         todo = [n for n in names if n not in self.preloaded and n not in self.unavailable]
-        if not todo and self.files:
+        if not todo and self.changes is not None:
             return
-        descriptors = _descriptors()
+        descriptors = warm_checks.descriptors()
+        self.restorer.uninstall()
+        self.restorer.unhide()
         self.recorder.start()
         try:
             for name in todo:
@@ -99,11 +103,13 @@ class Pool:
         finally:
             self.recorder.stop()
         self._settle()
-        self.refusal = (self.refusal or self.recorder.unexplained() or _foreign(_descriptors() - descriptors)
+        self.refusal = (self.refusal or self.recorder.unexplained() or warm_checks.foreign(warm_checks.descriptors() - descriptors)
                         or self._threads())
-        self.files = _fingerprint()
+        self.changes = warm_checks.Changes(list(sys.modules.values()))
+        self.restorer.hide()  # once here, not in every child: see Restorer
+        self.restorer.install()
         warm_child.freeze()
-        warm_proto.note(self.log, f"holding {', '.join(self.preloaded) or 'the bootstrap'} ({len(sys.modules)} modules)"
+        warm_proto.note(self.log, f"holding {', '.join(self.preloaded) or 'the bootstrap'} ({len(self.restorer.hidden)} modules kept aside)"
                         + (f"; cannot fork: {self.refusal}" if self.refusal else ""))
 
     def _settle(self) -> None:
@@ -157,6 +163,8 @@ class Pool:
                 elif self.listener is not None and fd == self.listener.fileno() and not self.stopping:
                     order = self._accept()
                     if order is not None:
+                        if not self.restorer.hidden_cleanly():  # the pool imported something since
+                            self.restorer.hide()
                         pid = os.fork()
                         if pid == 0:
                             return self._child(*order)
@@ -246,11 +254,10 @@ class Pool:
     def _child(self, request: dict[str, Any], fds: list[int], conn: socket.socket, _channel: object) -> list[str]:
         """In the forked child: become the client's cold start. Never raises."""
         try:
-            restorer = Restorer(self.recorder, self._learner())
             sockets = [s for s in (self.listener, conn, *(c.conn for c in self.children.values())) if s is not None]
         except BaseException:  # noqa: BLE001 - nothing of the script has run: start it cold
             warm_child.cold(request)
-        return warm_child.become(request, fds, restorer, sockets)
+        return warm_child.become(request, fds, self.restorer, sockets)
 
     def _forked(self, pid: int, request: dict[str, Any], fds: list[int], conn: socket.socket,
                 channel: warm_proto.Channel) -> None:
@@ -305,20 +312,16 @@ class Pool:
             return "descriptors missing from the request"
         if not request["session_leader"]:
             return "the client does not lead a session of its own (a child could not be placed like it)"
-        why = self.refusal or self._threads() or _cuda() or self._stale() or _limits(request["rlimits"])
+        why = self.refusal or self._threads() or warm_checks.cuda(self.restorer.hidden) or self._stale() or warm_checks.limits(request["rlimits"])
         held = {*self.preloaded, *self.recorder.loaded}
-        return why or _shadowed(request.get("shadow_dirs", []), held, set(self.recorder.baseline))
+        return why or warm_checks.shadowed(request.get("shadow_dirs", []), held, set(self.recorder.baseline))
 
     def _stale(self) -> str | None:
-        for path, mtime, size in self.files:
-            try:
-                info = os.stat(path)
-            except OSError:
-                info = None
-            if info is None or info.st_mtime_ns != mtime or info.st_size != size:
-                self.retire(f"{path} changed since it was imported")
-                return f"{path} changed since the pool imported it"
-        return None
+        changed = self.changes.changed() if self.changes is not None else None
+        if changed is None:
+            return None
+        self.retire(f"{changed} changed since it was imported")
+        return f"{changed} changed since the pool imported it"
 
     def _client_event(self, child: Child) -> None:
         try:
@@ -366,11 +369,11 @@ class Pool:
     def status(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(), "started": self.started, "executable": sys.executable,
-            "preloaded": self.preloaded, "unavailable": self.unavailable, "modules": len(sys.modules),
+            "preloaded": self.preloaded, "unavailable": self.unavailable, "modules": len(sys.modules) + len(self.restorer.hidden),
             "children": sorted(self.children), "served": self.served, "fallbacks": self.fallbacks,
             "last_fallback": self.last_fallback, "refusal": self.refusal, "stopping": self.stopping,
             "idle_exit": self.idle, "idle_for": 0 if self.children else time.monotonic() - self.last_active,
-            "memory": _memory(),
+            "memory": warm_checks.memory(),
         }
 
 
@@ -387,97 +390,6 @@ def _kill_group(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _descriptors() -> set[int]:
-    found = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            os.fstat(int(name))
-            found.add(int(name))
-        except OSError:
-            pass  # the listing's own descriptor, closed by now
-    return found
-
-
-def _foreign(fds: set[int]) -> str | None:
-    """A descriptor an import opened and kept: a child would close it under the module's feet."""
-    for fd in sorted(fds):
-        try:
-            what = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            what = "?"
-        return f"descriptor {fd} ({what}) left open by an import"
-    return None
-
-
-def _cuda() -> str | None:
-    cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
-        return "CUDA is initialised in the pool"
-    return None
-
-
-def _limits(wanted: dict[str, list[int]]) -> str | None:
-    import resource
-
-    def value(limit: int) -> float:
-        return float("inf") if limit == resource.RLIM_INFINITY else float(limit)
-
-    for name, (_soft, hard) in wanted.items():
-        current = resource.getrlimit(getattr(resource, name))
-        if value(hard) > value(current[1]) and os.geteuid() != 0:
-            return f"{name} hard limit {hard} is above the pool's {current[1]}"
-    return None
-
-
-def _shadowed(dirs: list[str], held: set[str], baseline: set[str]) -> str | None:
-    """A module or package in the script's directory (or the working directory) named like a
-    top-level module the pool holds: a cold start would import that one instead."""
-    tops = {name for name in held if "." not in name} - baseline
-    for directory in dirs:
-        try:
-            entries = os.scandir(directory)
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                name = entry.name.partition(".")[0]
-                if name not in tops:
-                    continue
-                if entry.name.endswith((".py", ".pyc", ".so")) or os.path.exists(os.path.join(entry.path, "__init__.py")):
-                    return f"{entry.path} would shadow the pool's {name}"
-    return None
-
-
-def _fingerprint() -> list[tuple[str, int, int]]:
-    """Every imported module file and every directory on sys.path, with its mtime and size:
-    a change means an installed package changed since the pool imported it."""
-    paths: set[str] = {getattr(m, "__file__") for m in list(sys.modules.values())
-                       if isinstance(getattr(m, "__file__", None), str)}
-    paths.update(p for p in sys.path[1:] if p)
-    files = []
-    for path in sorted(paths):
-        try:
-            info = os.stat(path)
-        except OSError:
-            continue
-        files.append((str(path), info.st_mtime_ns, info.st_size))
-    return files
-
-
-def _memory() -> dict[str, int]:
-    """The pool's own resident and proportional set sizes, in bytes."""
-    sizes = {}
-    try:
-        with open("/proc/self/smaps_rollup") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                if key in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
-                    sizes[key.lower()] = int(rest.split()[0]) * 1024
-    except OSError:
-        pass
-    return sizes
 
 
 def _listen(path: str) -> socket.socket:
