@@ -232,3 +232,20 @@ def test_children_of_a_killed_stand_in_started_before_it_forked_are_killed(tmp_p
         from .conftest import wait_gone
 
         assert wait_gone([int(pid_file.read_text())]) == []
+
+
+def test_the_pool_learns_what_a_script_imports_behind_the_readers_back(tmp_path, pool_dir):
+    """The plan reads the script for torch; an import it cannot see is learnt by the pool from the
+    run, and held for the next one."""
+    from phalanx.launch import warm_proto
+
+    ensure_pool(pool_dir)
+    hidden = tmp_path / "hidden.py"
+    hidden.write_text("import importlib\nprint(importlib.import_module('tor' + 'ch').__name__)\n")
+    assert run(script(hidden), pool_dir).stdout == "torch\n"
+    key = warm_proto.pool_key(os.environ)
+    wait_for(lambda: any("torch" in p.get("preloaded", []) for p in pool_info(pool_dir) if p["key"] == key),
+             timeout=300, what="the pool to hold torch")
+    before = served(pool_dir)
+    assert run(script(hidden), pool_dir).stdout == "torch\n"
+    assert served(pool_dir) == before + 1

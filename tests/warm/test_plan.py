@@ -67,3 +67,13 @@ def test_preloads_follow_the_scripts_imports_into_modules_next_to_it(tmp_path):
     module = JobSpec(Entrypoint(EntrypointKind.MODULE, "helpers.model"), workdir=str(tmp_path))
     assert warm.script_preloads(module) == ("torch", "numpy")
     assert warm.script_preloads(spec.with_(entrypoint=Entrypoint(EntrypointKind.SCRIPT, "missing.py"))) == ()
+
+
+def test_the_host_facts_are_what_the_stand_ins_are_told(tmp_path):
+    script = _script(tmp_path, "print(1)\n")
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(script)), workdir=str(tmp_path), warm=True)
+    cold = _plan(spec.with_(warm=False))
+    plan = warm.apply(cold, spec, warm.WarmFacts("/run/user/7/phalanx-warm", 90.0))
+    (proc,) = plan.nodes[0].processes
+    assert proc.argv[4:8] == ("--dir", "/run/user/7/phalanx-warm", "--idle", "90")
+    assert warm.apply(cold, spec, warm.WarmFacts("/x", 1.0)) == warm.apply(cold, spec, warm.WarmFacts("/x", 1.0))

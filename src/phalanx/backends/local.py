@@ -116,10 +116,9 @@ class LocalBackend(Backend):
         nodes = build_nodes(spec, topo, paths, hosts, (LOOPBACK,) * nnodes, net_env)
         plan = Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace)
         if spec.warm:  # started from this machine's warm interpreter pool (launch/warm.py)
-            from .. import config
             from ..launch import warm
 
-            plan = warm.apply(plan, submitted, 60.0 * float(config.get("warm_idle")))
+            plan = warm.apply(plan, submitted, warm.facts())  # facts: a host look-up, as local_gpu_count
         return plan
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:

@@ -19,7 +19,7 @@ import ast
 import os
 import socket
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,28 @@ TORCHRUN_PRELOAD = ("torch.distributed.run", "torch.distributed.launcher.api",
 SCAN_LIMIT = 32  # local modules followed when looking for what a script imports
 
 
-def apply(plan: Plan, spec: JobSpec, idle_s: float, directory: str | None = None) -> Plan:
-    """``plan`` with its Python processes started warm. Pure apart from reading the script (to
-    see whether it imports torch) and the environment (where pools live)."""
+@dataclass(frozen=True)
+class WarmFacts:
+    """Where this machine's pools live and how long an idle one waits: facts of the host, looked
+    up once per submission (``facts``), so that ``apply`` stays a function of its arguments."""
+
+    directory: str
+    idle_s: float
+
+
+def facts() -> WarmFacts:
+    """The pool directory (``warm_proto.pool_dir``) and the ``warm_idle`` setting. Impure."""
+    from .. import config
+
+    return WarmFacts(os.path.abspath(warm_proto.pool_dir(os.environ)), 60.0 * float(config.get("warm_idle")))
+
+
+def apply(plan: Plan, spec: JobSpec, host: WarmFacts) -> Plan:
+    """``plan`` with its Python processes started warm. Reads the script (to see whether it
+    imports torch), nothing else."""
     if spec.entrypoint.kind is EntrypointKind.COMMAND or not sys.platform.startswith("linux"):
         return plan  # commands exec another program; the pool needs Linux (/proc, prctl, SCM_RIGHTS)
-    common = ("--dir", os.path.abspath(directory or warm_proto.pool_dir(os.environ)), "--idle", f"{idle_s:g}")
+    common = ("--dir", host.directory, "--idle", f"{host.idle_s:g}")
     worker = _options(common, script_preloads(spec))
     return replace(plan, nodes=tuple(_node(node, common, worker) for node in plan.nodes))
 
