@@ -201,6 +201,7 @@ class Restorer:
         self.detached: dict[str, tuple[Any, str]] = {}  # module -> (parent module, attribute)
         self.path: list[str] = []
         self._original: Any = None
+        self._missing = 0  # depth of imports the pool did not hold, under way
 
     def hide(self) -> None:
         """Take every module the start-up did not import out of ``sys.modules``, with its
@@ -262,9 +263,13 @@ class Restorer:
 
     def _find_and_load_unlocked(self, name: str, import_: "Callable[[str], Any]") -> "ModuleType":
         if name not in self.hidden:
-            if self.on_miss is not None:
+            if self.on_miss is not None and not self._missing:  # the outermost import only
                 self.on_miss(name)
-            return self._original(name, import_)  # type: ignore[no-any-return]
+            self._missing += 1
+            try:
+                return self._original(name, import_)  # type: ignore[no-any-return]
+            finally:
+                self._missing -= 1
         parent = name.rpartition(".")[0]
         if parent and parent not in sys.modules:
             import_(parent)

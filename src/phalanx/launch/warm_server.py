@@ -175,9 +175,11 @@ class Pool:
             if not self.children and time.monotonic() - self.last_active > self.idle:
                 warm_proto.note(self.log, f"idle for {self.idle:g}s: exiting")
                 return None
-            if self.learnt and not self.children:
+            if self.learnt:  # blocks this loop for an import, once: later starts gain it every time
                 learnt, self.learnt = self.learnt, []
                 self.preload(learnt)
+                if self.refusal:  # what a run taught it spoilt it: make way for a fresh pool
+                    self.retire(f"cannot fork after importing {', '.join(learnt)}: {self.refusal}")
             for fd, _events in self.poller.poll(self._timeout()):
                 if fd == self._wake_r:
                     _drain(fd)
@@ -257,7 +259,9 @@ class Pool:
                 self.retire("asked to stop")
                 channel.send({"stopping": True, "children": len(self.children)})
             elif op == "learn":
-                self.learnt += [m for m in request.get("modules", []) if m in warm_proto.PRELOADABLE]
+                self.learnt += [m for m in request.get("modules", [])
+                                if isinstance(m, str) and m.partition(".")[0] in warm_proto.PRELOADABLE
+                                and m not in self.learnt and m not in self.unavailable]
         except (OSError, ValueError, AssertionError, KeyError, TypeError) as exc:
             warm_proto.note(self.log, f"bad request: {type(exc).__name__}: {exc}")
         for fd in fds:
@@ -303,7 +307,9 @@ class Pool:
         path, held, told = self.path, set(self.preloaded), set()
 
         def on_miss(name: str) -> None:
-            if name not in warm_proto.PRELOADABLE or name in held or name in told:
+            # torch imports much of itself lazily (torch._dynamo on the first optimizer step):
+            # what a script's run brought in, the next run finds held.
+            if name.partition(".")[0] not in warm_proto.PRELOADABLE or name in held or name in told:
                 return
             told.add(name)
             try:
