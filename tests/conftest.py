@@ -32,3 +32,44 @@ def phalanx(*args: str, timeout: float = 180, check: bool = False, cwd: Path = R
     if check and proc.returncode != 0:
         raise AssertionError(f"phalanx {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_pools(tmp_path_factory):
+    """Warm pools (launch/warm.py) live in a directory of the suite's own, and are stopped, and
+    waited for, at the end. The suite runs cold (its process-tree checks expect a cold tree) unless
+    PHALANX_TEST_WARM=1; tests/warm turns warm starts on where it tests them."""
+    directory = tmp_path_factory.mktemp("warm")
+    os.chmod(directory, 0o700)
+    saved = {k: os.environ.get(k) for k in ("PHALANX_WARM_DIR", "PHALANX_WARM")}
+    os.environ["PHALANX_WARM_DIR"] = str(directory)
+    os.environ["PHALANX_WARM"] = "1" if os.environ.get("PHALANX_TEST_WARM") == "1" else "0"
+    yield directory
+    from phalanx.launch import warm
+
+    stop_pools(warm, str(directory))
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def stop_pools(warm, directory: str, timeout: float = 30.0) -> None:
+    """Stop every pool in ``directory`` and wait until each has exited."""
+    import time
+
+    pids = [p["pid"] for p in warm.stop(directory)]
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+        time.sleep(0.05)
+    assert not pids, f"warm pools {pids} did not exit"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -30,6 +30,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("grace", 30.0, float, "Seconds a stopped job gets between SIGTERM and SIGKILL."),
     Setting("ps_limit", 50, int, "Rows `phalanx ps --all` shows unless --limit is given."),
     Setting("state_sync_interval", 60.0, float, "Seconds between uploads of the state directory to --state."),
+    Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
+            "Start local runs and sweep trials from a warm interpreter pool (see README, Warm starts); --cold turns it off per run."),
+    Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -54,6 +54,7 @@ FILE_KEYS = {
     "output": "URI the outputs and logs are uploaded to at the end",
     "skip_if_done": "do nothing if the last successful run of this name had the same inputs",
     "snapshot": "run from a copy of the working directory taken at submit time (default true)",
+    "warm": "start from a warm interpreter pool (default: the warm setting, true)",
     "backend_options": "options of the backend (mapping), e.g. {hosts: 'gpu1,gpu2'} for ssh",
     "sagemaker": "SageMaker settings: role, instance_type, vpc, volume_size, tags, kms, max_run, max_wait... (mapping)",
     "sweep": "sweep settings: strategy, trials, seed, objective, early_stop, parallel, fail_fast",
@@ -92,6 +93,7 @@ class RunOptions:
     output: str | None = None
     skip_if_done: bool | None = None
     snapshot: bool | None = None
+    warm: bool | None = None
     strategy: str | None = None
     trials: int | None = None
     seed: int | None = None
@@ -198,7 +200,9 @@ def build_spec(opts: RunOptions) -> JobSpec:
         max_restarts=int(opts.max_restarts if opts.max_restarts is not None else file.get("max_restarts", 0)),
         grace=float(opts.grace if opts.grace is not None else file.get("grace", _default_grace())),
     )
-    spec = spec.with_(**_survival(opts, file), **_monitoring(opts, file), **_data(opts, file, base_dir, workdir, entry))
+    warm = _pick(opts.warm, file, "warm", None)
+    spec = spec.with_(**_survival(opts, file), **_monitoring(opts, file), **_data(opts, file, base_dir, workdir, entry),
+                      warm=_default_warm() if warm is None else bool(warm))
     spec = _what_the_script_sees(spec, named=bool(opts.name or file.get("name")),
                                  framework_given=bool(opts.framework or file.get("framework")))
     given = {k: v for k, v in opts.backend_options.items() if v is not None and v != [] and v is not False}
@@ -360,6 +364,12 @@ def _default_backend() -> str:
     from . import config
 
     return str(config.get("backend"))
+
+
+def _default_warm() -> bool:
+    from . import config
+
+    return bool(config.get("warm"))
 
 
 def _default_grace() -> float:

@@ -140,6 +140,9 @@ class Backend(abc.ABC):
     # Seconds ``phalanx stop`` waits, beyond the grace period, for the ranks to end: a platform that
     # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
     stop_margin: float = 15.0
+    # The plan's Python processes start on this machine with its interpreter, so the supervisor
+    # may start them from the warm pool (``launch/warm.py``, applied in ``supervise.submit``).
+    warm_starts: bool = False
 
     def validated(self, spec: JobSpec) -> JobSpec:
         """``spec`` with this backend's options checked and their defaults filled in. Raises

@@ -27,6 +27,7 @@ LOOPBACK = "127.0.0.1"
 
 class LocalBackend(Backend):
     name = "local"
+    warm_starts = True  # its Python processes start here, from this interpreter (launch/warm.py)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:
@@ -60,7 +61,9 @@ class LocalBackend(Backend):
             proc = node.processes[0]
             popen = commands.spawn(proc.argv, {**node.env, **proc.env}, log, cwd=node.cwd)
             return SingleProcessNode(node, proc.rank, popen, paths, attempt)
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, {}, log, cwd=node.cwd), paths, attempt)
+        # The agent applies node.env to itself anyway; starting it with it lets a warm agent share
+        # its workers' pool (one pool per environment).
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, node.env, log, cwd=node.cwd), paths, attempt)
 
 
 class SingleProcessNode(NodeHandle):

@@ -106,6 +106,7 @@ def run_cmd(
     output: Optional[str] = typer.Option(None, "--output", help="Upload PHALANX_OUTPUT_DIR and the logs to this URI at the end."),
     skip_if_done: bool = typer.Option(False, "--skip-if-done", help="Do nothing if the last successful run of this name had the same code, command and inputs."),
     no_snapshot: bool = typer.Option(False, "--no-snapshot", help="Run from the working directory itself, not from a copy taken at submit time."),
+    cold: bool = typer.Option(False, "--cold", "--no-warm", help="Start every process cold, not from the warm interpreter pool (see: phalanx pool --help)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="Sweep: grid (default for finite spaces), random or tpe."),
     trials: Optional[int] = typer.Option(None, "--trials", help="Sweep: number of trials (random, tpe; caps a grid)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sweep: seed of random and tpe."),
@@ -175,6 +176,7 @@ def run_cmd(
             retry_on_exit_codes=retry_on_exit_codes, stall_timeout=stall_timeout, state=state, metrics=metric,
             auto_metrics=False if no_auto_metrics else None, sample_interval=sample_interval,
             inputs=inputs, output=output, skip_if_done=skip_if_done or None, snapshot=False if no_snapshot else None,
+            warm=False if cold else None,
             strategy=strategy, trials=trials, seed=seed, objective=objective, early_stop=early_stop,
             parallel=parallel, fail_fast=fail_fast or None,
             backend_options={"hosts": hosts, "hostfile": hostfile, "shared_fs": shared_fs, "remote_python": remote_python,
@@ -227,12 +229,14 @@ def _register_subcommands() -> None:
     from .control import register as register_control
     from .data import register as register_data
     from .observe import register as register_observe
+    from .pool import pool_app
     from .sweep import sweep_app
 
     register_control(app)
     app.add_typer(sweep_app, name="sweep")
     register_observe(app)
     register_data(app)
+    app.add_typer(pool_app, name="pool")
 
 
 _register_subcommands()

@@ -216,6 +216,7 @@ class JobSpec:
     # The state directory's key ($PHALANX_HOME/state/<key>), shared on purpose only: the
     # --name given, or derived from --state; resolved per job otherwise (storage/statedir.py).
     state_name: str = ""
+    warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm.py)
 
     @property
     def state_key(self) -> str:
@@ -282,6 +283,7 @@ class JobSpec:
             snapshot=bool(data.get("snapshot", False)),
             code_dir=str(data.get("code_dir", "")),
             state_name=str(data.get("state_name", "")),
+            warm=bool(data.get("warm", False)),
         )
 
 
