@@ -15,7 +15,8 @@ For that the pool records, while it imports (``Recorder``):
   the end of ``sys.modules`` when it is done, so that is everything from where it was inserted),
   which also catches modules that extensions put there themselves;
 - what loading it registered in registries shared with modules a script may import without it:
-  warning filters, ``atexit`` and ``threading`` exit callbacks, ``copyreg`` picklers. A child
+  warning filters, ``atexit`` and ``threading`` exit callbacks, ``copyreg`` picklers, and the
+  environment variables it set or removed. A child
   undoes those of the modules it keeps aside and redoes them, in the original order, when it
   imports the module (``Restorer``).
 
@@ -100,6 +101,7 @@ class Recorder:
             self.asked.setdefault(self.loading[-1], []).append(spec.name)
         self._accounted.add(spec.name)
         self.loading.append(spec.name)
+        environ = dict(os.environ)
         try:
             module = self._orig__load_unlocked(spec)  # type: ignore[attr-defined]
             self._sync()
@@ -109,6 +111,11 @@ class Recorder:
         finally:
             self.loading.pop()
         self.loaded[spec.name] = list(sys.modules)[start:]
+        # Variables its loading set or removed (torch._inductor sets TORCHINDUCTOR_CACHE_DIR): a
+        # child's environment is the client's, so they are set again when it imports the module.
+        for key in sorted(set(environ) | set(os.environ)):
+            if environ.get(key) != os.environ.get(key):
+                self.effects.append((spec.name, "environ", (key, os.environ.get(key))))
         if spec.name in ("copyreg", "threading"):
             self._patch_late(spec.name)
         return module  # type: ignore[no-any-return]
@@ -386,7 +393,13 @@ RESEED: "dict[str, Callable[[Any], None]]" = {
 
 
 def _redo(kind: str, payload: "Any") -> None:
-    if kind == "filter":
+    if kind == "environ":
+        key, value = payload
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    elif kind == "filter":
         item, append = payload
         warnings._add_filter(*item, append=append)  # type: ignore[attr-defined]
     elif kind == "atexit":

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     Order = tuple[dict[str, Any], list[int], socket.socket, warm_proto.Channel]
 
 
+CHECK_MS = 2000  # how often the pool looks whether its socket is still there
+
+
 class Child:
     def __init__(self, pid: int, conn: socket.socket, channel: warm_proto.Channel, deathsig: int) -> None:
         self.pid = pid
@@ -180,6 +183,7 @@ class Pool:
                 self.preload(learnt)
                 if self.refusal:  # what a run taught it spoilt it: make way for a fresh pool
                     self.retire(f"cannot fork after importing {', '.join(learnt)}: {self.refusal}")
+            self._check_socket()
             for fd, _events in self.poller.poll(self._timeout()):
                 if fd == self._wake_r:
                     _drain(fd)
@@ -197,8 +201,21 @@ class Pool:
 
     def _timeout(self) -> int:
         if self.children:
-            return -1
-        return max(0, int((self.idle - (time.monotonic() - self.last_active)) * 1000)) + 50
+            return CHECK_MS
+        return min(CHECK_MS, max(0, int((self.idle - (time.monotonic() - self.last_active)) * 1000)) + 50)
+
+    def _check_socket(self) -> None:
+        """Retire when our socket is gone or another replaced it: the directory was removed (the
+        user's ``XDG_RUNTIME_DIR`` goes when their last session ends), or a pool that cannot be
+        found must not wait for work that can never reach it."""
+        if self.stopping or self.listener is None:
+            return
+        try:
+            ours = os.stat(self.path).st_ino == self.socket_inode
+        except OSError:
+            ours = False
+        if not ours:
+            self.retire(f"its socket {self.path} was removed or replaced")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
