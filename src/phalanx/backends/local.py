@@ -30,6 +30,7 @@ LOOPBACK = "127.0.0.1"
 class LocalBackend(Backend):
     name = "local"
     _lent: Console | None = None
+    warm_starts = True  # its Python processes start here, from this interpreter (launch/warm.py)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:
@@ -87,7 +88,10 @@ class LocalBackend(Backend):
                 raise
             streams.started()
             return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
-        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, tty, log, cwd=node.cwd), paths, attempt)
+        # The agent applies node.env to itself anyway; starting it with it lets a warm agent share
+        # its workers' pool (one pool per environment).
+        agent_env = {**node.env, **tty}
+        return LocalNode(node.node_rank, commands.spawn(node.agent_argv, agent_env, log, cwd=node.cwd), paths, attempt)
 
 
 def _lone(node: NodePlan) -> bool:
