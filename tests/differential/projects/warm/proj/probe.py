@@ -2,6 +2,7 @@
 differential test of warm starts runs this under `phalanx run --cold` and `phalanx run` (warm)."""
 
 import os
+import re
 import signal
 import sys
 import traceback
@@ -29,7 +30,10 @@ def descriptors():
     out = {}
     for name in sorted(os.listdir("/proc/self/fd"), key=int):
         try:
-            out[name] = [os.readlink(f"/proc/self/fd/{name}"), os.get_inheritable(int(name))]
+            # A pipe or socket is named by its inode, new in every run (a lone foreground process
+            # writes to pipes phalanx relays: launch/console.py); its kind must still match.
+            target = re.sub(r"^(pipe|socket):\[\d+\]$", r"\1", os.readlink(f"/proc/self/fd/{name}"))
+            out[name] = [target, os.get_inheritable(int(name))]
         except OSError:
             pass  # the listing's own descriptor
     return out
