@@ -32,3 +32,84 @@ def phalanx(*args: str, timeout: float = 180, check: bool = False, cwd: Path = R
     if check and proc.returncode != 0:
         raise AssertionError(f"phalanx {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_pools(tmp_path_factory):
+    """Warm pools (launch/warm.py) live in a directory of the suite's own, and are stopped, and
+    waited for, at the end. The suite runs cold (its process-tree checks expect a cold tree) unless
+    PHALANX_TEST_WARM=1; tests/warm and tests/differential turn warm starts on where they test
+    them. At the end, nothing the suite started may still run (``left_running``)."""
+    directory = tmp_path_factory.mktemp("warm")
+    os.chmod(directory, 0o700)
+    saved = {k: os.environ.get(k) for k in ("PHALANX_WARM_DIR", "PHALANX_WARM")}
+    os.environ["PHALANX_WARM_DIR"] = str(directory)
+    os.environ["PHALANX_WARM"] = "1" if os.environ.get("PHALANX_TEST_WARM") == "1" else "0"
+    yield directory
+    from phalanx.launch import warm
+
+    stop_pools(warm, str(directory))
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    # After every run of the suite, nothing it started runs on: no pool, no stand-in, no job process.
+    left = wait_left(str(tmp_path_factory.getbasetemp()))
+    assert not left, "left running after the suite's runs:\n" + "\n".join(left)
+
+
+def left_running(root: str) -> list[str]:
+    """Processes (``pid: command line``) that belong to runs under ``root``: a warm pool or
+    stand-in whose command line names a directory there, or any process whose phalanx home or pool
+    directory is there (every job process carries PHALANX_HOME). This process and its ancestors
+    are not counted."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid in mine:
+            continue
+        try:
+            cmdline = proc.info["cmdline"] or []
+            env = proc.environ()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except (psutil.Error, OSError):
+            continue
+        places = [env.get("PHALANX_HOME", ""), env.get("PHALANX_WARM_DIR", "")]
+        warm_words = any(w in cmdline for w in ("phalanx.launch.warm_exec", "--warm-pool"))
+        if any(p.startswith(root) for p in places if p) or (warm_words and any(root in word for word in cmdline)):
+            found.append(f"{proc.pid}: {' '.join(cmdline)}")
+    return found
+
+
+def wait_left(root: str, timeout: float = 30.0) -> list[str]:
+    """``left_running(root)`` once it is empty, or after ``timeout`` (processes that are ending)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (left := left_running(root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def stop_pools(warm, directory: str, timeout: float = 30.0) -> None:
+    """Stop every pool in ``directory`` and wait until each has exited."""
+    import time
+
+    pids = [p["pid"] for p in warm.stop(directory)]
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+        time.sleep(0.05)
+    assert not pids, f"warm pools {pids} did not exit"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -41,6 +41,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("smtp_from", "", str, "The From address (default phalanx@HOST)."),
     Setting("prices", {}, lambda text: _mapping(text, "prices"),
             "Prices per hour: an instance type, a GPU model, or cpu, e.g. {ml.g5.xlarge: 1.41, H100: 2.5, cpu: 0.04}."),
+    Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
+            "Start local runs and sweep trials from a warm interpreter pool (see README, Warm starts); --cold turns it off per run."),
+    Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -31,6 +31,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 PROJECTS = HERE / "projects"
@@ -101,8 +102,12 @@ def restore(root: Path, pristine: Path) -> None:
     shutil.copytree(pristine, root, symlinks=True)
 
 
-def run_both(case: "Case", workspace: Path, env: dict[str, str]) -> tuple[Observation, Observation]:
-    """The case's reference run, then its phalanx run, in the same fresh copy of its project."""
+def run_both(case: "Case", workspace: Path, env: dict[str, str], options: tuple[str, ...] = (),
+             settle: Callable[[], None] | None = None) -> tuple[Observation, Observation]:
+    """The case's reference run, then its phalanx run (``phalanx run OPTIONS ...``), in the same
+    fresh copy of its project. With ``settle``, phalanx runs once before, unobserved, the tree is
+    put back and ``settle()`` waits for what that run set up (warm starts: the first run of an
+    environment starts its pool in the background and runs cold)."""
     root = workspace / "case"
     pristine = workspace / "pristine"
     shutil.copytree(PROJECTS / case.project, pristine, symlinks=True)
@@ -116,7 +121,11 @@ def run_both(case: "Case", workspace: Path, env: dict[str, str]) -> tuple[Observ
     ref = _reference(case, cwd, env)
     reference = _observe(root, before, *ref)
     restore(root, pristine)
-    argv = [str(BIN / "phalanx"), "run", *case.phalanx]
+    argv = [str(BIN / "phalanx"), "run", *options, *case.phalanx]
+    if settle is not None:
+        _run(argv, cwd, env, case.timeout)
+        restore(root, pristine)
+        settle()
     phx = _observe(root, before, *_run(argv, cwd, env, case.timeout))
     return reference, phx
 

@@ -69,6 +69,7 @@ ARGV: list[tuple[list[str], int, str]] = [
     (["run", "--retry-on-exit-codes", ",", "t.py"], 2, "invalid --retry-on-exit-codes"),
     (["run", "-e", "NOEQUALS", "t.py"], 2, "invalid --env 'NOEQUALS'; use KEY=VALUE"),
     (["run", "-e", "=1", "t.py"], 2, "environment variable name"),
+    (["run", "--cold=yes", "t.py"], 2, "option '--cold' does not take a value"),
     (["run", "-e", "1A=x", "t.py"], 2, "environment variable name"),
     (["run", "-e", "A B=x", "t.py"], 2, "environment variable name"),
     (["run", "--env", "A-B=x", "t.py"], 2, "environment variable name"),
@@ -210,6 +211,7 @@ FILES: list[tuple[str, int, str]] = [
     ("script: t.py\nsnapshot: 'false'\n", 2, "job.yaml:2: snapshot: expected true or false, got 'false'; a boolean is written without quotes"),
     ("script: t.py\nauto_metrics: \"no\"\n", 2, "job.yaml:2: auto_metrics: expected true or false, got 'no'"),
     ("script: t.py\nauto_metrics: 0\n", 2, "auto_metrics: expected true or false, got 0"),
+    ("script: t.py\nwarm: 'off'\n", 2, "job.yaml:2: warm: expected true or false, got 'off'"),
     ("script: t.py\nnproc_per_node: 1.5\n", 2, "job.yaml:2: nproc_per_node: expected a number of processes from 1 to 1,024, or gpu, cpu, auto, got 1.5"),
     ("script: t.py\nname: {a: 1}\n", 2, "job.yaml:2: name: expected a string, got a mapping {a: 1}"),
     ("script: t.py\nmetrics: [loss]\n", 2, "job.yaml:2: metrics: expected a mapping of metric name to regular expression, got a list ['loss']"),
@@ -379,6 +381,10 @@ MEANINGS: list[tuple[str | None, list[str], str, object]] = [
     ("script: t.py\nargs: [--x, 010, 1:30, yes]\n", [], "entrypoint.args", ("--x", "010", "1:30", "yes")),
     ("script: t.py\nsnapshot: false\n", [], "snapshot", False),
     ("script: t.py\nauto_metrics: false\n", [], "auto_metrics", False),
+    ("script: t.py\nwarm: false\n", [], "warm", False),
+    ("script: t.py\nwarm: true\n", [], "warm", True),
+    ("script: t.py\nwarm: true\n", ["--cold"], "warm", False),
+    (None, ["--no-warm", "t.py"], "warm", False),
     ("script: t.py\nretry_on_exit_codes: '1,137'\n", [], "retry_on_exit_codes", (1, 137)),
     ("script: t.py\nretry_on_exit_codes: 137\n", [], "retry_on_exit_codes", (137,)),
     ("script: t.py\nbackend: slurm\nbackend_options: {time: 4:00:00}\n", [], "backend_options", {"time": "4:00:00"}),
@@ -463,6 +469,18 @@ def test_notify_defaults_to_the_setting_and_a_flag_replaces_it(project, monkeypa
     monkeypatch.setenv("PHALANX_NOTIFY", "ftp://x")
     exit_code, _, err = cli(["run", "--dry-run", "t.py"], capsys)
     assert_one_line_error(exit_code, err, 2, "invalid --notify 'ftp://x'")
+
+
+def test_warm_defaults_to_the_setting_and_cold_turns_it_off(project, monkeypatch):
+    from phalanx.jobfile import build_spec
+
+    monkeypatch.delenv("PHALANX_WARM", raising=False)  # the suite's conftest sets it to 0
+    assert build_spec(_run_options(["t.py"])).warm is True  # the setting's default
+    assert build_spec(_run_options(["--cold", "t.py"])).warm is False
+    monkeypatch.setenv("PHALANX_WARM", "0")
+    assert build_spec(_run_options(["t.py"])).warm is False
+    (project / "job.yaml").write_text("script: t.py\nwarm: true\n")
+    assert build_spec(_run_options(["-f", "job.yaml"])).warm is True  # the job file over the setting
 
 
 def _run_options(args: list[str]):

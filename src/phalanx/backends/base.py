@@ -168,6 +168,10 @@ class Backend(abc.ABC):
         """Whether ``start`` runs ``plan`` as one process here that can be lent ``console``."""
         return False
 
+    # The plan's Python processes start on this machine with its interpreter, so the supervisor
+    # may start them from the warm pool (``launch/warm.py``, applied in ``supervise.submit``).
+    warm_starts: bool = False
+
     def validated(self, spec: JobSpec) -> JobSpec:
         """``spec`` with this backend's options checked and their defaults filled in. Raises
         UsageError naming a bad option and the valid ones."""

@@ -34,6 +34,7 @@ LOOPBACK = "127.0.0.1"
 class LocalBackend(Backend):
     name = "local"
     _lent: Console | None = None
+    warm_starts = True  # its Python processes start here, from this interpreter (launch/warm.py)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:
@@ -93,8 +94,12 @@ class LocalBackend(Backend):
             return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
         control = AgentControl()
         line = control.agent_end.fileno()
+        # The agent applies node.env to itself anyway; starting it with it lets a warm agent share
+        # its workers' pool (one pool per environment).
+        agent_env = {**node.env, **tty}
         try:
-            agent = commands.spawn((*node.agent_argv, "--control", str(line)), tty, log, cwd=node.cwd, pass_fds=(line,))
+            agent = commands.spawn((*node.agent_argv, "--control", str(line)), agent_env, log, cwd=node.cwd,
+                                   pass_fds=(line,))
         except BaseException:
             control.agent_end.close()
             control.close()

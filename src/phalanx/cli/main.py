@@ -73,6 +73,7 @@ def _register_subcommands() -> None:
     from .data import register as register_data
     from .manage import register as register_manage
     from .observe import register as register_observe
+    from .pool import pool_app
     from .sweep import sweep_app
 
     register_control(app)
@@ -80,6 +81,7 @@ def _register_subcommands() -> None:
     register_observe(app)
     register_data(app)
     register_manage(app)
+    app.add_typer(pool_app, name="pool")
 
 
 _register_subcommands()

@@ -161,6 +161,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            ("--local-rank-arg", "--local_rank_arg"), field="entrypoint", metavar="FLAG"),
     Option("backend", Str(), "Where the job runs: local, ssh, slurm, or an installed backend.", ("--backend",),
            field="backend", default_doc="local (setting: backend)"),
+    Option("warm", Bool(), "Start the job's Python processes from a warm interpreter pool (local backend; see "
+           "phalanx pool --help). --cold (or --no-warm): every process starts cold.", ("--cold", "--no-warm"),
+           field="warm", default_doc="true (setting: warm)", flag_value=False),
     # Topology
     Option("n", Custom(expected="a topology", parser=topology), "Topology: NPROC or NNODESxNPROC (e.g. 4, 2x4).",
            ("-n", "--n"), group="topology", field="resources", metavar="TOPOLOGY", label="-n"),

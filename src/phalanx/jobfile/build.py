@@ -49,6 +49,7 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         backend=backend,
         python=python_as_typed(),
         grace=float(v["grace"] if v["grace"] is not None else _config("grace")),
+        warm=bool(v["warm"] if v["warm"] is not None else _config("warm")),
         retry_on_exit_codes=tuple(v["retry_on_exit_codes"] or ()),
         state_uri=_uri(v, "state"),
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
@@ -77,7 +78,7 @@ def _plain_fields(v: Values) -> dict[str, Any]:
     only its line in the option table. The others are built above, one by one."""
     hints = get_type_hints(JobSpec)
     plain = (int, float, bool, int | None, float | None)
-    built = ("grace", "snapshot")  # a default from the settings; a check of the directory
+    built = ("grace", "warm", "snapshot")  # a default from the settings; a check of the directory
     return {o.name: v[o.name] for o in RUN_OPTIONS
             if o.field == o.name and o.name not in built and hints.get(o.name) in plain and v[o.name] is not None}
 

@@ -291,8 +291,19 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _warm_pool(argv: list[str]) -> list[str]:
+    """Serve as a warm pool (``launch/warm_pool.py``). Returns in each worker the pool forks, with
+    that worker's arguments: from here on its stack and modules are a cold worker's."""
+    baseline = tuple(sys.modules)
+    from phalanx.launch.warm_pool import serve
+
+    return serve(argv, baseline)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--warm-pool"]:
+        argv = _warm_pool(argv[1:])
     frozen: list[str] = []
     if argv[:1] == ["--frozen"]:
         frozen, argv = argv[1:3], argv[3:]

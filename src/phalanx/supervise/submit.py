@@ -35,8 +35,14 @@ def new_job_id(home: HomePaths) -> str:
 
 
 def plan_attempt(backend: Backend, spec: JobSpec, job_id: str, attempt: int, home: HomePaths) -> Plan:
-    """Facts (the one impure look-up: free ports, addresses), then the pure plan."""
-    return backend.plan(spec, job_id, attempt, home, backend.facts(spec))
+    """Facts (the one impure look-up: free ports, addresses), then the pure plan; its Python
+    processes then start from the warm pool where the spec and the backend allow it."""
+    plan = backend.plan(spec, job_id, attempt, home, backend.facts(spec))
+    if spec.warm and backend.warm_starts:
+        from ..launch import warm
+
+        plan = warm.apply(plan, spec, warm.facts())
+    return plan
 
 
 def plan_job(spec: JobSpec, home: HomePaths, job_id: str | None = None, attempt: int = 0) -> Plan:

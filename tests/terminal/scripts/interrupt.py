@@ -10,22 +10,31 @@ import time
 mode = sys.argv[1] if len(sys.argv) > 1 else "exit0"
 rank = os.environ.get("RANK", "-")
 more = []
+
+
+def say(text: str) -> None:
+    # One write per line: torchrun's two workers share its stdout, and under PYTHONUNBUFFERED
+    # print() writes the text and the newline apart, so two ranks' lines could glue together.
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 try:
-    print(f"ready {rank} pid={os.getpid()}", flush=True)
+    say(f"ready {rank} pid={os.getpid()}")
     while True:
         time.sleep(0.05)
 except KeyboardInterrupt:
     signal.signal(signal.SIGINT, lambda *_: more.append(signal.SIGINT))
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, lambda *_: more.append(signal.SIGTERM))
-        print(f"ignoring {rank}", flush=True)
+        say(f"ignoring {rank}")
         while True:
             time.sleep(0.05)
-    print(f"interrupted {rank}", flush=True)
+    say(f"interrupted {rank}")
     time.sleep(1.0)  # a checkpoint takes a while; a second SIGINT meanwhile would be counted
     with open(f"ckpt_{rank}.txt", "w") as fh:
         fh.write(f"sigints={1 + len(more)}\n")
-    print(f"saved {rank}", flush=True)
+    say(f"saved {rank}")
     if mode == "raise":
         raise
     if mode == "exit3":

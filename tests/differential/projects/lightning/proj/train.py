@@ -1,5 +1,7 @@
 """A Lightning script whose Trainer starts its own workers (devices=2), as its docs show."""
 
+import sys
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -27,7 +29,9 @@ def main():
                         enable_progress_bar=False, enable_model_summary=False, logger=False,
                         enable_checkpointing=False)
     trainer.fit(Tiny(), DataLoader(data, batch_size=4))
-    print(f"rank {trainer.global_rank} of {trainer.world_size} done")
+    # One write: the ranks share one stdout, and with PYTHONUNBUFFERED print's text and its newline
+    # are two writes that another rank's line can fall between.
+    sys.stdout.write(f"rank {trainer.global_rank} of {trainer.world_size} done\n")
     record(globals(), tag=trainer.global_rank)
 
 
