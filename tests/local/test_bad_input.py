@@ -38,7 +38,7 @@ CASES = [
     (["ps", "--columns", "los"], "no job has a metric 'los'", "metrics jobs have: loss"),
     (["ps", "--sort", "loss:avg"], "invalid column 'loss:avg'", "AGG one of last, min, max"),
     (["ps", "--state", "finishd"], "unknown state 'finishd'", "use one of: pending, running"),
-    (["ps", "--backend", "kubernetess"], "unknown backend 'kubernetess'", "backends: local"),
+    (["ps", "--backend", "kubernetess"], "unknown backend 'kubernetess'", "backends: k8s, local"),
     (["ps", "--since", "yesterday"], "invalid --since 'yesterday'", "10m, 2h, 30d"),
     (["ps", "--tag", "=vision"], "invalid --tag '=vision'", "KEY=VALUE"),
     (["ps", "--limit", "0"], "invalid --limit 0", "at least 1"),

@@ -66,7 +66,15 @@ def _launch(prefix: list[str], machines: list[list[str]], script: list[str], cwd
     procs = [subprocess.Popen([*prefix, *[a.format(port=port, logs=logs) for a in argv], *script],
                               cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for argv in machines]
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240))
+    except subprocess.TimeoutExpired:
+        for p in procs:  # the processes this test started, and say what each printed
+            p.kill()
+        said = [p.communicate() for p in procs]
+        raise AssertionError(f"{prefix} timed out:\n" + "\n".join(f"{p.args}\n{o}\n{e}" for p, (o, e) in zip(procs, said))) from None
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, f"{prefix} -> {p.returncode}\n{out}\n{err}"
     return "".join(o for o, _ in outs)
