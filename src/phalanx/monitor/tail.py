@@ -42,18 +42,9 @@ class RankTailer:
     def poll(self, final: bool = False) -> list[tuple[int, str]]:
         """New complete lines since the last call, as (rank, line); ``final`` flushes partial lines."""
         out: list[tuple[int, str]] = []
-        for rank in self.paths.ranks(self.attempt):
-            if self.ranks is not None and rank not in self.ranks:
-                continue
-            try:
-                with open(self.paths.rank_log(self.attempt, rank), "rb") as fh:
-                    fh.seek(self._offsets.get(rank, 0))
-                    chunk = fh.read()
-            except FileNotFoundError:
-                continue
+        for rank, chunk in self._new_bytes():
             if not chunk and not final:
                 continue
-            self._offsets[rank] = self._offsets.get(rank, 0) + len(chunk)
             data = self._partial.pop(rank, b"") + chunk
             lines = data.split(b"\n")
             rest = lines.pop()
@@ -68,6 +59,15 @@ class RankTailer:
         """New output since the last call as it was written, partial lines included, as
         (rank, text): what a terminal would have shown (a progress bar's ``\r`` updates live)."""
         out: list[tuple[int, str]] = []
+        for rank, chunk in self._new_bytes():
+            if chunk:
+                decoder = self._decoders.setdefault(rank, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+                out.append((rank, decoder.decode(chunk)))
+        return out
+
+    def _new_bytes(self) -> list[tuple[int, bytes]]:
+        """What each followed rank's log gained since the last read (the offsets move past it)."""
+        out: list[tuple[int, bytes]] = []
         for rank in self.paths.ranks(self.attempt):
             if self.ranks is not None and rank not in self.ranks:
                 continue
@@ -77,10 +77,8 @@ class RankTailer:
                     chunk = fh.read()
             except FileNotFoundError:
                 continue
-            if chunk:
-                self._offsets[rank] = self._offsets.get(rank, 0) + len(chunk)
-                decoder = self._decoders.setdefault(rank, codecs.getincrementaldecoder("utf-8")(errors="replace"))
-                out.append((rank, decoder.decode(chunk)))
+            self._offsets[rank] = self._offsets.get(rank, 0) + len(chunk)
+            out.append((rank, chunk))
         return out
 
     def format(self, rank: int, line: str) -> str:
