@@ -128,14 +128,33 @@ class Store:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA busy_timeout=30000")
+            self._conn = self._open_writable()
         except sqlite3.DatabaseError as exc:
             self._conn = self._read_only(exc)
         self._lock = threading.Lock()
         self._migrate()
+
+    def _open_writable(self) -> sqlite3.Connection:
+        """A connection in WAL mode. Setting the journal mode does not wait on SQLite's busy
+        handler while another connection creates the store or switches it to WAL (two processes, or
+        a supervisor thread and a reader, opening a new home at once): "database is locked" then
+        means "try again shortly", for as long as a write would wait."""
+        deadline = time.monotonic() + 30
+        while True:
+            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA busy_timeout=30000")
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+            except BaseException:
+                conn.close()
+                raise
 
     def _read_only(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
         """A store on a read-only filesystem or directory (a shared, mounted home), or on a full
