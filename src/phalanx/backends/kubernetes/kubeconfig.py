@@ -94,20 +94,11 @@ class Credentials:
                 self.cert_data, self.key_data = status["clientCertificateData"].encode(), status["clientKeyData"].encode()
                 self._exec_token = ("", float("inf"))
                 return ""
-            expires = _timestamp(status.get("expirationTimestamp")) or time.time() + 300
+            from .node import parse_time
+
+            expires = parse_time(status.get("expirationTimestamp")) or time.time() + 300
             self._exec_token = (str(status["token"]), expires)
             return self._exec_token[0]
-
-
-def _timestamp(text: str | None) -> float | None:
-    if not text:
-        return None
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def load(context: str | None = None, namespace: str | None = None) -> Credentials:

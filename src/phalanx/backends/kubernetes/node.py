@@ -56,7 +56,8 @@ class PodView:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _time(text: str | None) -> float | None:
+def parse_time(text: str | None) -> float | None:
+    """An API timestamp (RFC 3339, ``...Z``) as epoch seconds; None when absent or unreadable."""
     if not text:
         return None
     try:
@@ -75,7 +76,7 @@ def taken_reason(pod: Mapping[str, Any]) -> tuple[str, float | None]:
     disruption = _condition(status, "DisruptionTarget")
     if disruption and disruption.get("status") == "True":
         why = f"{disruption.get('reason', 'DisruptionTarget')}: {disruption.get('message', '')}".rstrip(": ")
-        return why, _time(disruption.get("lastTransitionTime")) or time.time()
+        return why, parse_time(disruption.get("lastTransitionTime")) or time.time()
     if status.get("reason") in TAKEN_REASONS - {"DeadlineExceeded"}:
         return f"{status['reason']}: {status.get('message', '')}".rstrip(": "), time.time()
     return "", None
@@ -106,7 +107,7 @@ def view(pod: Mapping[str, Any], container: str) -> PodView:
             term = main["lastState"]["terminated"]  # restarted in place (OnFailure): its first end counts
         if term:
             return PodView(ENDED, exit_code=int(term.get("exitCode", 1)), reason=str(term.get("reason", "")),
-                           finished=_time(term.get("finishedAt")), termination=str(term.get("message") or ""), taken=taken,
+                           finished=parse_time(term.get("finishedAt")), termination=str(term.get("message") or ""), taken=taken,
                            taken_at=taken_at)
         if (main.get("state") or {}).get("running"):
             return PodView(RUNNING, taken=taken, taken_at=taken_at)
