@@ -134,8 +134,7 @@ SIGNALLED = textwrap.dedent("""\
         sys.exit(7)
     signal.signal(signal.SIGTERM, on_term)
     try:
-        print('ready', flush=True)
-        time.sleep(60)
+        print('ready', flush=True); time.sleep(60)  # one line: the traceback names it wherever the signal lands
     except KeyboardInterrupt:
         print('KeyboardInterrupt', flush=True)
         raise
