@@ -60,6 +60,7 @@ class Facts:
 
     host: HostFacts
     ports: tuple[int, ...] = ()  # free ports on the rendezvous host, in the order the plan uses them
+    single_files: frozenset[str] = frozenset()  # inputs whose local source is one file (backends that ship inputs)
 
     def port(self, index: int) -> int:
         if index >= len(self.ports):

@@ -230,6 +230,11 @@ class JobPaths:
     def output_dir(self) -> Path:
         return self.root / "output"
 
+    def shipped_input(self, name: str) -> Path:
+        """A node's copy of input ``name`` where the backend ships inputs with the job (Ray);
+        ``shipped_input("")`` is the directory holding them all."""
+        return self.root / "inputs" / name
+
     @property
     def code_dir(self) -> Path:
         return self.root / "code"

@@ -38,6 +38,12 @@ INPUT_SCHEMES = ("http", "https")  # readable, on top of the stores --state and 
 Say = Callable[[str], None]
 
 
+def is_single_file(channel: Channel) -> bool:
+    """Whether the job reads ``channel`` as one local file: backends that ship inputs to their
+    nodes copy it into a directory there and point the job at the file inside."""
+    return not channel.is_remote and not channel.extract and Path(channel.source).is_file()
+
+
 class ChannelError(PhalanxError):
     pass
 

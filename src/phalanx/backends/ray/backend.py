@@ -25,6 +25,7 @@ from ...core.env import Topology
 from ...core.paths import HomePaths, JobPaths
 from ...core.spec import JobSpec, in_snapshot
 from ...errors import BackendError, UsageError
+from ...storage.channels import is_single_file
 from ...core.plan import Plan, late_addresses
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ...launch.host import HostFacts
@@ -47,16 +48,14 @@ class RayBackend(Backend):
         return False  # the nodes get a shipped copy of the code (the Ray working_dir)
 
     def _facts(self, spec: JobSpec, host: HostFacts) -> Facts:
-        """Nothing to look up: the placement group places the nodes (the driver fills their
-        addresses in) and the rendezvous port follows from the job id."""
-        return Facts(host)
+        """No addresses to look up: the placement group places the nodes (the driver fills their
+        addresses in) and the rendezvous port follows from the job id. Which inputs are single
+        files decides where the job finds them on the nodes."""
+        return Facts(host, single_files=frozenset(c.name for c in spec.channels if is_single_file(c)))
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options
         section = validate_section(opts.get("ray"))
-        if spec.channels:
-            raise UsageError("--input is not shipped to a Ray cluster yet",
-                             "read the data from a URI the nodes reach (pass it as a script argument)")
         # What the working_dir carries: the job's snapshot, the one a sweep's trials share, or the
         # working directory itself (--no-snapshot).
         code = spec.code_dir or (str(paths.code_dir) if spec.snapshot else spec.workdir)
@@ -64,6 +63,11 @@ class RayBackend(Backend):
         remote_home = HomePaths(Path(REMOTE_HOME))
         remote = remote_home.job(job_id)
         addrs = late_addresses(nnodes)  # the placement group decides; the driver fills them in
+        # Inputs travel in the working_dir (staged here first, as for ssh hosts) into the job
+        # directory on each node; a single file lies inside its input's directory there.
+        inputs = {c.name: str(home.channel_path(c)) for c in spec.channels}
+        channels = tuple((c.name, str(remote.shipped_input(c.name) / Path(c.source).name) if c.name in facts.single_files
+                          else str(remote.shipped_input(c.name))) for c in spec.channels)
         digest = int(hashlib.sha256(f"{job_id}:{attempt}".encode()).hexdigest(), 16)
         port = PORT_RANGE[0] + digest % (PORT_RANGE[1] - PORT_RANGE[0])
         topo = Topology(
@@ -71,7 +75,7 @@ class RayBackend(Backend):
             worker_ports=tuple(PORT_RANGE[0] + (digest + 1 + i) % (PORT_RANGE[1] - PORT_RANGE[0])
                                for i in range(nnodes * spec.procs_per_node_started)),
             state_dir=str(remote_home.state_dir(spec.state_key)), output_dir=str(remote.output_dir), job_dir=str(remote.root),
-            num_gpus=int(opts.get("gpus_per_node") or 0), preset_env=frozenset(facts.host.env),
+            num_gpus=int(opts.get("gpus_per_node") or 0), preset_env=frozenset(facts.host.env), channels=channels,
         )
         spec = in_snapshot(spec.with_(python=relay.PYTHON), str(remote.code_dir), shipped=True)
         nodes = build_nodes(spec, topo, remote, addrs, addrs, {"PHALANX_AUTO_IFNAME": "1", **RESTART_SAFE_ENV})
@@ -88,7 +92,7 @@ class RayBackend(Backend):
         text = submission.render(submission.submission_id(job_id, attempt), address, request, nnodes)
         context = {
             "request": request, "address": opts.get("address"), "token_file": opts.get("token_file"),
-            "name": spec.name, "code": code,
+            "name": spec.name, "code": code, "inputs": inputs,
             # The nodes' state and output directories, mirrored back into these local ones.
             "trees": {"state": [topo.state_dir, str(home.state_dir(spec.state_key))],
                       "output": [topo.output_dir, str(paths.output_dir)]},
@@ -145,7 +149,8 @@ class RayBackend(Backend):
         job = submission.driver_job(plan, request, launch.sample_interval if launch else 5.0)
         with tempfile.TemporaryDirectory(prefix="phalanx-ray-") as staging:
             try:
-                submission.stage(Path(staging), Path(context["code"]), _trees(plan)["state"], job)
+                submission.stage(Path(staging), Path(context["code"]), _trees(plan)["state"], job,
+                                 {name: Path(path) for name, path in context.get("inputs", {}).items()})
             except UsageError as exc:
                 raise BackendError(exc.message, exc.hint) from None
             client.submit(submission.entrypoint(request.get("python")),

@@ -105,8 +105,10 @@ class NodeAgent:
                 for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                     env.setdefault(key, ifname)
         node = dataclasses.replace(node, env=env)
-        _lay_out(Path(source), Path(node.cwd), Path(trees["state"]), Path(trees["output"]))
         paths, attempt = JobPaths(Path(launch_file.job_dir)), launch_file.attempt
+        _lay_out(Path(source), Path(node.cwd), Path(trees["state"]), Path(trees["output"]))
+        if (Path(source) / "inputs").is_dir():  # --input, shipped in the working_dir
+            shutil.copytree(Path(source) / "inputs", paths.shipped_input(""), dirs_exist_ok=True)
         launch_path = paths.node_launch(attempt, node.node_rank)
         launch_path.parent.mkdir(parents=True, exist_ok=True)
         write_launch(launch_path, dataclasses.replace(launch_file, node=node))

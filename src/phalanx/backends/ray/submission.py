@@ -68,11 +68,14 @@ def runtime_env(request: Mapping[str, Any], working_dir: str, grace: float) -> d
     return out
 
 
-def stage(dest: Path, code_dir: Path, state_dir: Path, job: dict[str, Any]) -> int:
+def stage(dest: Path, code_dir: Path, state_dir: Path, job: dict[str, Any], inputs: Mapping[str, Path] | None = None) -> int:
     """Lay out the working_dir in ``dest``; returns its size in bytes. Raises UsageError when it
-    is larger than Ray takes."""
+    is larger than Ray takes. ``inputs``: each input's staged local copy (a directory, or one
+    file), shipped whole under ``inputs/<name>/``."""
     total = 0
-    for top, files in (("code", code_files(code_dir)), ("state", _state_files(state_dir))):
+    trees = [("code", code_files(code_dir)), ("state", _state_files(state_dir))]
+    trees += [(f"inputs/{name}", _input_files(path)) for name, path in sorted((inputs or {}).items())]
+    for top, files in trees:
         for rel, path in files:
             total += _place(path, dest / top / rel)
     for rel, path in phalanx_files():
@@ -80,14 +83,23 @@ def stage(dest: Path, code_dir: Path, state_dir: Path, job: dict[str, Any]) -> i
     (dest / "job.json").write_text(json.dumps(job, sort_keys=True))
     if total > MAX_WORKING_DIR:
         raise UsageError(
-            f"the code and state directory to ship to Ray are {total >> 20} MiB, more than the "
+            f"the code, state directory and inputs to ship to Ray are {total >> 20} MiB, more than the "
             f"{MAX_WORKING_DIR >> 20} MiB Ray takes in a working_dir",
-            "keep checkpoints out of PHALANX_STATE_DIR's copy (an fsspec --state URI the nodes read), or data in --input")
+            "keep checkpoints out of PHALANX_STATE_DIR's copy (an fsspec --state URI the nodes read), and pass large "
+            "data as a URI the nodes read themselves (a script argument) instead of --input")
     return total
 
 
 def _state_files(state_dir: Path) -> list[tuple[str, Path]]:
     return list(code_files(state_dir)) if state_dir.is_dir() else []
+
+
+def _input_files(path: Path) -> list[tuple[str, Path]]:
+    """Every file of a staged input, ignore rules aside (data is shipped as it is), links followed."""
+    if path.is_file():
+        return [(path.name, path)]
+    return sorted((str(Path(top, name).relative_to(path)), Path(top, name))
+                  for top, _, names in os.walk(path, followlinks=True) for name in names)
 
 
 def _place(src: Path, dst: Path) -> int:

@@ -32,7 +32,8 @@ from .. import commands
 from ..base import Backend, Facts, NodeHandle
 from .node import SshNode
 from .options import OPTIONS
-from .ship import Shipment, channel_copy, is_single_file, remote_path, shipments
+from ...storage.channels import is_single_file
+from .ship import Shipment, channel_copy, remote_path, shipments
 
 PORT_RANGE = (29400, 29900)
 # Versions from package metadata, not imports: importing torch on every host costs seconds.
@@ -70,7 +71,6 @@ def parse_hosts(hosts: str | None, hostfile: str | None) -> list[str]:
 class SshFacts(Facts):
     hosts: tuple[str, ...] = ()  # from --hosts or the hostfile, in node-rank order
     addresses: tuple[str, ...] = ()  # what the other nodes reach each host at (its HostName)
-    single_files: frozenset[str] = frozenset()  # inputs whose local source is one file
 
 
 class SshBackend(Backend):

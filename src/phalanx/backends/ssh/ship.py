@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from ...core.paths import ChannelCachePaths, HomePaths, JobPaths
 from ...core.spec import Channel, JobSpec
+from ...storage.channels import is_single_file
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,3 @@ def remote_path(path: str) -> str:
     if path == "~" or path.startswith("~/"):
         return '"$HOME"' + shlex.quote(path[1:])
     return shlex.quote(path)
-
-
-def is_single_file(channel: Channel) -> bool:
-    """Whether the job reads ``channel`` as one local file (copied into a directory on the hosts)."""
-    return not channel.is_remote and not channel.extract and Path(channel.source).is_file()
