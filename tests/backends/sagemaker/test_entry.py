@@ -71,3 +71,24 @@ def test_one_instance_runs_its_node_and_reports_through_stdout(tmp_path, monkeyp
     assert any(f["file"] == "proc" and f["rank"] == 0 for f in frames)
     assert (root / "opt/ml/model/w.txt").read_text() == "x"
     assert (root / "opt/ml/output/failure").read_text().startswith("rank 0 on node 0 (algo-1) failed: exit code 3")
+
+
+def test_a_node_whose_ranks_lost_a_peer_is_a_casualty_and_one_that_raised_is_not(tmp_path):
+    """The entry on an instance whose failing ranks only lost a peer waits for that peer's
+    instance to report first (SageMaker's FailureReason is the first instance's failure file)."""
+    paths = HomePaths(tmp_path).job("j1")
+
+    def node(*errors: tuple[int, str, str]) -> dict:
+        for rank, kind, message in errors:
+            path = paths.rank_error(0, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"type": kind, "message": message}))
+        return {"failures": [{"rank": rank, "exitcode": 1} for rank, _, _ in errors]}
+
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.200.1.2]:40503"
+    assert entry.cut_off_by_peer(node((0, "torch.distributed.DistBackendError", gloo)), paths, 0)
+    assert entry.cut_off_by_peer(node((1, "RuntimeError", "NCCL communicator was aborted on rank 1")), paths, 0)
+    assert not entry.cut_off_by_peer(node((2, "RuntimeError", "injected failure at step 4")), paths, 0)
+    assert not entry.cut_off_by_peer(node((0, "DistBackendError", gloo), (3, "ValueError", "bad shape")), paths, 0)
+    assert not entry.cut_off_by_peer({"failures": [{"rank": 5, "exitcode": -9}]}, paths, 0)  # killed, no record
+    assert not entry.cut_off_by_peer({"failures": []}, paths, 0)

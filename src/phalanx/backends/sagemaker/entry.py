@@ -141,6 +141,29 @@ class Streamer:
         self.frame(kind, data, rank)
 
 
+# What a rank raises when a peer on another instance went away mid-collective (gloo, NCCL).
+PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|communicator was aborted|ncclRemoteError|remote process exited",
+                       re.IGNORECASE)
+PEER_WAIT = 20.0  # seconds a casualty instance leaves the instance that failed to end the job first
+
+
+def _rank_error(paths: JobPaths, attempt: int, rank: Any) -> dict[str, Any] | None:
+    try:
+        with open(paths.rank_error(attempt, int(rank))) as fh:
+            error = json.load(fh)
+    except (OSError, ValueError, TypeError):
+        return None
+    return error if isinstance(error, dict) else None
+
+
+def cut_off_by_peer(result: dict[str, Any], paths: JobPaths, attempt: int) -> bool:
+    """Whether every rank that failed on this node raised because a peer went away: this node is
+    a casualty of a failure elsewhere."""
+    failures = result.get("failures") or []
+    errors = [_rank_error(paths, attempt, f.get("rank")) for f in failures]
+    return bool(failures) and all(e is not None and PEER_GONE.search(f"{e.get('type')}: {e.get('message')}") for e in errors)
+
+
 def failure_text(result: dict[str, Any], paths: JobPaths, attempt: int) -> str:
     """What SageMaker reports as FailureReason: the first failing rank and its error."""
     failures = sorted(result.get("failures") or [], key=lambda f: f.get("timestamp", 0))
@@ -148,11 +171,10 @@ def failure_text(result: dict[str, Any], paths: JobPaths, attempt: int) -> str:
         return result.get("error") or f"phalanx node agent exited with code {result.get('exitcode')}"
     first = failures[0]
     rank = first.get("rank")
-    try:
-        with open(paths.rank_error(attempt, int(rank))) as fh:
-            error = json.load(fh)
+    error = _rank_error(paths, attempt, rank)
+    if error is not None:
         what = f"{error.get('type')}: {error.get('message')}"
-    except (OSError, ValueError):
+    else:
         what = f"exit code {first.get('exitcode')}" + (f" ({first['signal']})" if first.get("signal") else "")
     return f"rank {rank} on node {result.get('node_rank')} ({result.get('host')}) failed: {what}"
 
@@ -198,7 +220,10 @@ def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> i
     agent = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=launch["nodes"][node_rank]["cwd"])
 
+    stopped = threading.Event()
+
     def forward(signum: int, _frame: Any) -> None:  # StopTrainingJob / spot: the agent runs its grace period
+        stopped.set()
         if agent.poll() is None:
             agent.send_signal(signum)
 
@@ -228,6 +253,12 @@ def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> i
     result = reported.to_dict()
     streamer.frame("result", result)
     if reported.exitcode != 0 and not reported.stopped_by:
+        if len(hosts) > 1 and cut_off_by_peer(result, paths, attempt):
+            # SageMaker reports the failure file of the instance that ends first. A rank cut off
+            # by a peer that raised often ends first: leave that peer's instance the time to end
+            # the job with its own reason (SageMaker then stops this one, SIGTERM ends the wait).
+            streamer.emit(f"phalanx: this node's ranks lost a peer; waiting up to {PEER_WAIT:g}s for its instance to report first")
+            stopped.wait(PEER_WAIT)
         with open(root + layout.FAILURE, "w") as fh:
             fh.write(failure_text(result, paths, attempt)[:1024])
     return reported.exitcode
