@@ -19,7 +19,7 @@ A job file is YAML; its keys are the option table's (``docs/options.md`` lists t
 
 from __future__ import annotations
 
-from typing import Any
+from ..core.lazy import exports
 
 # Imported on first use: `phalanx run --help` needs the option table (values), not the builders.
 _WHERE = {
@@ -28,10 +28,4 @@ _WHERE = {
 }
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = exports(__name__, _WHERE)

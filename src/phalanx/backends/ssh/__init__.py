@@ -31,7 +31,7 @@ use, so reading ``options`` imports nothing else.
 
 from __future__ import annotations
 
-from typing import Any
+from ...core.lazy import exports
 
 _WHERE = {
     "PREFLIGHT": "backend", "SshBackend": "backend", "SshFacts": "backend", "parse_hosts": "backend",
@@ -39,10 +39,4 @@ _WHERE = {
 }
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = exports(__name__, _WHERE)
