@@ -8,9 +8,11 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import signal
 import struct
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 # inotify(7): what makes a watched module file or path directory count as changed
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x8, 0x40, 0x80
@@ -184,3 +186,45 @@ def memory() -> dict[str, int]:
     return sizes
 
 
+
+
+def settle() -> None:
+    """Fork once and let the child exit at once: libraries that keep worker threads stop them
+    before a fork (OpenBLAS, through pthread_atfork) and start them again only when used."""
+    fork_and_wait(lambda: None)
+
+
+def threads() -> str | None:
+    """Why the pool cannot fork now: a thread besides the main one (a child gets only the forking one)."""
+    count = len(os.listdir("/proc/self/task"))
+    return f"{count - 1} thread(s) running in the pool" if count > 1 else None
+
+
+def command_lines_shown(show_as: Callable[[list[str], list[list[str]]], None]) -> str | None:
+    """Whether a child can show its own command line and environment in /proc (``show_as`` tried
+    in a throwaway child, once the pool runs no thread: a child of a threaded process must not do
+    more than exit)."""
+    if fork_and_wait(lambda: show_as(sys.orig_argv, [[k, v] for k, v in os.environ.items()])):
+        return None
+    return "the kernel does not let a child show its own command line (PR_SET_MM_MAP)"
+
+
+def fork_and_wait(work: Callable[[], object], timeout: float = 30.0) -> bool:
+    """Run ``work`` in a throwaway child; whether it exited 0 in time (else it is killed)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work()
+            os._exit(0)
+        finally:
+            os._exit(1)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status == 0
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return False
+        time.sleep(0.005)

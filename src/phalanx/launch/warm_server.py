@@ -105,55 +105,15 @@ class Pool:
                     warm_proto.note(self.log, f"cannot preload {name}: {type(exc).__name__}: {exc}")
         finally:
             self.recorder.stop()
-        self._settle()
+        warm_checks.settle()
         self.refusal = (self.refusal or self.recorder.unexplained() or warm_checks.foreign(warm_checks.descriptors() - descriptors)
-                        or self._threads() or self._can_show_command_lines())
+                        or warm_checks.threads() or warm_checks.command_lines_shown(warm_child.show_as))
         self.changes = warm_checks.Changes(list(sys.modules.values()))
         self.restorer.hide()  # once here, not in every child: see Restorer
         self.restorer.install()
         warm_child.freeze()
         warm_proto.note(self.log, f"holding {', '.join(self.preloaded) or 'the bootstrap'} ({len(self.restorer.hidden)} modules kept aside)"
                         + (f"; cannot fork: {self.refusal}" if self.refusal else ""))
-
-    def _settle(self) -> None:
-        """Fork once and let the child exit at once: libraries that keep worker threads stop them
-        before a fork (OpenBLAS, through pthread_atfork) and start them again only when used."""
-        self._fork_and_wait(lambda: None)
-
-    def _can_show_command_lines(self) -> str | None:
-        """Whether a child can show its own command line and environment in /proc (tried in a
-        throwaway child, once the pool runs no thread: a child of a threaded process must not do
-        more than exit)."""
-        def attempt() -> None:
-            warm_child.show_as(sys.orig_argv, [[k, v] for k, v in os.environ.items()])
-
-        if self._fork_and_wait(attempt):
-            return None
-        return "the kernel does not let a child show its own command line (PR_SET_MM_MAP)"
-
-    def _fork_and_wait(self, work: Any, timeout: float = 30.0) -> bool:
-        """Run ``work`` in a throwaway child; whether it exited 0 in time (else it is killed)."""
-        pid = os.fork()
-        if pid == 0:
-            try:
-                work()
-                os._exit(0)
-            finally:
-                os._exit(1)
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return status == 0
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return False
-            time.sleep(0.005)
-
-    def _threads(self) -> str | None:
-        count = len(os.listdir("/proc/self/task"))
-        return f"{count - 1} thread(s) running in the pool" if count > 1 else None
 
     # -- serving ------------------------------------------------------------------------------
 
@@ -356,7 +316,7 @@ class Pool:
             return "descriptors missing from the request"
         if not request["session_leader"]:
             return "the client does not lead a session of its own (a child could not be placed like it)"
-        why = self.refusal or self._threads() or warm_checks.cuda(self.restorer.hidden) or self._stale() or warm_checks.limits(request["rlimits"])
+        why = self.refusal or warm_checks.threads() or warm_checks.cuda(self.restorer.hidden) or self._stale() or warm_checks.limits(request["rlimits"])
         held = {*self.preloaded, *self.recorder.loaded}
         return why or warm_checks.shadowed(request.get("shadow_dirs", []), held, set(self.recorder.baseline))
 
