@@ -13,14 +13,11 @@ neither memory nor a read transaction that would keep writers waiting.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -28,97 +25,15 @@ from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .migrations import MIGRATIONS
+from .records import COLUMNS, JobRecord, Page, from_row
 
-if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
-    from ..core.paths import JobPaths
-    from ..core.spec import JobSpec
+if TYPE_CHECKING:
     from .sweeps import SweepTable
-
-_COLUMNS = (
-    "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
-    "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries "
-    "sweep_id trial params_json objective gpu_hours cpu_hours cost"
-).split()
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    id: str
-    name: str
-    state: JobState
-    backend: str
-    nnodes: int
-    nproc_per_node: int
-    command: str
-    job_dir: str
-    spec_json: str
-    created_at: float
-    started_at: float | None
-    ended_at: float | None
-    exit_code: int | None
-    attempt: int
-    supervisor_pid: int | None
-    supervisor_started: float | None
-    root_cause: str | None
-    state_synced_at: float | None = None
-    retries: int = 0
-    sweep_id: str | None = None
-    trial: int | None = None
-    params_json: str | None = None
-    objective: float | None = None
-    gpu_hours: float | None = None  # recorded when the job ends (monitor/accounting.py)
-    cpu_hours: float | None = None
-    cost: float | None = None
-
-    @property
-    def topology(self) -> str:
-        return f"{self.nnodes}x{self.nproc_per_node}"
-
-    @property
-    def duration(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.ended_at or time.time()) - self.started_at
-
-    def root_cause_dict(self) -> dict[str, Any] | None:
-        return json.loads(self.root_cause) if self.root_cause else None
-
-    @cached_property
-    def spec(self) -> "JobSpec":
-        """The job's spec, parsed once per record (the one way to get it from a record)."""
-        from ..core.spec import JobSpec
-
-        return JobSpec.from_dict(json.loads(self.spec_json))
-
-    @property
-    def paths(self) -> "JobPaths":
-        from ..core.paths import JobPaths
-
-        return JobPaths(Path(self.job_dir))
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "root_cause")}
-        data["state"] = self.state.value
-        data["topology"] = self.topology
-        data["root_cause"] = self.root_cause_dict()
-        data["params"] = json.loads(self.params_json) if self.params_json else None
-        del data["params_json"]
-        return data
-
 
 # 8 hex digits: short to type and read; collisions are excluded by checking (``new_id``), not
 # made unlikely by length.
 ID_BYTES = 4
 PAGE = 500  # rows per query when a listing is iterated
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of a listing, newest first; ``next`` is the cursor of the following page
-    (None on the last one)."""
-
-    records: list[JobRecord]
-    next: str | None
 
 
 class Store:
@@ -335,8 +250,8 @@ class Store:
     # -- reads ------------------------------------------------------------------
 
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[JobRecord]:
-        cur = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs {sql}", tuple(params))
-        return [_record(row) for row in cur.fetchall()]
+        cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs {sql}", tuple(params))
+        return [from_row(row) for row in cur.fetchall()]
 
     def get(self, job_id: str) -> JobRecord:
         rows = self._rows("WHERE id = ?", [job_id])
@@ -447,9 +362,3 @@ def _statements(script: str) -> Iterator[str]:
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     yield first
     yield from rest
-
-
-def _record(row: tuple[Any, ...]) -> JobRecord:
-    data = dict(zip(_COLUMNS, row))
-    data["state"] = JobState(data["state"])
-    return JobRecord(**data)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..core.state import JobState
-from .db import _COLUMNS, JobRecord, Store, _record
+from .db import Store
+from .records import COLUMNS, JobRecord, from_row
 from .keys import ACTIVE
 
 SORTS = ("created", "name", "state", "backend", "gpu_hours", "cost")  # besides metric:NAME:AGG
@@ -118,7 +119,7 @@ def _decode(cursor: str) -> list[Any]:
 def page_jobs(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, after: str | None = None) -> Listing:
     """A page of jobs matching ``f`` in ``sort`` order, and the cursor of the next page."""
     where, params = _terms(f)
-    cols = ", ".join(f"j.{c}" for c in _COLUMNS)
+    cols = ", ".join(f"j.{c}" for c in COLUMNS)
     if sort.key == "metric":
         assert sort.metric and sort.agg in AGGS
         key_sql = f"m.{sort.agg}"
@@ -146,7 +147,7 @@ def page_jobs(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, aft
     rows = store._conn.execute(sql, [*params, limit + 1]).fetchall()
     more = len(rows) > limit
     rows = rows[:limit]
-    records = [_record(tuple(r[:-1])) for r in rows]
+    records = [from_row(tuple(r[:-1])) for r in rows]
     nxt = _encode(rows[-1][-1], records[-1].created_at, records[-1].id) if more else None
     return Listing(records, nxt)
 
@@ -348,9 +349,9 @@ def delete_sweep(store: Store, sweep_id: str) -> None:
 def old_jobs(store: Store, before: float, states: Sequence[str], limit: int = 10_000) -> list[JobRecord]:
     """Finished top-level jobs created before ``before`` (in ``states``), oldest first."""
     marks = ", ".join("?" for _ in states)
-    sql = (f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE sweep_id IS NULL AND created_at < ? AND +state IN ({marks}) "
+    sql = (f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE sweep_id IS NULL AND created_at < ? AND +state IN ({marks}) "
            "ORDER BY created_at, id LIMIT ?")
-    return [_record(r) for r in store._conn.execute(sql, [before, *states, limit])]
+    return [from_row(r) for r in store._conn.execute(sql, [before, *states, limit])]
 
 
 def old_sweeps(store: Store, before: float, states: Sequence[str]) -> list[Any]:
