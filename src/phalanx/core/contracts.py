@@ -154,7 +154,7 @@ class RankFailure:
 
     rank: int
     exitcode: int
-    timestamp: float  # when it died (see ``launch/agent.died_at``)
+    timestamp: float  # when it died (see ``launch/exits.died_at``)
     local_rank: int | None = None
     pid: int | None = None
     signal: str | None = None  # "SIGSEGV" when a signal ended it

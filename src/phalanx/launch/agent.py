@@ -33,56 +33,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from ..core.contracts import LaunchFile, NodeResult, read_launch, read_rank_error, write_node_result
+from ..core.contracts import LaunchFile, NodeResult, read_launch, write_node_result
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, bind_addresses
 from ..errors import ContractError
 from . import trace
 from .control import AgentLine
+from .exits import add_unnoticed_raises, died_at, failure_of, interrupted_code, rank_exits
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 from .workers import Standbys, WorkerSource, supplied
-
-
-def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
-    """When a failed rank died, to the millisecond, given that it was ``noticed`` dead by then.
-
-    torch dates a failure by the whole second it noticed it, and the direct launcher polls once
-    a second, so a rank that raised and the rank that crashed because of it tie, or swap, and
-    the root cause names the casualty. A rank's own exception record is exact. Without one, its
-    log's last write is: a dying worker prints its stack (faulthandler) or "terminate called..."
-    there. A rank killed silently is dated by its last output, which is before its death, never
-    after a failure it caused."""
-    error = _rank_error(paths, attempt, rank)
-    if error is not None:
-        return error.timestamp
-    try:
-        return min(paths.rank_log(attempt, rank).stat().st_mtime, noticed)
-    except OSError:
-        return noticed
-
-
-def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, node_rank: int) -> None:
-    """Count as failures this node's ranks that raised before the first failure that was noticed.
-
-    A rank that raised is still exiting (torch tearing down, gloo closing its pairs) while its
-    peers, cut off mid-collective, raise "Connection closed by peer" or abort. When one of those
-    exits first, torch notices only it and SIGTERMs the rank that caused it, and the root cause
-    names the casualty. The bootstrap's exception record says who really failed first."""
-    failures = result.get("failures") or []
-    if not failures:
-        return
-    noticed = min(f["timestamp"] for f in failures)
-    known = {f["rank"] for f in failures}
-    for rank in paths.ranks(attempt):
-        error = _rank_error(paths, attempt, rank) if rank not in known else None
-        if error is None or error.node_rank != node_rank or not error.timestamp < noticed:
-            continue
-        failures.append({"rank": rank, "local_rank": error.local_rank, "pid": error.pid,
-                         "exitcode": error.exitcode, "signal": None, "timestamp": error.timestamp})
-        if rank in result.get("terminated", []):
-            result["terminated"].remove(rank)
-    failures.sort(key=lambda f: f["rank"])
-    result["exitcode"] = min(failures, key=lambda f: f["timestamp"])["exitcode"] or 1
 
 
 def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None,
@@ -150,35 +109,6 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
     return {"exitcode": 0, "failures": []}
 
 
-def rank_exits(paths: JobPaths, attempt: int, node_rank: int, unknown: int) -> dict[str, dict[str, Any]]:
-    """How this node's ranks ended, from what each bootstrap wrote (``proc.json`` at start,
-    ``exit.json`` at its end), for workers torch started and reaped; a rank without an exit
-    record died of a signal: ``unknown``."""
-    import json
-
-    ranks: dict[str, dict[str, Any]] = {}
-    for rank in paths.ranks(attempt):
-        try:
-            proc = json.loads(paths.rank_proc(attempt, rank).read_text())
-        except (OSError, ValueError):
-            continue
-        if proc.get("node_rank") != node_rank:
-            continue
-        try:
-            code = int(json.loads(paths.rank_exit(attempt, rank).read_text())["exitcode"])
-        except (OSError, ValueError, KeyError, TypeError):
-            code = unknown
-        ranks[str(rank)] = {"pid": proc.get("pid"), "exitcode": code}
-    return ranks
-
-
-def interrupted_code(ranks: dict[str, dict[str, Any]]) -> int:
-    """A node's exit code after Ctrl-C is its scripts': 0 when every rank ended with 0, else
-    the lowest rank's nonzero code (130: an uncaught KeyboardInterrupt)."""
-    codes = [ranks[r]["exitcode"] for r in sorted(ranks, key=int)]
-    return next((c for c in codes if c != 0), 0)
-
-
 def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int,
                watcher: ChildWatcher | None = None, source: WorkerSource | None = None) -> dict[str, Any]:
     """Start the node's processes ourselves; fail fast when one fails; forward stop signals.
@@ -206,7 +136,7 @@ def run_direct(node: NodePlan, grace: float, paths: JobPaths, attempt: int,
             for rank, pr in procs.items():
                 code = pr.poll()
                 if code not in (None, 0) and not any(f["rank"] == rank for f in failures):
-                    failures.append(_failure(rank, pr, paths, attempt))
+                    failures.append(failure_of(rank, pr, paths, attempt))
             if failures or all_done() or watcher.stop_requests:
                 break
             watcher.wait(1.0)
@@ -271,21 +201,6 @@ def _start_sampler(paths: JobPaths, attempt: int, node_rank: int, interval: floa
     return ResourceSampler(
         paths.node_resources(attempt, node_rank), node_rank, lambda: rank_pids(paths, attempt, node_rank), interval
     ).start()
-
-
-def _failure(rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int) -> dict[str, Any]:
-    code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-    return {"rank": rank, "pid": proc.pid, "exitcode": exit_code(code), "signal": signal_name(code),
-            "timestamp": died_at(paths, attempt, rank, time.time())}
-
-
-def _rank_error(paths: JobPaths, attempt: int, rank: int) -> Any:
-    """The rank's error.json (``contracts.RankError``); None when it has none or it is unreadable:
-    dating a failure must not stop the node's report."""
-    try:
-        return read_rank_error(paths.rank_error(attempt, rank))
-    except ContractError:
-        return None
 
 
 def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile]:
