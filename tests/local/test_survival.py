@@ -144,7 +144,9 @@ def test_stalled_rank_is_detected_with_stacks(phx_home, tmp_path):
         "dist.all_reduce(t)\n"
     )
     start = time.monotonic()
-    proc = phalanx("run", "--grace", "3", "--stall-timeout", "4", "-n", "2", str(script), timeout=120)
+    # The stall clock runs from the attempt's start: the timeout leaves room for the agent's and
+    # the ranks' start-up (torch imports) on a loaded machine, so the stall is rank 1's sleep.
+    proc = phalanx("run", "--grace", "3", "--stall-timeout", "12", "-n", "2", str(script), timeout=120)
     assert time.monotonic() - start < 90
     assert proc.returncode == 124
     status = json.loads(phalanx("status", "stall", "--json", check=True).stdout)
