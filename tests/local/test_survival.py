@@ -179,3 +179,35 @@ def test_torchrun_in_place_restart_is_reliable(phx_home, tmp_path, repeat):
     # recovered in place (torchrun restart 1), not by a job-level retry
     assert sorted(re.findall(r"finished rank=(\d) restart=(\d) attempt=(\d)", proc.stdout)) == [
         ("0", "1", "0"), ("1", "1", "0")]
+
+
+UNDYING = """
+import ctypes, os, signal, time
+ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG 0: this rank would outlive its node agent
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ignoring SIGTERM", flush=True)
+time.sleep(600)
+"""
+
+
+def test_ranks_that_would_outlive_their_agent_are_gone_when_the_job_ends(phx_home, tmp_path):
+    """A rank that ignores SIGTERM and cleared its death signal (as a daemonising library may)
+    survives its node agent's death (here: kill -9): the supervisor kills it by its pid before
+    it records the attempt's end, so nothing of an ended job is left running."""
+    script = tmp_path / "undying.py"
+    script.write_text(UNDYING)
+    job_id = phalanx("run", "-d", "--grace", "1", "-n", "2", str(script), check=True).stdout.strip()
+    job_dir = _status(job_id)["job_dir"]
+    _wait_for(lambda: len(_rank_pids(job_dir)) == 2 and all(
+        "ignoring SIGTERM" in p.read_text() for p in Path(job_dir).glob("attempt_0/rank_*/output.log")), timeout=90,
+        what="every rank ignoring SIGTERM")
+    pids = _rank_pids(job_dir)
+    agent = psutil.Process(pids[0]).ppid()  # torch's elastic agent runs in phalanx's node agent
+    assert agent == psutil.Process(pids[1]).ppid() and agent != _status(job_id)["supervisor_pid"]
+    os.kill(agent, signal.SIGKILL)
+    _wait_for(lambda: _status(job_id)["state"] == "FAILED", timeout=60, what="the job's end")
+    try:
+        assert _alive(pids) == [], "a rank outlived its job"
+    finally:
+        for pid in _alive(pids):
+            os.kill(pid, signal.SIGKILL)

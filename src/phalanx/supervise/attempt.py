@@ -13,7 +13,7 @@ from ..core.paths import JobPaths, write_atomic
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from .outcome import Outcome, decide
-from .watch import Watch, dump_stacks
+from .watch import Watch, dump_stacks, end_stragglers
 
 Events = Callable[[str], None]
 
@@ -92,6 +92,7 @@ class AttemptRun:
         if self.watch.due():
             self.watch.collect()
         if all(r is not None for r in results):
+            end_stragglers(self.paths, self.plan.attempt)  # no rank outlives the attempt it belongs to
             self.watch.collect(final=True)
             self.watch.close()
             return decide(self.paths, self.plan.attempt, [r for r in results if r is not None], self.stop_reason,

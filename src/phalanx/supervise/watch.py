@@ -70,15 +70,58 @@ class Watch:
             sampler.stop()
 
 
+def _local_ranks(paths: JobPaths, attempt: int) -> list[dict[str, Any]]:
+    """The ``proc.json`` of every rank of ``attempt`` that ran on this machine (a pid on another
+    host means nothing here)."""
+    here = (socket.gethostname(), os.uname().nodename, None)
+    procs = [read_json(paths.rank_proc(attempt, rank)) or {} for rank in paths.ranks(attempt)]
+    return [p for p in procs if p.get("pid") and p.get("host") in here]
+
+
 def dump_stacks(paths: JobPaths, attempt: int) -> None:
     """SIGUSR2 to every rank on this machine: the bootstrap's faulthandler prints all Python
-    stacks to its log. Ranks on other hosts are left alone (their pid means nothing here)."""
-    here = socket.gethostname()
-    for rank in paths.ranks(attempt):
-        proc = read_json(paths.rank_proc(attempt, rank)) or {}
-        if proc.get("pid") and proc.get("host") in (None, here, os.uname().nodename):
-            try:
-                os.kill(int(proc["pid"]), signal.SIGUSR2)
-            except (ProcessLookupError, PermissionError):
-                pass
+    stacks to its log."""
+    for proc in _local_ranks(paths, attempt):
+        try:
+            os.kill(int(proc["pid"]), signal.SIGUSR2)
+        except (ProcessLookupError, PermissionError):
+            pass
     time.sleep(1.0)  # let faulthandler write before the ranks are stopped
+
+
+def end_stragglers(paths: JobPaths, attempt: int, timeout: float = 10.0) -> None:
+    """Once every node of ``attempt`` has ended: wait until every rank of it on this machine has
+    ended too, SIGKILLing any still there, so that no rank outlives the attempt. A killed node
+    agent's death reaches its ranks a moment later (PR_SET_PDEATHSIG; a warm rank through its
+    pool), on a loaded machine after the supervisor would have reported; and a rank that
+    cleared its death signal would not die of it at all. A pid now held by a process started
+    after the rank recorded itself is someone else's."""
+    import psutil
+
+    ranks = []
+    for proc in _local_ranks(paths, attempt):
+        try:
+            process = psutil.Process(int(proc["pid"]))
+            if process.create_time() <= float(proc.get("started") or 0) + 1.0:  # psutil's clock: 1 s steps of boot time
+                ranks.append(process)
+        except (psutil.Error, ValueError):
+            continue
+    deadline = time.monotonic() + timeout
+    while ranks and time.monotonic() < deadline:
+        for process in ranks:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        ranks = [p for p in ranks if _running(p)]
+        if ranks:
+            time.sleep(0.05)
+
+
+def _running(process: Any) -> bool:
+    import psutil
+
+    try:
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
