@@ -29,11 +29,21 @@ START_GRACE = 60.0
 Row = TypeVar("Row", JobRecord, "SweepRecord")
 
 
+# The pid column of a job whose supervisor runs on another machine (a Kubernetes supervisor
+# pod, ``--in-cluster``): not this machine's to judge (its backend's refresh records what became
+# of it). No process has it (Linux's pid_max is at most 2**22), so nothing can signal it.
+ELSEWHERE = 2**31 - 1
+
+
 def identity() -> dict[str, Any]:
     """This process as a supervisor: the columns ``effective`` checks."""
     import psutil
 
     return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
+
+
+def elsewhere(row: JobRecord | SweepRecord) -> bool:
+    return row.supervisor_pid == ELSEWHERE
 
 
 def alive(pid: int | None, started: float | None) -> bool:
@@ -50,7 +60,7 @@ def alive(pid: int | None, started: float | None) -> bool:
 
 def is_lost(row: JobRecord | SweepRecord, now: float | None = None) -> bool:
     """The store says it runs, but nothing supervises it any more. Asks the OS; writes nothing."""
-    if is_terminal(row.state):
+    if is_terminal(row.state) or row.supervisor_pid == ELSEWHERE:
         return False
     if row.supervisor_pid is None:
         return (now or time.time()) - row.created_at >= START_GRACE

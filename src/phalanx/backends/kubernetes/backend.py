@@ -36,7 +36,7 @@ from ...launch.host import HostFacts
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..base import Backend, Facts, NodeHandle
 from ..options import validate
-from . import delivery, kinds, manifests, options
+from . import delivery, kinds, manifests, options, supervisor
 from .client import ApiError, Client
 from .ref import Ref
 from .watch import Attempt
@@ -70,7 +70,24 @@ class KubernetesBackend(Backend):
         facts = self.facts(spec)
         home = HomePaths(facts.host.home or Path(".phalanx"))  # the plan only names paths under it
         self.plan(spec, "preflight", 0, home, facts)
-        check(spec, validate(self.name, self.options, spec.backend_options), home.root)
+        opts = validate(self.name, self.options, spec.backend_options)
+        if opts.get("in_cluster") and delivery.choose(opts.get("code_uri"), spec.output_uri).store is None:
+            raise UsageError("--in-cluster keeps the job record in an object store; none is configured",
+                             "give one with --code-uri s3://BUCKET/PREFIX (or --output s3://...)")
+        check(spec, opts, home.root)
+
+    def host_supervisor(self, record: Any, plan: Plan, events: Any = None) -> dict[str, Any] | None:
+        """``--in-cluster``: the supervisor runs in a pod of the cluster (``hosted.py``)."""
+        if not record.spec.backend_options.get("in_cluster"):
+            return None
+        from . import hosted
+
+        return hosted.submit(record, plan, events)
+
+    def stop_elsewhere(self, store: Any, record: Any, events: Any = None) -> Any:
+        from . import hosted
+
+        return hosted.stop(store, record, events)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options  # validated: each value already read with options.py's rules
@@ -126,8 +143,11 @@ class KubernetesBackend(Backend):
         trees = _trees(plan)
         try:
             client = Client(_credentials(ctx))
-            values = delivery.ship(Path(ctx["code"]), delivery.choose(ctx.get("code_uri"), ctx.get("output_uri")),
-                                   trees["state"])
+            if supervisor.active():  # in the supervisor pod (--in-cluster): its bundle, the state through the store
+                values = supervisor.pod_values(trees.get("state"))
+            else:
+                values = delivery.ship(Path(ctx["code"]), delivery.choose(ctx.get("code_uri"), ctx.get("output_uri")),
+                                       trees["state"])
         except UsageError as exc:  # the cluster or the bundle changed since the check
             raise BackendError(exc.message, exc.hint) from None
         write_atomic(paths.manifests(plan.attempt), plan.submission)
@@ -202,9 +222,12 @@ def objects_kind(kind: str) -> str:
 
 
 def _credentials(opts: Mapping[str, Any]) -> Any:
-    from .kubeconfig import load
+    from .kubeconfig import IN_CLUSTER, load
 
-    return load(opts.get("context"), opts.get("namespace"))
+    # An attempt a supervisor pod started names the context "in-cluster": from a pod that is its
+    # service account, from elsewhere the kubeconfig's current context.
+    context = opts.get("context")
+    return load(None if context == IN_CLUSTER else context, opts.get("namespace"))
 
 
 def apply(client: Client, objects: list[dict[str, Any]]) -> str:
