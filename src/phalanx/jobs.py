@@ -182,7 +182,7 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
     store = open_store()
     record = liveness.record_lost(store, find_job(ref, store))
     if liveness.elsewhere(record):  # supervised in a cluster (k8s --in-cluster): stopped through it
-        return get_backend(record.backend).stop_elsewhere(store, record, events)
+        return get_backend(record.backend).stop_elsewhere(store, record, events, leftover.stop)
     if is_terminal(record.state):
         return _stop_leftover(store, record, events)
     # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
@@ -236,7 +236,8 @@ def wait(ref: str, timeout: float | None = None, poll: float = 0.2) -> JobRecord
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
         time.sleep(poll)
-        record = effective(store.get(record.id))
+        # get_job: a job supervised in a cluster (k8s --in-cluster) is brought up to date from it
+        record = get_job(record.id, store) if liveness.elsewhere(record) else effective(store.get(record.id))
     return record
 
 

@@ -1,5 +1,5 @@
 """``phalanx run --backend k8s --in-cluster -d``: the supervisor runs in a pod, and the machine
-that submitted may go. The supervisor pod is REAL: ``python3 -m phalanx.backends.kubernetes.supervisor``
+that submitted may go. The supervisor pod is REAL: ``python3 -m phalanx.supervise.remote``
 from the fetched bundle, in a network namespace (podsim.py), with an image of python3 + torch only,
 talking to the FAKE API server over HTTPS with the in-cluster credentials a kubelet gives a pod
 (``KUBERNETES_SERVICE_HOST/PORT``, the service account's token and CA), and to an S3-compatible
@@ -236,8 +236,9 @@ def test_k8s_inpod_netns_supervisor_pod_killed_is_replaced_and_reattaches(supnet
     first = _supervisor_pods(supnet)[0]["metadata"]["name"]
     run = next(r for r in supnet.kubelet.runs.values() if r.name == first)
     supnet.kubelet._kill_all(run)  # as an OOM kill of its container, or its node vanishing
-    status = _wait(lambda: (s := _status(other, job_id))["state"] in ("SUCCEEDED", "FAILED", "LOST") and s, 400,
-                   "the job to end")
+    waited = phalanx("wait", job_id, "--timeout", "400", env=laptop, timeout=420)  # the laptop's own copy, refreshed
+    assert waited.returncode == 0, waited.stdout + waited.stderr + _supervisor_logs(supnet)
+    status = _status(other, job_id)
     assert status["state"] == "SUCCEEDED", status
     assert [(a["outcome"], a["retry"]) for a in status["attempts"]] == [("succeeded", False)], _supervisor_logs(supnet)
     sups = _supervisor_pods(supnet)

@@ -37,7 +37,7 @@ def test_k8s_supervisor_pod_contract():
     assert pod["serviceAccountName"] == "trainer" and pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert "nodeSelector" not in pod and "priorityClassName" not in pod, "the GPU pods' placement is not the supervisor's"
     container = pod["containers"][0]
-    assert container["command"] == ["python3", "-m", "phalanx.backends.kubernetes.supervisor", "3f2a9c1d"]
+    assert container["command"] == ["python3", "-m", "phalanx.supervise.remote", "3f2a9c1d"]
     env = {e["name"]: e for e in container["env"]}
     assert env["PHALANX_HOME"]["value"] == supobjects.HOME and env["PYTHONPATH"]["value"] == "/phx/lib"
     for var, key in (("PHX_RECORD_GET", "record-get"), ("PHX_RECORD_PUT", "record-put"), ("PHX_STATE_PUT", "state-put")):

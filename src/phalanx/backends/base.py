@@ -191,8 +191,10 @@ class Backend(abc.ABC):
         supervisor columns. None (the default): a supervisor process here."""
         return None
 
-    def stop_elsewhere(self, store: Any, record: Any, events: Any = None) -> Any:
-        """``phalanx stop`` of a job whose supervisor ``host_supervisor`` started; its record."""
+    def stop_elsewhere(self, store: Any, record: Any, events: Any, stop_attempt: Any) -> Any:
+        """``phalanx stop`` of a job whose supervisor ``host_supervisor`` started; its record.
+        ``stop_attempt(store, record, events)`` stops what a lost supervisor left running
+        (``supervise.leftover.stop``, passed in: backends sit below supervise)."""
         raise NotImplementedError(f"the {self.name} backend hosts no supervisors")
 
     def shares_files(self, spec: JobSpec) -> bool:

@@ -16,7 +16,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.state import JobState, is_terminal
+from ..core.state import SUPERVISOR_ELSEWHERE, JobState, is_terminal
 from ..store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -29,10 +29,8 @@ START_GRACE = 60.0
 Row = TypeVar("Row", JobRecord, "SweepRecord")
 
 
-# The pid column of a job whose supervisor runs on another machine (a Kubernetes supervisor
-# pod, ``--in-cluster``): not this machine's to judge (its backend's refresh records what became
-# of it). No process has it (Linux's pid_max is at most 2**22), so nothing can signal it.
-ELSEWHERE = 2**31 - 1
+# A job supervised on another machine (k8s --in-cluster): its backend's refresh records what became of it.
+ELSEWHERE = SUPERVISOR_ELSEWHERE
 
 
 def identity() -> dict[str, Any]:

@@ -37,7 +37,7 @@ from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..base import Backend, Facts, NodeHandle
 from ..options import validate
 from . import delivery, kinds, manifests, options, supervisor
-from .client import ApiError, Client
+from .client import ApiError, Client, apply
 from .ref import Ref
 from .watch import Attempt
 
@@ -84,10 +84,10 @@ class KubernetesBackend(Backend):
 
         return hosted.submit(record, plan, events)
 
-    def stop_elsewhere(self, store: Any, record: Any, events: Any = None) -> Any:
+    def stop_elsewhere(self, store: Any, record: Any, events: Any, stop_attempt: Any) -> Any:
         from . import hosted
 
-        return hosted.stop(store, record, events)
+        return hosted.stop(store, record, events, stop_attempt)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options  # validated: each value already read with options.py's rules
@@ -228,30 +228,6 @@ def _credentials(opts: Mapping[str, Any]) -> Any:
     # service account, from elsewhere the kubeconfig's current context.
     context = opts.get("context")
     return load(None if context == IN_CLUSTER else context, opts.get("namespace"))
-
-
-def apply(client: Client, objects: list[dict[str, Any]]) -> str:
-    """Create ``objects`` in order, then make the workload (the last) their owner; the
-    workload's uid. On any refusal everything created so far is deleted again and a
-    BackendError says what was refused."""
-    created: list[tuple[str, str]] = []
-    try:
-        answers = []
-        for obj in objects:
-            answers.append(client.create(obj["kind"], obj))
-            created.append((obj["kind"], obj["metadata"]["name"]))
-        owner = manifests.owner_reference(answers[-1])
-        for obj in objects[:-1]:
-            client.patch(obj["kind"], obj["metadata"]["name"], {"metadata": {"ownerReferences": [owner]}})
-    except ApiError as exc:
-        for kind, name in reversed(created):
-            try:
-                client.delete(kind, name, propagation="Foreground", grace=0)
-            except ApiError:
-                pass
-        what = f"creating the {objects[len(created)]['kind']}" if len(created) < len(objects) else "setting owners"
-        raise BackendError(f"the cluster refused {what}: {exc.message}", exc.hint) from None
-    return str(answers[-1]["metadata"].get("uid", ""))
 
 
 class K8sNode(NodeHandle):

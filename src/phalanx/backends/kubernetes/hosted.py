@@ -19,13 +19,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ...core.paths import HomePaths, JobPaths, read_json, write_atomic
 from ...core.plan import Plan
-from ...core.state import JobState, is_terminal
+from ...core.state import SUPERVISOR_ELSEWHERE, JobState, is_terminal
 from ...errors import UsageError
 from . import record as rec
 from . import supobjects
@@ -33,7 +34,7 @@ from .supervisor import COLUMNS, row_of
 
 Events = Callable[[str], None]
 WHERE = "k8s-supervisor.json"  # in the job directory: where its supervisor runs (namespace, context, name)
-LOOKUP_TIMEOUT = 10.0  # seconds a read waits for the API server
+LOOKUP_TIMEOUT = 5.0  # seconds a read waits for the API server
 REFRESH = 2.0  # seconds a process reuses a record it refreshed (logs -f asks many times a second)
 _refreshed: dict[str, float] = {}
 LOCAL = (WHERE, "supervisor.yaml", "supervisor-rbac.yaml")  # this machine's files, not in the record
@@ -53,10 +54,8 @@ def _client(context: str | None, namespace: str | None, timeout: float = 30.0) -
 def submit(record: Any, plan: Plan, events: Events | None = None) -> dict[str, Any]:
     """Start ``record``'s supervisor in the cluster; its store columns. Raises BackendError."""
     from ...errors import BackendError
-    from ...supervise.liveness import ELSEWHERE
     from . import delivery, manifests
-    from .backend import apply
-    from .preflight import KIND_OF  # noqa: F401 - the kinds the Role names
+    from .client import apply
 
     say = events or (lambda text: None)
     ctx, spec = plan.context, record.spec
@@ -95,7 +94,7 @@ def submit(record: Any, plan: Plan, events: Events | None = None) -> dict[str, A
                                                          supobjects.supervisor_verbs(str(ctx.get("kind") or "job")))))
     say(f"supervisor pod {supobjects.name(record.id)} in namespace {client.namespace} runs the job; it needs service account "
         f"'{account}' to hold the Role in {rbac} (kubectl apply -f {rbac}); this machine may go")
-    return {"supervisor_pid": ELSEWHERE, "supervisor_started": time.time()}
+    return {"supervisor_pid": SUPERVISOR_ELSEWHERE, "supervisor_started": time.time()}
 
 
 def describe(record: Any) -> str:
@@ -183,8 +182,6 @@ def refresh(store: Any, record: Any, home: HomePaths) -> Any:
 
 def _import(store: Any, home: HomePaths, job: Mapping[str, Any], client: Any) -> Any:
     """A supervisor Job this home never saw, as a job of its store."""
-    from ...supervise.liveness import ELSEWHERE
-
     meta = job["metadata"]
     info = {"namespace": client.namespace, "context": client.creds.context if client.creds.context != "in-cluster" else None,
             "name": meta["name"], "record": (meta.get("annotations") or {}).get(supobjects.RECORD, "")}
@@ -199,7 +196,7 @@ def _import(store: Any, home: HomePaths, job: Mapping[str, Any], client: Any) ->
     paths = home.job(row["id"])
     paths.root.mkdir(parents=True, exist_ok=True)
     write_atomic(where(paths), json.dumps(info))
-    store.insert_job(id=row["id"], job_dir=str(paths.root), state=JobState.PENDING.value, supervisor_pid=ELSEWHERE,
+    store.insert_job(id=row["id"], job_dir=str(paths.root), state=JobState.PENDING.value, supervisor_pid=SUPERVISOR_ELSEWHERE,
                      **{c: row[c] for c in ("name", "backend", "nnodes", "nproc_per_node", "command", "spec_json", "created_at")})
     _apply(store, home, row["id"], data)
     return store.get(row["id"])
@@ -216,10 +213,9 @@ def find(ref: str, store: Any, home: HomePaths) -> Any:
     """The job of id ``ref`` from its supervisor's labels in the current context's namespace,
     imported into this home; None when there is none (or no cluster to ask)."""
     from .client import ApiError
-    from .manifests import label_value
 
-    if not _reachable() or label_value(ref) != ref:
-        return None
+    if not re.fullmatch(r"[0-9a-f]{8}", ref) or not _reachable():
+        return None  # a name or a prefix (a typo, most likely) is not worth a round trip to the cluster
     try:
         client = _client(None, None, timeout=LOOKUP_TIMEOUT)
         found = client.list("Job", labels=supobjects.selector(ref))
@@ -252,10 +248,10 @@ def find_all(store: Any, home: HomePaths) -> int:
     return len(jobs)
 
 
-def stop(store: Any, record: Any, events: Events | None = None) -> Any:
+def stop(store: Any, record: Any, events: Events | None, stop_attempt: Callable[..., Any]) -> Any:
     """Stop a job supervised in the cluster: its supervisor Job first (the pod saves the record
-    and exits; no replacement), then what its attempt still runs, then CANCELLED in the record."""
-    from ...supervise import leftover
+    and exits; no replacement), then what its attempt still runs (``stop_attempt``: the caller's
+    ``supervise.leftover.stop``, as for any lost supervisor's job), then CANCELLED in the record."""
     from .client import ApiError
 
     say = events or (lambda text: None)
@@ -281,7 +277,7 @@ def stop(store: Any, record: Any, events: Events | None = None) -> Any:
     if is_terminal(record.state):
         return record
     say(f"supervisor {info['name']} deleted; stopping the attempt it watched")
-    leftover.stop(store, record, events)
+    stop_attempt(store, record, events)
     store.transition(record.id, JobState.CANCELLED, exit_code=143)
     record = store.get(record.id)
     if urls is not None:

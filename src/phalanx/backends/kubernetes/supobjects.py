@@ -4,7 +4,7 @@ golden-tested like ``manifests.py``:
 - a ``batch/v1`` Job ``phx-<id>-sup`` of one pod, labelled as the job's objects are plus
   ``phalanx.dev/role=supervisor`` (no attempt label: it is no attempt, and an attempt's selector
   never matches it). Its pod fetches the same bundle as the attempts' pods (init container
-  ``phx-fetch``) and runs ``python3 -m phalanx.backends.kubernetes.supervisor JOB`` with the
+  ``phx-fetch``) and runs ``python3 -m phalanx.supervise.remote JOB`` with the
   pod's service account (``kubeconfig.in_cluster``). ``backoffLimit`` lets the Job controller
   replace a pod that failed or was evicted; the new one restores the record and re-attaches to
   the running attempt by its labels;
@@ -13,7 +13,7 @@ golden-tested like ``manifests.py``:
   phalanx does not create these (creating Roles is an admin's right); it writes them for
   ``kubectl apply -f``.
 
-The Secret is owned by the Job (``backend.apply``), so deleting the Job or its TTL removes it.
+The Secret is owned by the Job (``client.apply``), so deleting the Job or its TTL removes it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .manifests import (BUNDLE_SHA256, BUNDLE_URL, FETCH_CONTAINER, FETCH_INIT, 
 ROLE = "phalanx.dev/role"
 RECORD = "phalanx.dev/record"  # annotation: where the job record lives in the object store
 CONTAINER = "supervisor"
-ENTRY = "phalanx.backends.kubernetes.supervisor"
+ENTRY = "phalanx.supervise.remote"
 HOME = ROOT + "/home"  # the supervisor pod's PHALANX_HOME (an emptyDir, restored from the record)
 RESTARTS = 6  # supervisor pods the Job controller may replace (failed, evicted, its node drained)
 TTL = 7 * 24 * 3600  # as long as the presigned URLs live: ps finds the job this long after it ended
