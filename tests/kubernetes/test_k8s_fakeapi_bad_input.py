@@ -44,6 +44,8 @@ def _nothing_created(k8s, proc) -> None:
     (("--in-cluster",), None, "--in-cluster runs the job's supervisor in the cluster, so the job runs detached; add -d"),
     (("-d", "--in-cluster"), None, "--in-cluster keeps the job record in an object store; none is configured; give one "
                                    "with --code-uri s3://BUCKET/PREFIX"),
+    (("-d", "--in-cluster", "--code-uri", "gs://bucket/phalanx"), None,
+     "--in-cluster keeps the job record in an s3:// store; gs://bucket/phalanx is not one; give --code-uri s3://BUCKET/PREFIX"),
 ])
 def test_k8s_fakeapi_bad_input_is_one_line_exit_2_nothing_created(k8s, args, env, message):
     proc = _run(k8s, *args, env=env)

@@ -52,3 +52,20 @@ def test_k8s_supervisor_name_is_a_dns_label_for_any_job_id():
     assert supobjects.name("3f2a9c1d") == "phx-3f2a9c1d-sup"
     odd = supobjects.name("My_Job.With.Dots")
     assert schemas.DNS_1123_LABEL.match(odd) and len(odd) <= 63, odd
+
+
+def test_k8s_supervisor_dry_run_shows_the_role_to_apply(tmp_path):
+    """``--dry-run --in-cluster`` (no cluster needed) names the supervisor and prints its Role."""
+    from tests.conftest import phalanx
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    proc = phalanx("run", "--backend", "k8s", "--in-cluster", "--namespace", "team-a", "--code-uri", "s3://bucket/p",
+                   "--dry-run", "-n", "1x1", "train.py", cwd=tmp_path, env={"PHALANX_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# --in-cluster: the supervisor runs in the cluster as Job phx-"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("# Each node's part"))
+    rbac = manifests.from_yaml("\n".join(line[2:] for line in lines[start + 1:end]))
+    assert [o["kind"] for o in rbac] == ["Role", "RoleBinding"] and rbac[0]["metadata"]["namespace"] == "team-a"
+    for obj in rbac:
+        schemas.validate(obj)

@@ -71,10 +71,33 @@ class KubernetesBackend(Backend):
         home = HomePaths(facts.host.home or Path(".phalanx"))  # the plan only names paths under it
         self.plan(spec, "preflight", 0, home, facts)
         opts = validate(self.name, self.options, spec.backend_options)
-        if opts.get("in_cluster") and delivery.choose(opts.get("code_uri"), spec.output_uri).store is None:
+        store = delivery.choose(opts.get("code_uri"), spec.output_uri).store
+        if opts.get("in_cluster") and store is None:
             raise UsageError("--in-cluster keeps the job record in an object store; none is configured",
                              "give one with --code-uri s3://BUCKET/PREFIX (or --output s3://...)")
+        if opts.get("in_cluster") and not str(store).startswith("s3://"):  # presigned PUT URLs: S3 only so far
+            raise UsageError(f"--in-cluster keeps the job record in an s3:// store; {store} is not one",
+                             "give --code-uri s3://BUCKET/PREFIX")
         check(spec, opts, home.root)
+
+    def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, facts: Facts) -> Plan:
+        """The attempt's plan; with ``--in-cluster`` its notes (``--dry-run``) also name the
+        supervisor pod and show the Role its service account needs, to apply before the first run."""
+        plan = super().plan(spec, job_id, attempt, home, facts)
+        opts = self.validated(spec).backend_options
+        if not opts.get("in_cluster"):
+            return plan
+        from dataclasses import replace
+
+        from . import supobjects
+
+        account = (opts.get("pod") or {}).get("service_account") or "default"
+        role = supobjects.role(str(opts.get("namespace") or "NAMESPACE"), account,
+                               supobjects.supervisor_verbs(str(opts["k8s_kind"])))
+        notes = [f"--in-cluster: the supervisor runs in the cluster as Job {supobjects.name(job_id)} "
+                 f"(python3 -m {supobjects.ENTRY} {job_id}), service account '{account}', which needs this Role "
+                 "(kubectl apply -f -):", *manifests.to_yaml(role).splitlines()]
+        return replace(plan, notes=plan.notes + tuple(notes))
 
     def host_supervisor(self, record: Any, plan: Plan, events: Any = None) -> dict[str, Any] | None:
         """``--in-cluster``: the supervisor runs in a pod of the cluster (``hosted.py``)."""
