@@ -6,6 +6,7 @@ Everything ``phalanx`` does from the shell is a function here (acting on jobs) o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -19,7 +20,7 @@ from .core.plan import Plan
 from .core.spec import JobSpec
 from .core.state import JobState, can_resume, is_terminal
 from .errors import PhalanxError, UsageError
-from .query import get_job, home, open_store
+from .query import find_job, get_job, home, open_store
 from .store import JobRecord, Store
 from .supervise import detached, leftover, liveness, submit
 from .supervise.liveness import effective
@@ -84,7 +85,14 @@ def submit_detached(spec: JobSpec, events: Events | None = None) -> JobRecord:
     plan = submit.plan_job(spec, where)
     record = submit.create_job(store, where, spec, plan, inputs=inputs)
     _say_at_submit(store, record, events, plan=plan)
-    store.update(record.id, **detached.spawn_supervisor(record, spec.workdir))
+    # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
+    try:
+        hosted = get_backend(spec.backend).host_supervisor(record, plan, events)
+    except PhalanxError as exc:  # nothing runs: the record says why rather than turning LOST
+        store.transition(record.id, JobState.FAILED, exit_code=1,
+                         root_cause=json.dumps({"message": f"could not start: {exc}", "exitcode": 1}))
+        raise
+    store.update(record.id, **(hosted if hosted is not None else detached.spawn_supervisor(record, spec.workdir)))
     return store.get(record.id)
 
 
@@ -172,7 +180,9 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
     long as the supervisor lives, and ``events`` hears about it once.
     """
     store = open_store()
-    record = liveness.record_lost(store, store.find(ref))
+    record = liveness.record_lost(store, find_job(ref, store))
+    if liveness.elsewhere(record):  # supervised in a cluster (k8s --in-cluster): stopped through it
+        return get_backend(record.backend).stop_elsewhere(store, record, events, leftover.stop)
     if is_terminal(record.state):
         return _stop_leftover(store, record, events)
     # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
@@ -184,8 +194,6 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
         os.kill(record.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:
         return _stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
-    from .backends.registry import get_backend
-
     limit = timeout if timeout is not None else record.spec.grace + get_backend(record.spec.backend).stop_margin
     deadline = time.monotonic() + limit
     saving = False
@@ -228,7 +236,8 @@ def wait(ref: str, timeout: float | None = None, poll: float = 0.2) -> JobRecord
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
         time.sleep(poll)
-        record = effective(store.get(record.id))
+        # get_job: a job supervised in a cluster (k8s --in-cluster) is brought up to date from it
+        record = get_job(record.id, store) if liveness.elsewhere(record) else effective(store.get(record.id))
     return record
 
 

@@ -1,5 +1,6 @@
 """Read-only views of jobs and sweeps: what ``ps``, ``status``, ``logs``, ``metrics`` and the
-dashboard show. Nothing here writes to the store or a job directory.
+dashboard show. Nothing here writes to the store or a job directory, but for jobs supervised in
+a cluster (k8s ``--in-cluster``): ``find_job`` brings this home's copy of their record up to date.
 
 A job whose supervisor vanished is shown LOST at once (``supervise.liveness.effective``); the
 first command that acts on it (``resume``, ``stop``) records that.
@@ -38,7 +39,36 @@ def open_store() -> Store:
 def get_job(ref: str, store: Store | None = None) -> JobRecord:
     """A job by id, unique id prefix or name (the latest of that name), as it stands now."""
     store = store or open_store()
-    return effective(store.find(ref))
+    return effective(find_job(ref, store))
+
+
+def supervised_where(record: JobRecord) -> str:
+    """Where the supervisor of a job supervised in a cluster runs, in words."""
+    from .backends.kubernetes.hosted import describe
+
+    return describe(record)
+
+
+def find_job(ref: str, store: Store) -> JobRecord:
+    """``store.find``, and jobs supervised in a cluster (k8s ``--in-cluster``): their record is
+    brought up to date from it here, and a job id this home never saw is looked for there."""
+    from .errors import JobNotFound
+    from .supervise.liveness import elsewhere
+
+    try:
+        record = store.find(ref)
+    except JobNotFound:
+        from .backends.kubernetes import hosted
+
+        found = hosted.find(ref, store, home())
+        if found is None:
+            raise
+        return found
+    if elsewhere(record) and not is_terminal(record.state):
+        from .backends.kubernetes import hosted
+
+        return hosted.refresh(store, record, home())
+    return record
 
 
 def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:

@@ -27,6 +27,7 @@ import base64
 import copy
 import json
 import re
+import ssl
 import threading
 import time
 import urllib.parse
@@ -366,8 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(0.05)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the reader went away
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            self.close_connection = True  # the reader went away (over TLS: without a close_notify)
 
     def _json(self, code: int, body: Any) -> None:
         data = json.dumps(body).encode()

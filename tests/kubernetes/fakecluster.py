@@ -44,14 +44,15 @@ class Cluster:
 
     tick = 0.05
 
-    def __init__(self, root: Path, kubelet: Kubelet, host: str = "127.0.0.1") -> None:
+    def __init__(self, root: Path, kubelet: Kubelet, host: str = "127.0.0.1", tls: Any = None) -> None:
         self.root = root
         self.store = Store()
-        self.api = FakeApiServer(self.store, host)
+        self.api = FakeApiServer(self.store, host, tls=tls)
         self.kubelet = kubelet
         self.store.on_delete_pod = lambda pod, grace: self.kubelet.stop(self, pod, grace)
         self.holds: dict[int, str] = {}  # completion index -> the scheduler's message while it cannot place it
         self.created: dict[str, set[int]] = {}  # job uid -> indexes it made a pod for (finished pods are tracked)
+        self.made: dict[str, set[str]] = {}  # job uid -> uids of the pods it made (a Job with backoffLimit > 0)
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -72,6 +73,7 @@ class Cluster:
             self.store.groups = {"batch/v1", "authorization.k8s.io/v1"}
         self.holds.clear()
         self.created.clear()
+        self.made.clear()
 
     def add_nodes(self, count: int, gpus: int = 0) -> None:
         for i in range(count):
@@ -133,6 +135,9 @@ class Cluster:
             if not any(c["type"] == "Suspended" for c in conditions):
                 self._condition("jobs", ns, name, "Suspended", "True", "JobSuspended", "Job suspended")
             return
+        if spec.get("backoffLimit", 6) > 0 and spec.get("completionMode") != "Indexed":
+            self._retrying_job(job)
+            return
         pods = self.store.list("pods", ns, f"batch.kubernetes.io/job-name={name}")
         by_index = {int(p["metadata"]["labels"][INDEX]): p for p in pods}
         phases = [(p.get("status") or {}).get("phase") for p in pods]
@@ -155,6 +160,30 @@ class Cluster:
             if index not in created:  # backoffLimit 0: never a second pod for an index
                 created.add(index)
                 self.store.put("pods", ns, self._pod_for(job, index))
+
+    def _retrying_job(self, job: dict[str, Any]) -> None:
+        """A one-pod Job whose controller replaces a failed pod (``backoffLimit``; with
+        ``podReplacementPolicy: Failed`` only once the old pod is terminal or gone): Complete
+        when a pod succeeded, Failed after more than ``backoffLimit`` failures. A pod that left
+        the API before it ended counts as failed, as the finalizer-tracking controller counts it."""
+        meta, spec = job["metadata"], job["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        made = self.made.setdefault(meta["uid"], set())
+        pods = self.store.list("pods", ns, f"batch.kubernetes.io/job-name={name}")
+        phases = {p["metadata"]["uid"]: (p.get("status") or {}).get("phase") for p in pods}
+        if "Succeeded" in phases.values():
+            self._condition("jobs", ns, name, "Complete", "True", "", "")
+            return
+        failed = sum(1 for ph in phases.values() if ph == "Failed") + len(made - set(phases))
+        active = sum(1 for ph in phases.values() if ph not in ("Failed", "Succeeded"))
+        if (job.get("status") or {}).get("failed", 0) != failed or (job.get("status") or {}).get("active") != active:
+            self.store.update("jobs", ns, name, lambda o: o.setdefault("status", {}).update(failed=failed, active=active))
+        if failed > spec.get("backoffLimit", 6):
+            self._condition("jobs", ns, name, "Failed", "True", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            return
+        if active == 0:
+            pod = self._pod_for(job, 0)
+            made.add(self.store.put("pods", ns, pod)["metadata"]["uid"])
 
     def _jobset(self, jobset: dict[str, Any]) -> None:
         """What the JobSet controller does: a Job ``<jobset>-<replicatedJob>-<i>`` per replica,

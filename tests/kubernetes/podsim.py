@@ -70,6 +70,20 @@ def make_image(root: Path) -> Image:
     return Image(root, {"PATH": path, "LANG": "C.UTF-8"})
 
 
+@dataclass(frozen=True)
+class ServiceAccount:
+    """What a kubelet gives every pod to reach the API server: ``KUBERNETES_SERVICE_HOST`` and
+    ``_PORT``, and (unless ``automountServiceAccountToken: false``) the token, the cluster's CA
+    and the namespace in ``/var/run/secrets/kubernetes.io/serviceaccount``."""
+
+    host: str
+    port: int
+    dir: Path  # holds token, ca.crt, namespace
+
+
+SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
 @dataclass
 class PodRun:
     pod: dict[str, Any]
@@ -87,8 +101,9 @@ class PodRun:
 
 
 class NetnsKubelet:
-    def __init__(self, root: Path, net: netns.Network, image: Image) -> None:
+    def __init__(self, root: Path, net: netns.Network, image: Image, service: ServiceAccount | None = None) -> None:
         self.root = root
+        self.service = service
         self.net = net
         self.image = image
         self.free = list(zip(net.node_namespaces, net.node_addrs))
@@ -208,6 +223,13 @@ class NetnsKubelet:
             else:
                 lines.append(f"bind {source} {mount['mountPath']}" + (" ro" if mount.get("readOnly") else ""))
         lines.append(f"file {termination} {container.get('terminationMessagePath', '/dev/termination-log')}")
+        if self.service is not None and run.pod["spec"].get("automountServiceAccountToken") is not False:
+            # /var/run is a link to /run here: a pod's own /run (a tmpfs, as in a container) holds
+            # the service account's files, and nothing is created on this machine.
+            target = SA_PATH.replace("/var/run/", "/run/") if os.path.realpath("/var/run") == "/run" else SA_PATH
+            if target.startswith("/run/"):
+                lines.append("tmpfs /run")
+            lines.append(f"bind {self.service.dir} {target} ro")
         mounts.write_text("\n".join(lines) + "\n")
         root = run.dir / f"{name}.root"
         root.mkdir(exist_ok=True)
@@ -239,6 +261,8 @@ class NetnsKubelet:
     def _env(self, cluster: Cluster, run: PodRun, container: dict[str, Any]) -> dict[str, str]:
         pod, ns = run.pod, run.pod["metadata"]["namespace"]
         env = {**self.image.env, "HOSTNAME": pod["spec"].get("hostname", run.name)}
+        if self.service is not None:  # the kubelet gives every container the API server's Service
+            env.update(KUBERNETES_SERVICE_HOST=self.service.host, KUBERNETES_SERVICE_PORT=str(self.service.port))
         for var in container.get("env", []):
             if "value" in var:
                 env[var["name"]] = var["value"]

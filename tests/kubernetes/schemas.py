@@ -100,7 +100,7 @@ def rules(obj: dict[str, Any]) -> None:
     for key, value in (meta.get("labels") or {}).items():
         assert len(str(value)) <= 63 and re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", str(value)), (key, value)
     check = {"Job": _job, "Service": _service, "ConfigMap": _config, "Secret": _config, "TrainJob": _trainjob,
-             "JobSet": _jobset, "PyTorchJob": _pytorchjob}[obj["kind"]]
+             "JobSet": _jobset, "PyTorchJob": _pytorchjob, "Role": _role, "RoleBinding": _role}[obj["kind"]]
     check(obj)
 
 
@@ -136,12 +136,30 @@ def _job(obj: dict[str, Any]) -> None:
     spec = obj["spec"]
     name = obj["metadata"]["name"]
     assert len(name) <= 63 and DNS_1123_LABEL.match(name)
+    if (obj["metadata"].get("labels") or {}).get("phalanx.dev/role") == "supervisor":
+        # The supervisor (--in-cluster): one pod, replaced by the controller when it fails.
+        assert "completionMode" not in spec and spec.get("completions", 1) == 1 and spec.get("parallelism", 1) == 1
+        assert spec["backoffLimit"] >= 1 and spec.get("podReplacementPolicy") == "Failed"
+        _pod(spec["template"], restart=("Never",))
+        return
     assert spec["completionMode"] == "Indexed" and spec["completions"] >= 1
     assert 0 <= spec["parallelism"] <= spec["completions"]
     assert len(f"{name}-{spec['completions'] - 1}") <= 63, "pod hostnames exceed 63 characters"
     assert spec.get("podReplacementPolicy") in (None, "Failed", "TerminatingOrFailed")
     _pod(spec["template"], restart=("Never", "OnFailure"))
     assert spec["template"]["spec"]["restartPolicy"] == "Never"  # phalanx's own rule: no in-place restarts
+
+
+def _role(obj: dict[str, Any]) -> None:
+    """rbac/validation: a Role's rules name verbs and resources; a RoleBinding's subject is a
+    ServiceAccount with a namespace, and it refers to a Role of the same namespace."""
+    if obj["kind"] == "Role":
+        for rule in obj["rules"]:
+            assert rule["verbs"] and rule["resources"] and "apiGroups" in rule, rule
+            assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+    else:
+        assert obj["roleRef"]["kind"] == "Role" and obj["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
+        assert all(s["kind"] == "ServiceAccount" and s.get("namespace") for s in obj["subjects"])
 
 
 def _service(obj: dict[str, Any]) -> None:

@@ -41,6 +41,11 @@ def _nothing_created(k8s, proc) -> None:
      "the cluster does not serve PyTorchJob (kubeflow.org/v1): its operator is not installed; install it, or use the "
      "default --k8s-kind job"),
     (("--k8s-kind", "trainjob"), None, "the cluster does not serve TrainJob (trainer.kubeflow.org/v1alpha1)"),
+    (("--in-cluster",), None, "--in-cluster runs the job's supervisor in the cluster, so the job runs detached; add -d"),
+    (("-d", "--in-cluster"), None, "--in-cluster keeps the job record in an object store; none is configured; give one "
+                                   "with --code-uri s3://BUCKET/PREFIX"),
+    (("-d", "--in-cluster", "--code-uri", "gs://bucket/phalanx"), None,
+     "--in-cluster keeps the job record in an s3:// store; gs://bucket/phalanx is not one; give --code-uri s3://BUCKET/PREFIX"),
 ])
 def test_k8s_fakeapi_bad_input_is_one_line_exit_2_nothing_created(k8s, args, env, message):
     proc = _run(k8s, *args, env=env)

@@ -30,6 +30,8 @@ SDK at module level (``phalanx ps`` must stay fast); kill processes by name; blo
 
 from __future__ import annotations
 
+from typing import Any
+
 import abc
 import socket
 from collections.abc import Sequence
@@ -183,6 +185,18 @@ class Backend(abc.ABC):
     def check(self, spec: JobSpec) -> None:
         """Checks that need the outside world (credentials, buckets), run once before the job
         is recorded, so bad input fails with nothing created. Raises UsageError. Default: none."""
+
+    def host_supervisor(self, record: Any, plan: Plan, events: Any = None) -> dict[str, Any] | None:
+        """A detached job (``-d``) whose supervisor this backend runs itself, away from this
+        machine (k8s ``--in-cluster``: a supervisor pod): start it and return the job's
+        supervisor columns. None (the default): a supervisor process here."""
+        return None
+
+    def stop_elsewhere(self, store: Any, record: Any, events: Any, stop_attempt: Any) -> Any:
+        """``phalanx stop`` of a job whose supervisor ``host_supervisor`` started; its record.
+        ``stop_attempt(store, record, events)`` stops what a lost supervisor left running
+        (``supervise.leftover.stop``, passed in: backends sit below supervise)."""
+        raise NotImplementedError(f"the {self.name} backend hosts no supervisors")
 
     def shares_files(self, spec: JobSpec) -> bool:
         """Whether the nodes see this machine's files at the same paths (the user's directory, the

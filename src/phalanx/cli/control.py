@@ -119,7 +119,12 @@ def status_cmd(
     out.write(usage_line(record))
     if record.supervisor_pid:
         alive = "running" if not is_terminal(record.state) else "ended"
-        out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
+        from ..supervise.liveness import elsewhere
+
+        if elsewhere(record):  # k8s --in-cluster: a supervisor pod
+            out.write(f"supervisor in the cluster ({alive}): {query.supervised_where(record)}\n")
+        else:
+            out.write(f"supervisor pid {record.supervisor_pid} on {socket.gethostname()} ({alive})\n")
     scheduled = query.scheduler_job(record)
     if scheduled and scheduled.job_id:
         at = f" at {scheduled.address}" if scheduled.address else ""

@@ -25,6 +25,16 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
     values = resolve(opts)
     spec, sweep = build_sweep(opts, build_spec(opts, values), values)
     as_json, quiet = bool(values["as_json"]), bool(values["quiet"])
+    if spec.backend_options.get("in_cluster") and sweep is not None:
+        from ..errors import UsageError
+
+        raise UsageError("--in-cluster does not apply to sweeps yet (their trials are supervised by the sweep runner)",
+                         "drop --in-cluster, or run the sweep's trials as separate jobs")
+    if spec.backend_options.get("in_cluster") and not values["detach"] and not values["dry_run"]:
+        from ..errors import UsageError
+
+        raise UsageError("--in-cluster runs the job's supervisor in the cluster, so the job runs detached",
+                         "add -d; follow it with: phalanx logs -f JOB")
     say = (lambda text: None) if quiet else event
     if sweep is not None:
         from .sweep import run_sweep_cli

@@ -61,3 +61,9 @@ def can_transition(old: JobState, new: JobState) -> bool:
 def sources_of(new: JobState) -> list[JobState]:
     """The states from which ``new`` can be reached."""
     return [old for old, targets in _ALLOWED.items() if new in targets]
+
+
+# The supervisor pid of a job whose supervisor runs on another machine (a Kubernetes supervisor
+# pod, ``--in-cluster``): not this machine's to judge (``supervise/liveness.py``). No process has
+# it (Linux's pid_max is at most 2**22), so nothing can signal it by mistake.
+SUPERVISOR_ELSEWHERE = 2**31 - 1

@@ -16,7 +16,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.state import JobState, is_terminal
+from ..core.state import SUPERVISOR_ELSEWHERE, JobState, is_terminal
 from ..store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -29,11 +29,19 @@ START_GRACE = 60.0
 Row = TypeVar("Row", JobRecord, "SweepRecord")
 
 
+# A job supervised on another machine (k8s --in-cluster): its backend's refresh records what became of it.
+ELSEWHERE = SUPERVISOR_ELSEWHERE
+
+
 def identity() -> dict[str, Any]:
     """This process as a supervisor: the columns ``effective`` checks."""
     import psutil
 
     return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
+
+
+def elsewhere(row: JobRecord | SweepRecord) -> bool:
+    return row.supervisor_pid == ELSEWHERE
 
 
 def alive(pid: int | None, started: float | None) -> bool:
@@ -50,7 +58,7 @@ def alive(pid: int | None, started: float | None) -> bool:
 
 def is_lost(row: JobRecord | SweepRecord, now: float | None = None) -> bool:
     """The store says it runs, but nothing supervises it any more. Asks the OS; writes nothing."""
-    if is_terminal(row.state):
+    if is_terminal(row.state) or row.supervisor_pid == ELSEWHERE:
         return False
     if row.supervisor_pid is None:
         return (now or time.time()) - row.created_at >= START_GRACE

@@ -36,8 +36,8 @@ from ...launch.host import HostFacts
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
 from ..base import Backend, Facts, NodeHandle
 from ..options import validate
-from . import delivery, kinds, manifests, options
-from .client import ApiError, Client
+from . import delivery, kinds, manifests, options, supervisor
+from .client import ApiError, Client, apply
 from .ref import Ref
 from .watch import Attempt
 
@@ -70,7 +70,47 @@ class KubernetesBackend(Backend):
         facts = self.facts(spec)
         home = HomePaths(facts.host.home or Path(".phalanx"))  # the plan only names paths under it
         self.plan(spec, "preflight", 0, home, facts)
-        check(spec, validate(self.name, self.options, spec.backend_options), home.root)
+        opts = validate(self.name, self.options, spec.backend_options)
+        store = delivery.choose(opts.get("code_uri"), spec.output_uri).store
+        if opts.get("in_cluster") and store is None:
+            raise UsageError("--in-cluster keeps the job record in an object store; none is configured",
+                             "give one with --code-uri s3://BUCKET/PREFIX (or --output s3://...)")
+        if opts.get("in_cluster") and not str(store).startswith("s3://"):  # presigned PUT URLs: S3 only so far
+            raise UsageError(f"--in-cluster keeps the job record in an s3:// store; {store} is not one",
+                             "give --code-uri s3://BUCKET/PREFIX")
+        check(spec, opts, home.root)
+
+    def plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, facts: Facts) -> Plan:
+        """The attempt's plan; with ``--in-cluster`` its notes (``--dry-run``) also name the
+        supervisor pod and show the Role its service account needs, to apply before the first run."""
+        plan = super().plan(spec, job_id, attempt, home, facts)
+        opts = self.validated(spec).backend_options
+        if not opts.get("in_cluster"):
+            return plan
+        from dataclasses import replace
+
+        from . import supobjects
+
+        account = (opts.get("pod") or {}).get("service_account") or "default"
+        role = supobjects.role(str(opts.get("namespace") or "NAMESPACE"), account,
+                               supobjects.supervisor_verbs(str(opts["k8s_kind"])))
+        notes = [f"--in-cluster: the supervisor runs in the cluster as Job {supobjects.name(job_id)} "
+                 f"(python3 -m {supobjects.ENTRY} {job_id}), service account '{account}', which needs this Role "
+                 "(kubectl apply -f -):", *manifests.to_yaml(role).splitlines()]
+        return replace(plan, notes=plan.notes + tuple(notes))
+
+    def host_supervisor(self, record: Any, plan: Plan, events: Any = None) -> dict[str, Any] | None:
+        """``--in-cluster``: the supervisor runs in a pod of the cluster (``hosted.py``)."""
+        if not record.spec.backend_options.get("in_cluster"):
+            return None
+        from . import hosted
+
+        return hosted.submit(record, plan, events)
+
+    def stop_elsewhere(self, store: Any, record: Any, events: Any, stop_attempt: Any) -> Any:
+        from . import hosted
+
+        return hosted.stop(store, record, events, stop_attempt)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options  # validated: each value already read with options.py's rules
@@ -126,8 +166,11 @@ class KubernetesBackend(Backend):
         trees = _trees(plan)
         try:
             client = Client(_credentials(ctx))
-            values = delivery.ship(Path(ctx["code"]), delivery.choose(ctx.get("code_uri"), ctx.get("output_uri")),
-                                   trees["state"])
+            if supervisor.active():  # in the supervisor pod (--in-cluster): its bundle, the state through the store
+                values = supervisor.pod_values(trees.get("state"))
+            else:
+                values = delivery.ship(Path(ctx["code"]), delivery.choose(ctx.get("code_uri"), ctx.get("output_uri")),
+                                       trees["state"])
         except UsageError as exc:  # the cluster or the bundle changed since the check
             raise BackendError(exc.message, exc.hint) from None
         write_atomic(paths.manifests(plan.attempt), plan.submission)
@@ -202,33 +245,12 @@ def objects_kind(kind: str) -> str:
 
 
 def _credentials(opts: Mapping[str, Any]) -> Any:
-    from .kubeconfig import load
+    from .kubeconfig import IN_CLUSTER, load
 
-    return load(opts.get("context"), opts.get("namespace"))
-
-
-def apply(client: Client, objects: list[dict[str, Any]]) -> str:
-    """Create ``objects`` in order, then make the workload (the last) their owner; the
-    workload's uid. On any refusal everything created so far is deleted again and a
-    BackendError says what was refused."""
-    created: list[tuple[str, str]] = []
-    try:
-        answers = []
-        for obj in objects:
-            answers.append(client.create(obj["kind"], obj))
-            created.append((obj["kind"], obj["metadata"]["name"]))
-        owner = manifests.owner_reference(answers[-1])
-        for obj in objects[:-1]:
-            client.patch(obj["kind"], obj["metadata"]["name"], {"metadata": {"ownerReferences": [owner]}})
-    except ApiError as exc:
-        for kind, name in reversed(created):
-            try:
-                client.delete(kind, name, propagation="Foreground", grace=0)
-            except ApiError:
-                pass
-        what = f"creating the {objects[len(created)]['kind']}" if len(created) < len(objects) else "setting owners"
-        raise BackendError(f"the cluster refused {what}: {exc.message}", exc.hint) from None
-    return str(answers[-1]["metadata"].get("uid", ""))
+    # An attempt a supervisor pod started names the context "in-cluster": from a pod that is its
+    # service account, from elsewhere the kubeconfig's current context.
+    context = opts.get("context")
+    return load(None if context == IN_CLUSTER else context, opts.get("namespace"))
 
 
 class K8sNode(NodeHandle):

@@ -251,3 +251,29 @@ def _error(code: int, data: bytes, method: str, path: str) -> ApiError:
         422: "the cluster refused the object; see the message above",
     }.get(code, "see the message above")
     return ApiError(code, reason, message, hint)
+
+
+def apply(client: Client, objects: list[dict[str, Any]]) -> str:
+    """Create ``objects`` in order, then make the workload (the last) their owner; the
+    workload's uid. On any refusal everything created so far is deleted again and a
+    BackendError says what was refused."""
+    from .manifests import owner_reference
+
+    created: list[tuple[str, str]] = []
+    try:
+        answers = []
+        for obj in objects:
+            answers.append(client.create(obj["kind"], obj))
+            created.append((obj["kind"], obj["metadata"]["name"]))
+        owner = owner_reference(answers[-1])
+        for obj in objects[:-1]:
+            client.patch(obj["kind"], obj["metadata"]["name"], {"metadata": {"ownerReferences": [owner]}})
+    except ApiError as exc:
+        for kind, name in reversed(created):
+            try:
+                client.delete(kind, name, propagation="Foreground", grace=0)
+            except ApiError:
+                pass
+        what = f"creating the {objects[len(created)]['kind']}" if len(created) < len(objects) else "setting owners"
+        raise BackendError(f"the cluster refused {what}: {exc.message}", exc.hint) from None
+    return str(answers[-1]["metadata"].get("uid", ""))

@@ -27,6 +27,7 @@ from typing import Any
 from ...errors import UsageError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+IN_CLUSTER = "in-cluster"  # the context name of a pod's service account
 EXEC_INFO = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", "spec": {"interactive": False}}
 
 
@@ -160,7 +161,7 @@ def in_cluster() -> Credentials | None:
     ns_file = SERVICE_ACCOUNT / "namespace"
     ca = SERVICE_ACCOUNT / "ca.crt"
     address = f"[{host}]" if ":" in host else host
-    return Credentials(server=f"https://{address}:{port}", context="in-cluster", token_file=str(token),
+    return Credentials(server=f"https://{address}:{port}", context=IN_CLUSTER, token_file=str(token),
                        namespace=ns_file.read_text().strip() if ns_file.exists() else None,
                        ca_data=ca.read_bytes() if ca.exists() else None, source=str(SERVICE_ACCOUNT))
 

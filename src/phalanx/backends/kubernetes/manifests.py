@@ -149,8 +149,13 @@ def rank_variable(kind: str) -> str:
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:
     """The objects as one YAML stream (``kubectl apply -f`` takes it); text with newlines
-    (the launch plan) as literal blocks, so it reads as it is."""
-    import yaml
+    (the launch plan) as literal blocks, so it reads as it is. Without PyYAML (the supervisor
+    pod's image need not have it) one JSON document per line: JSON is YAML, so kubectl and
+    ``from_yaml`` read it the same."""
+    try:
+        import yaml
+    except ImportError:
+        return "".join("---\n" + json.dumps(o, sort_keys=False) + "\n" for o in objects)
 
     class Dumper(yaml.SafeDumper):
         pass
@@ -165,7 +170,10 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 
 def from_yaml(text: str) -> list[dict[str, Any]]:
-    import yaml
+    try:
+        import yaml
+    except ImportError:  # what to_yaml wrote without it
+        return [json.loads(doc) for doc in text.split("---\n") if doc.strip()]
 
     return [o for o in yaml.safe_load_all(text) if o]
 

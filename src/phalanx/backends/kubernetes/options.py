@@ -117,6 +117,9 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("pending_timeout", float, None, "Fail an attempt whose pods wait this many seconds for "
                                                   "a node (default: wait).", kind=Float(positive=True)),
     BackendOption("keep_failed", bool, False, "Keep a failed attempt's pods for debugging (not deleted, no TTL)."),
+    BackendOption("in_cluster", bool, False, "With -d: run the job's supervisor in a pod of the cluster (retries, "
+                                             "preemption re-runs and the record go on without this machine); "
+                                             "needs an s3:// --code-uri or --output."),
     BackendOption("code_uri", str, None, "Object store prefix (s3://...) the code bundle is uploaded to; "
                                          "default: the --output URI; without either, a ConfigMap.",
                   kind=Custom(expected="an object store prefix", parser=_code_uri), metavar="URI"),
