@@ -1,9 +1,14 @@
-"""The SkyPilot adapter against a FAKE ``sky`` module (SkyPilot cannot be installed here: see
-data/README.md). The fake keeps to the SDK's shapes in skypilot 0.14.1 (sky/client/sdk.py,
-sky/jobs/client/sdk.py): calls return request ids, ``get``/``stream_and_get`` resolve them,
-``launch`` gives (job id, handle), ``jobs.launch`` (job ids, handle), ``tail_logs`` blocks until the
-job ends and returns its exit code. It proves what phalanx asks SkyPilot for, not what SkyPilot does."""
+"""The SkyPilot adapter against a FAKE ``sky`` module, for the one path the real library cannot go
+here: a launch that succeeds (it needs a cloud). Everything the real skypilot 0.14.1 can do offline
+(task parsing, the SDK's signatures and errors against a real local API server, the dry run) is
+tested against the real library in test_real_skypilot.py. The fake keeps to the shapes that file
+checks (sky/client/sdk.py, sky/jobs/client/sdk.py): calls return request ids, ``get`` /
+``stream_and_get`` resolve them, ``launch`` gives (job id, handle), ``jobs.launch`` (job ids,
+handle), ``tail_logs`` blocks until the job ends and returns a ``JobExitCode`` (0, 100 failed,
+103 cancelled), not the script's exit code. It proves what phalanx asks SkyPilot for, not what
+SkyPilot does."""
 
+import enum
 import json
 import sys
 import threading
@@ -19,8 +24,16 @@ from phalanx.core.paths import HomePaths, JobPaths, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 
 
+class JobExitCode(enum.IntEnum):  # sky.exceptions.JobExitCode in 0.14.1 (test_real_skypilot checks the values)
+    SUCCEEDED = 0
+    FAILED = 100
+    NOT_FINISHED = 101
+    NOT_FOUND = 102
+    CANCELLED = 103
+
+
 class FakeSky(types.ModuleType):
-    def __init__(self, exit_code=0):
+    def __init__(self, exit_code=JobExitCode.SUCCEEDED):
         super().__init__("sky")
         self.calls, self.exit_code, self.ended = [], exit_code, threading.Event()
         fake = self
@@ -32,6 +45,7 @@ class FakeSky(types.ModuleType):
                 return ("task", config["name"])
 
         self.Task = Task
+        self.exceptions = types.SimpleNamespace(JobExitCode=JobExitCode, ClusterDoesNotExist=type("ClusterDoesNotExist", (ValueError,), {}))
         self.jobs = types.SimpleNamespace(
             launch=lambda task, name: self._req(("jobs.launch", name), ([7], None)),
             tail_logs=lambda job_id, follow, output_stream: self._tail(("jobs.tail_logs", job_id), output_stream),
@@ -47,7 +61,7 @@ class FakeSky(types.ModuleType):
         self.calls.append(call)
         stream.write("hello from the nodes\n")
         self.ended.wait(30)
-        return 143 if any(c[0] in ("cancel", "jobs.cancel") for c in self.calls) else self.exit_code
+        return JobExitCode.CANCELLED if any(c[0] in ("cancel", "jobs.cancel") for c in self.calls) else self.exit_code
 
     def launch(self, task, cluster_name, down):
         return self._req(("launch", cluster_name, down), (3, "handle"))
@@ -91,8 +105,8 @@ def _wait(handles):
     return [h.poll().exitcode for h in handles]  # NodeResult: the node's end, as the supervisor reads it
 
 
-def test_launch_tail_and_report(tmp_path, monkeypatch):
-    fake = FakeSky(exit_code=0)
+def test_fake_sky_launch_tail_and_report(tmp_path, monkeypatch):
+    fake = FakeSky(exit_code=JobExitCode.SUCCEEDED)
     handles, paths = _start(tmp_path, monkeypatch, fake)
     fake.ended.set()
     assert _wait(handles) == [0, 0]
@@ -107,7 +121,7 @@ def test_launch_tail_and_report(tmp_path, monkeypatch):
     assert json.loads(paths.scheduler_job(0).read_text())["job_id"] == "3"  # contracts.SchedulerRecord: ids are strings
 
 
-def test_stop_cancels_and_tears_down(tmp_path, monkeypatch):
+def test_fake_sky_stop_cancels_and_tears_down(tmp_path, monkeypatch):
     fake = FakeSky()
     handles, paths = _start(tmp_path, monkeypatch, fake)
     while not any(c[0] == "tail_logs" for c in fake.calls):
@@ -118,11 +132,12 @@ def test_stop_cancels_and_tears_down(tmp_path, monkeypatch):
     assert json.loads(paths.node_result(0, 1).read_text())["stopped_by"] == "SIGTERM"
 
 
-def test_managed_jobs_go_through_sky_jobs(tmp_path, monkeypatch):
-    fake = FakeSky(exit_code=1)
-    handles, _paths = _start(tmp_path, monkeypatch, fake, managed=True)
+def test_fake_sky_managed_jobs_go_through_sky_jobs(tmp_path, monkeypatch):
+    fake = FakeSky(exit_code=JobExitCode.FAILED)
+    handles, paths = _start(tmp_path, monkeypatch, fake, managed=True)
     fake.ended.set()
-    assert _wait(handles) == [1, 1]
+    assert _wait(handles) == [1, 1]  # JobExitCode FAILED (100) is a failure, not the script's exit code
+    assert "SkyPilot job 7 (phx-sky1-a0) ended: FAILED" in paths.agent_log(0, 0).read_text()
     assert ("jobs.launch", "phx-sky1-a0") in fake.calls and ("jobs.tail_logs", 7) in fake.calls
 
 
@@ -134,11 +149,11 @@ def test_without_skypilot_the_start_says_what_to_install(tmp_path, monkeypatch):
         _start(tmp_path, monkeypatch, None)
 
 
-def test_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monkeypatch):
+def test_fake_sky_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monkeypatch):
     """SkyPilot's nodes run one attempt each (no kept agents): on a retry ``Backend.start`` with the
     ended attempt's handles launches attempt 1 as a new cluster, and letting the old handles go
     touches nothing of SkyPilot's (the attempt-0 cluster went down with its job, ``down=True``)."""
-    fake = FakeSky(exit_code=1)
+    fake = FakeSky(exit_code=JobExitCode.FAILED)
     handles, paths = _start(tmp_path, monkeypatch, fake)
     fake.ended.set()
     assert _wait(handles) == [1, 1]
