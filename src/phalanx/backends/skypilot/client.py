@@ -21,6 +21,7 @@ its ``sky/client/sdk.py``, ``sky/jobs/client/sdk.py`` and ``sky/exceptions.py``:
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import re
 from typing import IO, Any
@@ -48,7 +49,7 @@ def load_task(sky: Any, config: dict[str, Any]) -> Any:
     """The task as SkyPilot reads it: its own schema and field parsing (accelerators, cpus, infra).
     Raises UsageError naming what SkyPilot refused."""
     try:
-        return sky.Task.from_yaml_config(config)
+        return sky.Task.from_yaml_config(copy.deepcopy(config))  # it pops keys from what it is given
     except ValueError as exc:  # InvalidSkyPilotConfigError is a ValueError, as are the field parsers'
         raise UsageError(f"SkyPilot refuses the task: {one_line(exc)}",
                          "check --gpus/--cpus/--memory/--infra against `sky show-gpus` and SkyPilot's task YAML reference") from None
