@@ -154,3 +154,24 @@ def test_real_cli_refuses_before_recording_anything(sky_server, tmp_path, option
     assert run.stderr.startswith(says) and len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
     ps = sky_server.run([str(sky_server.python), "-m", "phalanx", "ps", "--all"], cwd=tmp_path, env={"PHALANX_HOME": str(home)})
     assert ps.returncode == 0 and "train" not in ps.stdout, ps.stdout  # nothing recorded
+
+
+def test_phalanx_cli_works_with_the_click_skypilot_brings(sky_python, tmp_path):
+    """skypilot 0.14.1 pins click<8.2; `pip install 'phalanx[skypilot]'` gets click 8.1.8: the CLI
+    still answers (help, bare command, a usage error in one line) and ps does not import sky."""
+    env = {**realsky.sky_env(tmp_path), "PHALANX_HOME": str(tmp_path / "phx")}
+
+    def cli(*args):
+        return subprocess.run([str(sky_python), *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    assert cli("-c", "import click; print(click.__version__)").stdout.startswith("8.1.")
+    assert cli("-m", "phalanx", "--help").returncode == 0
+    bare = cli("-m", "phalanx")
+    assert bare.returncode == 0 and "Usage:" in bare.stdout, bare.stderr
+    (tmp_path / "t.py").write_text("pass\n")
+    bad = cli("-m", "phalanx", "run", "--cold=yes", "t.py")
+    assert bad.returncode == 2 and bad.stderr.startswith("phalanx: error: ") and len(bad.stderr.splitlines()) == 1, bad.stderr
+    ps = cli("-X", "importtime", "-m", "phalanx", "ps")
+    assert ps.returncode == 0, ps.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in ps.stderr.splitlines() if line.startswith("import time:")}
+    assert not {m for m in imported if m == "sky" or m.startswith("sky.")}
