@@ -1,12 +1,12 @@
-"""A real SkyPilot API server (skypilot 0.14.1, ``python -m sky.server.server``, what ``sky api
-start`` runs) for the tests, in a network namespace of its own that has only loopback: nothing it
+"""A real SkyPilot API server (skypilot 0.14.1, ``python -m sky.server.server``, started by
+SkyPilot's SDK on first use as ``sky api start`` does) for the tests, in a network namespace of its own that has only loopback: nothing it
 or its clients do can reach outside this machine (SkyPilot fetches its catalogues from GitHub and
 checks clouds' APIs; here those fail as they would offline). Its state lives in a temporary HOME
 (``~/.sky`` there), never the user's. Clients run in the same namespace (``nsenter``).
 
-Started and stopped by PID: the server leads its own process group (its request workers and
+Stopped by PID: SkyPilot starts the server leading its own process group (its request workers and
 multiprocessing helpers are in it); at the end any process left with the temporary HOME in its
-environment is ended too, by PID.
+environment (ours alone: the directory is new) is ended too, by PID.
 """
 
 from __future__ import annotations
@@ -50,23 +50,38 @@ def sky_env(home: Path) -> dict[str, str]:
 
 
 class SkyServer:
+    """A network namespace with only loopback (held by a ``sleep``) in which SkyPilot runs: the
+    first phalanx run there finds no API server and SkyPilot's SDK starts one itself, as it does
+    for a user (``first_run``); the tests then use that server."""
+
     def __init__(self, python: Path, home: Path) -> None:
         self.python, self.home, self.env = python, home, sky_env(home)
-        self.log_path = home / "api-server.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                ["unshare", "--net", "--", "sh", "-c", f'ip link set lo up && exec "$0" -m sky.server.server --host 127.0.0.1 --port {PORT}',
-                 str(python)], env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        home.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", "ip link set lo up && exec sleep 1800"],
+                                     env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.first_run: subprocess.CompletedProcess[str] | None = None
+
+    def start(self, workdir: Path, *phalanx_args: str) -> None:
+        """``phalanx run`` (``phalanx_args``) in ``workdir`` as a user's first run: SkyPilot's SDK
+        starts its API server; then wait until it answers."""
         try:
-            up = self.run([str(python), "-c", HEALTH], timeout=150)
-            if up.returncode != 0 or self.proc.poll() is not None:
-                raise RuntimeError(f"{up.stderr.strip()}; server log:\n{self.log()[-3000:]}")
+            self.first_run = self.run([str(self.python), "-m", "phalanx", "run", *phalanx_args], cwd=workdir, timeout=300)
+            up = self.run([str(self.python), "-c", HEALTH], timeout=150)
+            if up.returncode != 0:
+                raise RuntimeError(f"{up.stderr.strip()}; first run: {self.first_run.stdout[-2000:]} {self.first_run.stderr[-2000:]}; "
+                                   f"server log:\n{self.log()[-3000:]}")
         except BaseException:
             self.stop()
             raise
 
+    def servers(self) -> list[int]:
+        """The API servers SkyPilot started (of ours)."""
+        return [pid for pid in self.ours() if b"sky.server.server" in _read(Path(f"/proc/{pid}/cmdline"))]
+
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        """SkyPilot's API server log (``~/.sky/api_server/server.log`` under the temporary HOME)."""
+        path = self.home / ".sky" / "api_server" / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def run(self, argv: list[str], timeout: float = 180, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """``argv`` in the server's network namespace, with the SkyPilot environment."""
@@ -74,26 +89,25 @@ class SkyServer:
                               cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
     def stop(self) -> None:
-        pid = self.proc.pid
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        """The API server first (SIGTERM, by PID: it shuts its workers down), then its process group
+        (multiprocessing helpers ignore SIGTERM), then whatever else runs with our HOME, then the
+        namespace's holder."""
+        for pid in self.servers():
+            _signal(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while pid in self.servers() and time.monotonic() < deadline:
+                time.sleep(0.2)
             try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(pid, signal.SIGKILL)  # its workers and multiprocessing helpers (they ignore SIGTERM)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        for left in self.ours():
-            try:
-                os.kill(left, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)  # SkyPilot starts it with start_new_session: it leads its group
             except ProcessLookupError:
                 pass
+        for left in self.ours():
+            _signal(left, signal.SIGKILL)
         deadline = time.monotonic() + 15
         while self.ours() and time.monotonic() < deadline:
             time.sleep(0.1)
+        self.proc.kill()
+        self.proc.wait()
 
     def ours(self) -> list[int]:
         """Processes started with this server's HOME (ours alone: the directory is new)."""
@@ -101,9 +115,20 @@ class SkyServer:
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and int(entry.name) != os.getpid():
-                try:
-                    if marker in (entry / "environ").read_bytes():
-                        found.append(int(entry.name))
-                except OSError:
-                    pass
+                if marker in _read(entry / "environ"):
+                    found.append(int(entry.name))
         return found
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process has ended
+        return b""
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -156,6 +156,17 @@ def test_real_cli_refuses_before_recording_anything(sky_server, tmp_path, option
     assert ps.returncode == 0 and "train" not in ps.stdout, ps.stdout  # nothing recorded
 
 
+@server
+def test_real_cli_first_run_starts_skypilots_server_and_still_says_one_line(sky_server):
+    """The session's first ``phalanx run`` found no API server: SkyPilot's SDK started one itself
+    (it keeps running: SkyPilot's daemon; the fixture ends it by PID), said so on stdout, and the
+    error is still one line."""
+    run = sky_server.first_run
+    assert run.returncode == 2 and run.stderr.startswith("phalanx: error: SkyPilot has no cloud enabled") \
+        and len(run.stderr.splitlines()) == 1, run.stdout + run.stderr
+    assert "SkyPilot API server started" in run.stdout and len(sky_server.servers()) == 1
+
+
 def test_phalanx_cli_works_with_the_click_skypilot_brings(sky_python, tmp_path):
     """skypilot 0.14.1 pins click<8.2; `pip install 'phalanx[skypilot]'` gets click 8.1.8: the CLI
     still answers (help, bare command, a usage error in one line) and ps does not import sky."""
