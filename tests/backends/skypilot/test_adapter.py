@@ -66,6 +66,9 @@ class FakeSky(types.ModuleType):
     def launch(self, task, cluster_name, down):
         return self._req(("launch", cluster_name, down), (3, "handle"))
 
+    def api_cancel(self, request_ids, silent=False):
+        return self._req(("api_cancel", request_ids), None)
+
     def tail_logs(self, cluster, job_id, follow, output_stream):
         return self._tail(("tail_logs", cluster, job_id), output_stream)
 
@@ -130,6 +133,19 @@ def test_fake_sky_stop_cancels_and_tears_down(tmp_path, monkeypatch):
     assert _wait(handles) == [143, 143]
     assert ("cancel", "phx-sky1-a0", [3]) in fake.calls and ("down", "phx-sky1-a0") in fake.calls
     assert json.loads(paths.node_result(0, 1).read_text())["stopped_by"] == "SIGTERM"
+
+
+def test_fake_sky_a_cluster_the_user_named_is_used_and_kept(tmp_path, monkeypatch):
+    """--cluster NAME: the job runs there (sky.launch reuses an existing cluster) and phalanx never
+    tears it down, neither when the job ends (down=False) nor when it is stopped (cancel only)."""
+    fake = FakeSky()
+    handles, _paths = _start(tmp_path, monkeypatch, fake, cluster="mine")
+    while not any(c[0] == "tail_logs" for c in fake.calls):
+        time.sleep(0.05)
+    handles[0].signal(15)
+    assert _wait(handles) == [143, 143]
+    assert ("launch", "mine", False) in fake.calls and ("cancel", "mine", [3]) in fake.calls
+    assert not any(c[0] == "down" for c in fake.calls), fake.calls
 
 
 def test_fake_sky_managed_jobs_go_through_sky_jobs(tmp_path, monkeypatch):

@@ -90,7 +90,7 @@ def sdk(sky_server):
 @server
 def test_real_sdk_launch_is_a_request_id_and_no_cloud_is_skypilots_error(sdk):
     assert sdk["launch_request"] == {"type": "RequestId", "is_str": True}
-    for call in ("launch", "jobs_launch"):
+    for call in ("launch", "launch_kept", "jobs_launch"):
         assert (sdk[call]["raised"], sdk[call]["module"]) == ("NoCloudAccessError", "sky.exceptions"), sdk[call]
         assert "sky check" in sdk[call]["message"]
 
@@ -111,7 +111,7 @@ def test_real_sdk_tails_of_nothing_raise_skypilots_errors(sdk):
 
 @server
 def test_real_sdk_stop_of_what_is_not_there_is_done(sdk):
-    for call in ("stop", "stop_before_job", "jobs_stop", "jobs_stop_by_name", "stop_while_launching"):
+    for call in ("stop", "stop_kept", "stop_before_job", "jobs_stop", "jobs_stop_by_name", "stop_while_launching"):
         assert sdk[call] == {"returned": None, "value": None}, (call, sdk[call])
     # api_cancel really ended the launch request: waiting on it raises SkyPilot's RequestCancelled
     assert sdk["launch_after_stop"]["raised"] == "RequestCancelled"

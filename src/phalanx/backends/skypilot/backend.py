@@ -6,11 +6,12 @@ translation is ``task`` (pure, golden-tested), the node side ``entry``. SkyPilot
 a request id that ``sky.get`` (or ``sky.stream_and_get``) waits for; that waiting happens in a
 thread of the handle, never in ``poll``.
 
-- ``sky.launch(task, cluster_name=phx-JOB, down=True)``: a cluster of ``num_nodes`` VMs for the
-  attempt, torn down after it; phalanx's ``--max-retries`` retries a failed or preempted attempt;
+- ``sky.launch(task, cluster_name=phx-JOB-aN, down=True)``: a cluster of ``num_nodes`` VMs for the
+  attempt, torn down after it (``--cluster NAME``: that cluster, reused and kept, ``down=False``);
+  phalanx's ``--max-retries`` retries a failed or preempted attempt;
 - ``--managed``: ``sky.jobs.launch``; SkyPilot's managed-job recovery restarts preempted jobs,
   so phalanx does not retry (``--max-retries`` must be 0);
-- stop: ``sky.cancel`` / ``sky.jobs.cancel``, then ``sky.down``; the output of the job (all nodes,
+- stop: ``sky.cancel`` / ``sky.jobs.cancel``, then ``sky.down`` (not of a cluster the user named); the output of the job (all nodes,
   as ``sky logs`` shows it) is kept in node 0's ``agent.log``.
 
 The plan is pure: the task (``Plan.submission`` as YAML, ``Plan.context`` as data) names the
@@ -99,6 +100,7 @@ class SkyRun:
         self.config, self.opts, self.paths, self.plan = config, opts, paths, plan
         self.managed = bool(opts.get("managed"))
         self.cluster = cluster_name(plan.job_id, plan.attempt, opts)
+        self.down = not opts.get("cluster")  # a cluster the user named is theirs: used, never torn down
         self.launching: Any = None  # the launch request while it provisions (cancelled by a stop)
         self.job_id: int | None = None
         self.code: int | None = None
@@ -117,7 +119,7 @@ class SkyRun:
         try:
             task = client.load_task(sky, self.config)
             with self._log() as log:
-                self.launching = client.start_launch(sky, task, self.cluster, self.managed)
+                self.launching = client.start_launch(sky, task, self.cluster, self.managed, down=self.down)
                 if self.stopped_by:  # a stop that came before the request existed: cancel it now
                     self._cancel()
                 self.job_id = client.wait_launch(sky, self.launching, self.managed, log)
@@ -154,7 +156,7 @@ class SkyRun:
 
     def _cancel(self) -> None:
         try:
-            client.stop(self.sky, self.cluster, self.job_id, self.managed, launching=self.launching)
+            client.stop(self.sky, self.cluster, self.job_id, self.managed, launching=self.launching, down=self.down)
         except Exception as exc:  # noqa: BLE001
             with self._log() as log:
                 log.write(f"phalanx: cancelling on SkyPilot failed: {client.one_line(exc)}; check `sky status` / `sky jobs queue`\n")

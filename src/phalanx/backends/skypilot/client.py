@@ -104,11 +104,12 @@ class Plain(io.TextIOBase):
             self.sink.close()
 
 
-def start_launch(sky: Any, task: Any, cluster: str, managed: bool) -> Any:
-    """The launch request (not waited for): ``sky.jobs.launch`` with ``managed``, else ``sky.launch``."""
+def start_launch(sky: Any, task: Any, cluster: str, managed: bool, down: bool = True) -> Any:
+    """The launch request (not waited for): ``sky.jobs.launch`` with ``managed``, else ``sky.launch``
+    (``down``: the cluster goes down when its job ends; not for a cluster the user named)."""
     if managed:
         return sky.jobs.launch(task, name=cluster)
-    return sky.launch(task, cluster_name=cluster, down=True)
+    return sky.launch(task, cluster_name=cluster, down=down)
 
 
 def wait_launch(sky: Any, request: Any, managed: bool, log: IO[str]) -> int | None:
@@ -139,10 +140,10 @@ def outcome(sky: Any, code: int | None) -> tuple[str, bool]:
     return name, code == 0
 
 
-def stop(sky: Any, cluster: str, job_id: int | None, managed: bool, launching: Any = None) -> None:
+def stop(sky: Any, cluster: str, job_id: int | None, managed: bool, launching: Any = None, down: bool = True) -> None:
     """Cancels the job and frees its machines, waiting for each request: the launch request still
     provisioning (``sky.api_cancel``), the job (``sky.cancel`` / ``sky.jobs.cancel``) and, for a
-    cluster, ``sky.down``. A cluster that does not exist (never came up, or already down), or no
+    cluster phalanx made (``down``), ``sky.down``. A cluster that does not exist (never came up, or already down), or no
     managed job in progress, is done.
     Raises what else SkyPilot raised."""
     if launching is not None:
@@ -156,6 +157,7 @@ def stop(sky: Any, cluster: str, job_id: int | None, managed: bool, launching: A
     try:
         if job_id is not None:
             sky.get(sky.cancel(cluster, job_ids=[job_id]))
-        sky.get(sky.down(cluster))
+        if down:
+            sky.get(sky.down(cluster))
     except sky.exceptions.ClusterDoesNotExist:
         pass

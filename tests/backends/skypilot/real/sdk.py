@@ -29,10 +29,12 @@ attempt("preflight", lambda: client.preflight({"name": "phx-real", "resources": 
 request = client.start_launch(sky, task, "phx-real-a0", managed=False)
 out["launch_request"] = {"type": type(request).__name__, "is_str": isinstance(request, str)}
 attempt("launch", lambda: client.wait_launch(sky, request, False, log))
+attempt("launch_kept", lambda: client.wait_launch(sky, client.start_launch(sky, task, "mine", managed=False, down=False), False, log))
 attempt("jobs_launch", lambda: client.wait_launch(sky, client.start_launch(sky, task, "phx-real-a0", managed=True), True, log))
 attempt("tail", lambda: client.tail(sky, "phx-none-a0", 1, False, log))
 attempt("jobs_tail", lambda: client.tail(sky, "phx-none-a0", 1, True, log))
 attempt("stop", lambda: client.stop(sky, "phx-none-a0", 1, managed=False))
+attempt("stop_kept", lambda: client.stop(sky, "mine", 1, managed=False, down=False))
 attempt("stop_before_job", lambda: client.stop(sky, "phx-none-a0", None, managed=False))
 attempt("jobs_stop", lambda: client.stop(sky, "phx-none-a0", 1, managed=True))
 attempt("jobs_stop_by_name", lambda: client.stop(sky, "phx-none-a0", None, managed=True))
