@@ -35,7 +35,7 @@ class JobExitCode(enum.IntEnum):  # sky.exceptions.JobExitCode in 0.14.1 (test_r
 class FakeSky(types.ModuleType):
     def __init__(self, exit_code=JobExitCode.SUCCEEDED):
         super().__init__("sky")
-        self.calls, self.exit_code, self.ended = [], exit_code, threading.Event()
+        self.calls, self.exit_code, self.ended, self.finished = [], exit_code, threading.Event(), False
         fake = self
 
         class Task:
@@ -49,7 +49,9 @@ class FakeSky(types.ModuleType):
         self.jobs = types.SimpleNamespace(
             launch=lambda task, name: self._req(("jobs.launch", name), ([7], None)),
             tail_logs=lambda job_id, follow, output_stream: self._tail(("jobs.tail_logs", job_id), output_stream),
-            cancel=lambda job_ids=None, name=None: self._req(("jobs.cancel", job_ids), None, end=True))
+            cancel=lambda job_ids=None, name=None: self._req(("jobs.cancel", job_ids), None, end=True),
+            queue_v2=lambda refresh, skip_finished, job_ids: self._req(
+                ("jobs.queue_v2", job_ids), ([] if self.finished else [{"job_id": j} for j in job_ids], len(job_ids), {}, len(job_ids))))
 
     def _req(self, call, value, end=False):
         self.calls.append(call)
@@ -65,6 +67,11 @@ class FakeSky(types.ModuleType):
 
     def launch(self, task, cluster_name, down):
         return self._req(("launch", cluster_name, down), (3, "handle"))
+
+    def job_status(self, cluster, job_ids):
+        self.calls.append(("job_status", cluster, job_ids))
+        status = types.SimpleNamespace(is_terminal=lambda: self.finished)  # sky.skylet.job_lib.JobStatus
+        return ("request", {job_id: status for job_id in job_ids})
 
     def api_cancel(self, request_ids, silent=False):
         return self._req(("api_cancel", request_ids), None)
@@ -183,3 +190,27 @@ def test_fake_sky_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monk
     assert ("launch", "phx-sky1-a1", True) in calls and ("tail_logs", "phx-sky1-a1", 3) in calls
     assert not any(c[0] in ("cancel", "down") for c in calls), calls  # nothing done to attempt 0
     assert json.loads(paths.node_result(1, 0).read_text())["exitcode"] == 1
+
+
+@pytest.mark.parametrize("managed", [False, True])
+def test_fake_sky_a_new_supervisor_follows_the_running_job_again(tmp_path, monkeypatch, managed):
+    """attach: the attempt's scheduler.json names SkyPilot's job; while SkyPilot says it runs, a new
+    supervisor follows it (tail, no second launch); once it has ended, there is nothing to attach."""
+    fake = FakeSky(exit_code=JobExitCode.SUCCEEDED)
+    options = {"managed": True} if managed else {}
+    handles, paths = _start(tmp_path, monkeypatch, fake, **options)
+    fake.ended.set()
+    assert _wait(handles) == [0, 0]
+    backend = get_backend("skypilot")
+    spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
+    plan = backend.plan(spec, "sky1", 0, HomePaths(tmp_path), backend.facts(spec))
+    before = len(fake.calls)
+    attached = backend.attach(plan, paths)
+    assert attached is not None and _wait(attached) == [0, 0]
+    calls = fake.calls[before:]
+    assert not any(c[0] in ("launch", "jobs.launch") for c in calls), calls
+    assert (("jobs.queue_v2", [7]) if managed else ("job_status", "phx-sky1-a0", [3])) in calls
+    assert (("jobs.tail_logs", 7) if managed else ("tail_logs", "phx-sky1-a0", 3)) in calls
+    assert "following SkyPilot job" in paths.agent_log(0, 0).read_text()
+    fake.finished = True
+    assert backend.attach(plan, paths) is None

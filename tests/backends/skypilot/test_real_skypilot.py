@@ -104,6 +104,14 @@ def test_real_sdk_preflight_says_no_cloud_in_one_line_exit_2(sdk):
 
 
 @server
+def test_real_sdk_status_of_what_is_not_there_is_ended(sdk):
+    """attach asks sky.job_status / sky.jobs.queue_v2: a cluster or controller that is not there
+    means the job has ended (nothing to follow again)."""
+    assert sdk["running"] == {"returned": "bool", "value": False}
+    assert sdk["jobs_running"] == {"returned": "bool", "value": False}
+
+
+@server
 def test_real_sdk_tails_of_nothing_raise_skypilots_errors(sdk):
     assert sdk["tail"]["raised"] == "ClusterDoesNotExist"
     assert (sdk["jobs_tail"]["raised"], sdk["jobs_tail"]["message"]) == ("ClusterNotUpError", "No in-progress managed jobs.")

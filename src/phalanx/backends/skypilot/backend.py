@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...core.contracts import LaunchFile, NodeResult, SchedulerRecord, read_launch, write_scheduler
+from ...core.contracts import LaunchFile, NodeResult, SchedulerRecord, read_launch, read_scheduler, write_scheduler
 from ...core.paths import HomePaths, JobPaths, write_json
 from ...core.plan import Plan
 from ...core.spec import JobSpec
@@ -78,6 +78,19 @@ class SkyPilotBackend(Backend):
         run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan)
         return [SkyNode(run, node.node_rank) for node in plan.nodes]
 
+    def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
+        """A job launched by a supervisor that has vanished and still running on SkyPilot (asked
+        once: ``client.running``): followed again, not launched again."""
+        record = read_scheduler(paths.scheduler_job(plan.attempt))
+        if record is None or record.scheduler != self.name or not record.job_id.isdigit():
+            return None
+        sky = client.sdk()
+        cluster = cluster_name(plan.job_id, plan.attempt, plan.context)
+        if not client.running(sky, cluster, int(record.job_id), bool(plan.context.get("managed"))):
+            return None
+        run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan, attached=int(record.job_id))
+        return [SkyNode(run, node.node_rank) for node in plan.nodes]
+
 
 def stage(plan: Plan, paths: JobPaths, code_dir: Path, sample_interval: float) -> Path:
     """The workdir: the bundle (code/, lib/) unpacked, and ``launch.json`` with every node's
@@ -96,13 +109,13 @@ def stage(plan: Plan, paths: JobPaths, code_dir: Path, sample_interval: float) -
 class SkyRun:
     """One attempt on SkyPilot, driven from a thread: launch, follow, report (SDK calls: ``client``)."""
 
-    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan) -> None:
+    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan, attached: int | None = None) -> None:
         self.config, self.opts, self.paths, self.plan = config, opts, paths, plan
         self.managed = bool(opts.get("managed"))
         self.cluster = cluster_name(plan.job_id, plan.attempt, opts)
         self.down = not opts.get("cluster")  # a cluster the user named is theirs: used, never torn down
         self.launching: Any = None  # the launch request while it provisions (cancelled by a stop)
-        self.job_id: int | None = None
+        self.job_id: int | None = attached  # a job launched earlier (attach): followed, not launched again
         self.code: int | None = None
         self.ended = "not ended"  # SkyPilot's word for the end (JobExitCode name), for the result
         self.stopped_by: str | None = None
@@ -119,12 +132,15 @@ class SkyRun:
         try:
             task = client.load_task(sky, self.config)
             with self._log() as log:
-                self.launching = client.start_launch(sky, task, self.cluster, self.managed, down=self.down)
-                if self.stopped_by:  # a stop that came before the request existed: cancel it now
-                    self._cancel()
-                self.job_id = client.wait_launch(sky, self.launching, self.managed, log)
-                self.launching = None
-                self._record(**({"managed": True} if self.managed else {"cluster": self.cluster}))
+                if self.job_id is None:
+                    self.launching = client.start_launch(sky, task, self.cluster, self.managed, down=self.down)
+                    if self.stopped_by:  # a stop that came before the request existed: cancel it now
+                        self._cancel()
+                    self.job_id = client.wait_launch(sky, self.launching, self.managed, log)
+                    self.launching = None
+                    self._record(**({"managed": True} if self.managed else {"cluster": self.cluster}))
+                else:
+                    log.write(f"phalanx: following SkyPilot job {self.job_id} ({self.cluster}) again; its output follows from the start\n")
                 code = client.tail(sky, self.cluster, self.job_id, self.managed, log)
                 self.ended, ok = client.outcome(sky, code)
                 log.write(f"phalanx: SkyPilot job {self.job_id} ({self.cluster}) ended: {self.ended}\n")

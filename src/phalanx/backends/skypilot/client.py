@@ -12,6 +12,8 @@ its ``sky/client/sdk.py``, ``sky/jobs/client/sdk.py`` and ``sky/exceptions.py``:
 - ``sky.tail_logs(cluster, job_id, follow, output_stream=)`` and ``sky.jobs.tail_logs(job_id=,
   follow=, output_stream=)`` block (no request id) and return a ``sky.exceptions.JobExitCode``
   (0 succeeded, 100 failed, 101 not finished, 102 not found, 103 cancelled), not the script's code;
+- ``sky.job_status(cluster, job_ids=)`` -> request of ``{job_id: JobStatus or None}``;
+  ``sky.jobs.queue_v2(refresh=, skip_finished=, job_ids=)`` -> request of ``(records, ...)``;
 - ``sky.cancel(cluster, job_ids=)``, ``sky.down(cluster)``, ``sky.jobs.cancel(name=, job_ids=)``
   and ``sky.api_cancel(request_ids)`` -> requests of ``None``.
 
@@ -127,6 +129,20 @@ def tail(sky: Any, cluster: str, job_id: int | None, managed: bool, log: IO[str]
     if managed:
         return sky.jobs.tail_logs(job_id=job_id, follow=True, output_stream=log)  # type: ignore[no-any-return]
     return sky.tail_logs(cluster, job_id, follow=True, output_stream=log)  # type: ignore[no-any-return]
+
+
+def running(sky: Any, cluster: str, job_id: int, managed: bool) -> bool:
+    """Whether the job has not ended yet (``sky.job_status`` for a cluster's job;
+    ``sky.jobs.queue_v2(skip_finished=True)`` for a managed one: it lists unfinished jobs only).
+    A cluster or jobs controller that is gone or down means it has ended."""
+    try:
+        if managed:
+            records = sky.get(sky.jobs.queue_v2(refresh=False, skip_finished=True, job_ids=[job_id]))[0]
+            return any(int(record["job_id"]) == job_id for record in records)
+        status = sky.get(sky.job_status(cluster, job_ids=[job_id])).get(job_id)
+        return status is not None and not status.is_terminal()
+    except (sky.exceptions.ClusterDoesNotExist, sky.exceptions.ClusterNotUpError):
+        return False
 
 
 def outcome(sky: Any, code: int | None) -> tuple[str, bool]:

@@ -33,6 +33,8 @@ attempt("launch_kept", lambda: client.wait_launch(sky, client.start_launch(sky, 
 attempt("jobs_launch", lambda: client.wait_launch(sky, client.start_launch(sky, task, "phx-real-a0", managed=True), True, log))
 attempt("tail", lambda: client.tail(sky, "phx-none-a0", 1, False, log))
 attempt("jobs_tail", lambda: client.tail(sky, "phx-none-a0", 1, True, log))
+attempt("running", lambda: client.running(sky, "phx-none-a0", 1, managed=False))
+attempt("jobs_running", lambda: client.running(sky, "phx-none-a0", 1, managed=True))
 attempt("stop", lambda: client.stop(sky, "phx-none-a0", 1, managed=False))
 attempt("stop_kept", lambda: client.stop(sky, "mine", 1, managed=False, down=False))
 attempt("stop_before_job", lambda: client.stop(sky, "phx-none-a0", None, managed=False))
