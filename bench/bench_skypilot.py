@@ -48,7 +48,6 @@ def main() -> None:
         (work / "train.py").write_text("print('hello')\n")
         server = realsky.SkyServer(python, Path(tmp) / "home")
         try:
-            server.start(work, "--backend", "skypilot", "--cpus", "2+", "-n", "2x1", "train.py")
             plan = server.run([str(python), "-m", "phalanx", "run", "--dry-run", "--backend", "skypilot", "--cpus", "2+", "-n", "2x1", "train.py"], cwd=work)
             task = plan.stdout[plan.stdout.index("# SkyPilot task"):]
             task = task[:task.index("\n\n")] if "\n\n" in task else task

@@ -24,17 +24,13 @@ def sky_python():
 
 @pytest.fixture(scope="session")
 def sky_server(sky_python, tmp_path_factory):
-    """One real SkyPilot API server for the session, started by SkyPilot's SDK on the first
-    ``phalanx run`` (as for a user), stopped by PID at the end."""
+    """One real SkyPilot API server for the session, stopped by PID at the end."""
     why = realsky.usable()
     if why:
         if os.environ.get("PHALANX_REQUIRE_SKY") == "1":
             pytest.fail(why)
         pytest.skip(why)
     server = realsky.SkyServer(sky_python, tmp_path_factory.mktemp("skyhome"))
-    first = tmp_path_factory.mktemp("skyfirst")
-    (first / "train.py").write_text("print('hello')\n")
-    server.start(first, "--backend", "skypilot", "--cpus", "2+", "train.py")  # a user's first run: no server yet
     yield server
     server.stop()
     assert not server.ours(), f"left running by SkyPilot's API server: {server.ours()}"

@@ -21,7 +21,7 @@ from pathlib import Path
 PORT = 46580  # SkyPilot's default; the namespace is ours, so no other server is there
 HEALTH = f"""
 import sys, time, urllib.request
-deadline = time.monotonic() + 120
+deadline = time.monotonic() + 280
 while True:
     try:
         urllib.request.urlopen("http://127.0.0.1:{PORT}/api/health", timeout=2)
@@ -50,26 +50,29 @@ def sky_env(home: Path) -> dict[str, str]:
 
 
 class SkyServer:
-    """A network namespace with only loopback (held by a ``sleep``) in which SkyPilot runs: the
-    first phalanx run there finds no API server and SkyPilot's SDK starts one itself, as it does
-    for a user (``first_run``); the tests then use that server."""
+    """A network namespace with only loopback and SkyPilot's API server in it (``serve=True``:
+    ``python -m sky.server.server``, the command ``sky api start`` runs), or only the namespace
+    (held by a ``sleep``): the first SkyPilot call there then starts a server itself, as it does
+    for a user."""
 
-    def __init__(self, python: Path, home: Path) -> None:
+    def __init__(self, python: Path, home: Path, serve: bool = True) -> None:
         self.python, self.home, self.env = python, home, sky_env(home)
         home.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", "ip link set lo up && exec sleep 1800"],
-                                     env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.first_run: subprocess.CompletedProcess[str] | None = None
+        program = f'exec "$0" -m sky.server.server --host 127.0.0.1 --port {PORT}' if serve else "exec sleep 1800"
+        with open(home / "namespace.log", "w") as log:
+            self.proc = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", f"ip link set lo up && {program}", str(python)],
+                                         env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        if serve:
+            self.wait()
 
-    def start(self, workdir: Path, *phalanx_args: str) -> None:
-        """``phalanx run`` (``phalanx_args``) in ``workdir`` as a user's first run: SkyPilot's SDK
-        starts its API server; then wait until it answers."""
+    def wait(self) -> None:
+        """Until the server answers (generous: the machine may be loaded). Stops everything and
+        raises, with the server's log, when it does not."""
         try:
-            self.first_run = self.run([str(self.python), "-m", "phalanx", "run", *phalanx_args], cwd=workdir, timeout=300)
-            up = self.run([str(self.python), "-c", HEALTH], timeout=150)
+            up = self.run([str(self.python), "-c", HEALTH], timeout=300)
             if up.returncode != 0:
-                raise RuntimeError(f"{up.stderr.strip()}; first run: {self.first_run.stdout[-2000:]} {self.first_run.stderr[-2000:]}; "
-                                   f"server log:\n{self.log()[-3000:]}")
+                raise RuntimeError(f"{up.stderr.strip()}; server log:\n{self.log()[-3000:]}{(self.home / 'namespace.log').read_text()[-2000:]}")
         except BaseException:
             self.stop()
             raise

@@ -37,6 +37,11 @@ CHECK_HINT = "set up a cloud's credentials and run `sky check` (https://docs.sky
 def sdk() -> Any:
     try:
         import sky
+        # SkyPilot imports networkx lazily (sky/dag.py, in Dag()), so the launch thread would be the
+        # first to. Once, in a test, that left networkx's registry half-filled and the next launch
+        # failed with KeyError 'Algorithm already exists in dispatch namespace'; importing it here,
+        # in the thread that imports sky (before any launch thread exists), takes that away.
+        import networkx  # noqa: F401
     except ImportError:
         raise MissingDependency("skypilot", "skypilot") from None
     return sky
