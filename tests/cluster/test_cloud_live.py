@@ -6,14 +6,16 @@ configuration names. It costs a few cents::
     PHALANX_AWS_LIVE=1 PHALANX_AWS_ROLE=arn:aws:iam::ACCOUNT:role/NAME PHALANX_AWS_S3=s3://bucket/prefix \\
         AWS_PROFILE=... AWS_REGION=... .venv/bin/python -m pytest -m aws_live tests/cluster/test_cloud_live.py
 
-SkyPilot (``sky_live``): one small VM wherever ``PHALANX_SKY_INFRA`` says, in an environment where
-``skypilot`` is installed and ``sky check`` passes::
+SkyPilot (``sky_live``): one small VM wherever ``PHALANX_SKY_INFRA`` says, run by phalanx in the
+SkyPilot environment (``.venv-sky``, built on first use: tests/backends/skypilot/skyenv.py), whose
+``sky check`` must pass (it reads your HOME's cloud credentials)::
 
     PHALANX_SKY_LIVE=1 PHALANX_SKY_INFRA=aws .venv/bin/python -m pytest -m sky_live tests/cluster/test_cloud_live.py
 """
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -35,6 +37,8 @@ def test_sagemaker_live_one_short_job(phx_home):
 @pytest.mark.sky_live
 @pytest.mark.skipif(os.environ.get("PHALANX_SKY_LIVE") != "1", reason="opt-in: set PHALANX_SKY_LIVE=1 and PHALANX_SKY_INFRA")
 def test_skypilot_live_one_small_vm(phx_home):
-    proc = phalanx("run", "--backend", "skypilot", "--infra", os.environ.get("PHALANX_SKY_INFRA", "aws"), "--cpus", "2+",
-                   "--workdir", str(EXAMPLES), str(EXAMPLES / "hello.py"), timeout=3600)
+    from tests.backends.skypilot import skyenv
+
+    proc = subprocess.run([str(skyenv.ensure()), "-m", "phalanx", "run", "--backend", "skypilot", "--infra", os.environ.get("PHALANX_SKY_INFRA", "aws"),
+                           "--cpus", "2+", "--workdir", str(EXAMPLES), str(EXAMPLES / "hello.py")], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -6,7 +6,7 @@ import functools
 import os
 import re
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import click
 import typer
@@ -87,6 +87,11 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
+# click >= 8.2 raises this for a bare group; click 8.1 (what skypilot 0.14 pins) prints the help
+# and raises Exit(0) itself, so there is nothing to catch (an empty tuple catches nothing).
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 @functools.lru_cache(maxsize=1)
 def _command() -> click.Command:
     """The click command tree, built once per process (building it is most of --help's time)."""
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.stderr.write(f"phalanx: error: {_one_line(str(exc))}\n")
         sys.exit(exc.exit_code)
-    except click.exceptions.NoArgsIsHelpError as exc:  # bare `phalanx` (or `phalanx sweep`): its help
+    except _NO_ARGS_IS_HELP as exc:  # bare `phalanx` (or `phalanx sweep`): its help
         sys.stdout.write(exc.ctx.get_help() + "\n")
         sys.exit(0)
     except click.exceptions.Exit as exc:

@@ -1,9 +1,14 @@
-"""The SkyPilot adapter against a FAKE ``sky`` module (SkyPilot cannot be installed here: see
-data/README.md). The fake keeps to the SDK's shapes in skypilot 0.14.1 (sky/client/sdk.py,
-sky/jobs/client/sdk.py): calls return request ids, ``get``/``stream_and_get`` resolve them,
-``launch`` gives (job id, handle), ``jobs.launch`` (job ids, handle), ``tail_logs`` blocks until the
-job ends and returns its exit code. It proves what phalanx asks SkyPilot for, not what SkyPilot does."""
+"""The SkyPilot adapter against a FAKE ``sky`` module, for the one path the real library cannot go
+here: a launch that succeeds (it needs a cloud). Everything the real skypilot 0.14.1 can do offline
+(task parsing, the SDK's signatures and errors against a real local API server, the dry run) is
+tested against the real library in test_real_skypilot.py. The fake keeps to the shapes that file
+checks (sky/client/sdk.py, sky/jobs/client/sdk.py): calls return request ids, ``get`` /
+``stream_and_get`` resolve them, ``launch`` gives (job id, handle), ``jobs.launch`` (job ids,
+handle), ``tail_logs`` blocks until the job ends and returns a ``JobExitCode`` (0, 100 failed,
+103 cancelled), not the script's exit code. It proves what phalanx asks SkyPilot for, not what
+SkyPilot does."""
 
+import enum
 import json
 import sys
 import threading
@@ -19,10 +24,18 @@ from phalanx.core.paths import HomePaths, JobPaths, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
 
 
+class JobExitCode(enum.IntEnum):  # sky.exceptions.JobExitCode in 0.14.1 (test_real_skypilot checks the values)
+    SUCCEEDED = 0
+    FAILED = 100
+    NOT_FINISHED = 101
+    NOT_FOUND = 102
+    CANCELLED = 103
+
+
 class FakeSky(types.ModuleType):
-    def __init__(self, exit_code=0):
+    def __init__(self, exit_code=JobExitCode.SUCCEEDED):
         super().__init__("sky")
-        self.calls, self.exit_code, self.ended = [], exit_code, threading.Event()
+        self.calls, self.exit_code, self.ended, self.finished = [], exit_code, threading.Event(), False
         fake = self
 
         class Task:
@@ -32,10 +45,13 @@ class FakeSky(types.ModuleType):
                 return ("task", config["name"])
 
         self.Task = Task
+        self.exceptions = types.SimpleNamespace(JobExitCode=JobExitCode, ClusterDoesNotExist=type("ClusterDoesNotExist", (ValueError,), {}))
         self.jobs = types.SimpleNamespace(
             launch=lambda task, name: self._req(("jobs.launch", name), ([7], None)),
             tail_logs=lambda job_id, follow, output_stream: self._tail(("jobs.tail_logs", job_id), output_stream),
-            cancel=lambda job_ids=None, name=None: self._req(("jobs.cancel", job_ids), None, end=True))
+            cancel=lambda job_ids=None, name=None: self._req(("jobs.cancel", job_ids), None, end=True),
+            queue_v2=lambda refresh, skip_finished, job_ids: self._req(
+                ("jobs.queue_v2", job_ids), ([] if self.finished else [{"job_id": j} for j in job_ids], len(job_ids), {}, len(job_ids))))
 
     def _req(self, call, value, end=False):
         self.calls.append(call)
@@ -47,10 +63,18 @@ class FakeSky(types.ModuleType):
         self.calls.append(call)
         stream.write("hello from the nodes\n")
         self.ended.wait(30)
-        return 143 if any(c[0] in ("cancel", "jobs.cancel") for c in self.calls) else self.exit_code
+        return JobExitCode.CANCELLED if any(c[0] in ("cancel", "jobs.cancel") for c in self.calls) else self.exit_code
 
     def launch(self, task, cluster_name, down):
         return self._req(("launch", cluster_name, down), (3, "handle"))
+
+    def job_status(self, cluster, job_ids):
+        self.calls.append(("job_status", cluster, job_ids))
+        status = types.SimpleNamespace(is_terminal=lambda: self.finished)  # sky.skylet.job_lib.JobStatus
+        return ("request", {job_id: status for job_id in job_ids})
+
+    def api_cancel(self, request_ids, silent=False):
+        return self._req(("api_cancel", request_ids), None)
 
     def tail_logs(self, cluster, job_id, follow, output_stream):
         return self._tail(("tail_logs", cluster, job_id), output_stream)
@@ -91,8 +115,8 @@ def _wait(handles):
     return [h.poll().exitcode for h in handles]  # NodeResult: the node's end, as the supervisor reads it
 
 
-def test_launch_tail_and_report(tmp_path, monkeypatch):
-    fake = FakeSky(exit_code=0)
+def test_fake_sky_launch_tail_and_report(tmp_path, monkeypatch):
+    fake = FakeSky(exit_code=JobExitCode.SUCCEEDED)
     handles, paths = _start(tmp_path, monkeypatch, fake)
     fake.ended.set()
     assert _wait(handles) == [0, 0]
@@ -107,7 +131,7 @@ def test_launch_tail_and_report(tmp_path, monkeypatch):
     assert json.loads(paths.scheduler_job(0).read_text())["job_id"] == "3"  # contracts.SchedulerRecord: ids are strings
 
 
-def test_stop_cancels_and_tears_down(tmp_path, monkeypatch):
+def test_fake_sky_stop_cancels_and_tears_down(tmp_path, monkeypatch):
     fake = FakeSky()
     handles, paths = _start(tmp_path, monkeypatch, fake)
     while not any(c[0] == "tail_logs" for c in fake.calls):
@@ -118,11 +142,25 @@ def test_stop_cancels_and_tears_down(tmp_path, monkeypatch):
     assert json.loads(paths.node_result(0, 1).read_text())["stopped_by"] == "SIGTERM"
 
 
-def test_managed_jobs_go_through_sky_jobs(tmp_path, monkeypatch):
-    fake = FakeSky(exit_code=1)
-    handles, _paths = _start(tmp_path, monkeypatch, fake, managed=True)
+def test_fake_sky_a_cluster_the_user_named_is_used_and_kept(tmp_path, monkeypatch):
+    """--cluster NAME: the job runs there (sky.launch reuses an existing cluster) and phalanx never
+    tears it down, neither when the job ends (down=False) nor when it is stopped (cancel only)."""
+    fake = FakeSky()
+    handles, _paths = _start(tmp_path, monkeypatch, fake, cluster="mine")
+    while not any(c[0] == "tail_logs" for c in fake.calls):
+        time.sleep(0.05)
+    handles[0].signal(15)
+    assert _wait(handles) == [143, 143]
+    assert ("launch", "mine", False) in fake.calls and ("cancel", "mine", [3]) in fake.calls
+    assert not any(c[0] == "down" for c in fake.calls), fake.calls
+
+
+def test_fake_sky_managed_jobs_go_through_sky_jobs(tmp_path, monkeypatch):
+    fake = FakeSky(exit_code=JobExitCode.FAILED)
+    handles, paths = _start(tmp_path, monkeypatch, fake, managed=True)
     fake.ended.set()
-    assert _wait(handles) == [1, 1]
+    assert _wait(handles) == [1, 1]  # JobExitCode FAILED (100) is a failure, not the script's exit code
+    assert "SkyPilot job 7 (phx-sky1-a0) ended: FAILED" in paths.agent_log(0, 0).read_text()
     assert ("jobs.launch", "phx-sky1-a0") in fake.calls and ("jobs.tail_logs", 7) in fake.calls
 
 
@@ -134,11 +172,11 @@ def test_without_skypilot_the_start_says_what_to_install(tmp_path, monkeypatch):
         _start(tmp_path, monkeypatch, None)
 
 
-def test_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monkeypatch):
+def test_fake_sky_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monkeypatch):
     """SkyPilot's nodes run one attempt each (no kept agents): on a retry ``Backend.start`` with the
     ended attempt's handles launches attempt 1 as a new cluster, and letting the old handles go
     touches nothing of SkyPilot's (the attempt-0 cluster went down with its job, ``down=True``)."""
-    fake = FakeSky(exit_code=1)
+    fake = FakeSky(exit_code=JobExitCode.FAILED)
     handles, paths = _start(tmp_path, monkeypatch, fake)
     fake.ended.set()
     assert _wait(handles) == [1, 1]
@@ -152,3 +190,27 @@ def test_a_retry_launches_anew_its_handles_keep_no_agent(tmp_path, monkeypatch):
     assert ("launch", "phx-sky1-a1", True) in calls and ("tail_logs", "phx-sky1-a1", 3) in calls
     assert not any(c[0] in ("cancel", "down") for c in calls), calls  # nothing done to attempt 0
     assert json.loads(paths.node_result(1, 0).read_text())["exitcode"] == 1
+
+
+@pytest.mark.parametrize("managed", [False, True])
+def test_fake_sky_a_new_supervisor_follows_the_running_job_again(tmp_path, monkeypatch, managed):
+    """attach: the attempt's scheduler.json names SkyPilot's job; while SkyPilot says it runs, a new
+    supervisor follows it (tail, no second launch); once it has ended, there is nothing to attach."""
+    fake = FakeSky(exit_code=JobExitCode.SUCCEEDED)
+    options = {"managed": True} if managed else {}
+    handles, paths = _start(tmp_path, monkeypatch, fake, **options)
+    fake.ended.set()
+    assert _wait(handles) == [0, 0]
+    backend = get_backend("skypilot")
+    spec = JobSpec.from_dict(json.loads(paths.spec.read_text()))
+    plan = backend.plan(spec, "sky1", 0, HomePaths(tmp_path), backend.facts(spec))
+    before = len(fake.calls)
+    attached = backend.attach(plan, paths)
+    assert attached is not None and _wait(attached) == [0, 0]
+    calls = fake.calls[before:]
+    assert not any(c[0] in ("launch", "jobs.launch") for c in calls), calls
+    assert (("jobs.queue_v2", [7]) if managed else ("job_status", "phx-sky1-a0", [3])) in calls
+    assert (("jobs.tail_logs", 7) if managed else ("tail_logs", "phx-sky1-a0", 3)) in calls
+    assert "following SkyPilot job" in paths.agent_log(0, 0).read_text()
+    fake.finished = True
+    assert backend.attach(plan, paths) is None

@@ -6,11 +6,12 @@ translation is ``task`` (pure, golden-tested), the node side ``entry``. SkyPilot
 a request id that ``sky.get`` (or ``sky.stream_and_get``) waits for; that waiting happens in a
 thread of the handle, never in ``poll``.
 
-- ``sky.launch(task, cluster_name=phx-JOB, down=True)``: a cluster of ``num_nodes`` VMs for the
-  attempt, torn down after it; phalanx's ``--max-retries`` retries a failed or preempted attempt;
+- ``sky.launch(task, cluster_name=phx-JOB-aN, down=True)``: a cluster of ``num_nodes`` VMs for the
+  attempt, torn down after it (``--cluster NAME``: that cluster, reused and kept, ``down=False``);
+  phalanx's ``--max-retries`` retries a failed or preempted attempt;
 - ``--managed``: ``sky.jobs.launch``; SkyPilot's managed-job recovery restarts preempted jobs,
   so phalanx does not retry (``--max-retries`` must be 0);
-- stop: ``sky.cancel`` / ``sky.jobs.cancel``, then ``sky.down``; the output of the job (all nodes,
+- stop: ``sky.cancel`` / ``sky.jobs.cancel``, then ``sky.down`` (not of a cluster the user named); the output of the job (all nodes,
   as ``sky logs`` shows it) is kept in node 0's ``agent.log``.
 
 The plan is pure: the task (``Plan.submission`` as YAML, ``Plan.context`` as data) names the
@@ -26,15 +27,15 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...core.contracts import LaunchFile, NodeResult, SchedulerRecord, read_launch, write_scheduler
+from ...core.contracts import LaunchFile, NodeResult, SchedulerRecord, read_launch, read_scheduler, write_scheduler
 from ...core.paths import HomePaths, JobPaths, write_json
 from ...core.plan import Plan
 from ...core.spec import JobSpec
-from ...errors import MissingDependency
 from ...launch.host import HostFacts
 from ..base import Backend, Facts, NodeHandle, synthesize
+from . import client
 from .options import OPTIONS
-from .task import WORKDIR, nodes, task_config, task_name
+from .task import WORKDIR, cluster_name, nodes, task_config
 
 
 class SkyPilotBackend(Backend):
@@ -64,10 +65,30 @@ class SkyPilotBackend(Backend):
                     submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True),
                     context=context)
 
+    def check(self, spec: JobSpec) -> None:
+        """Before the job is recorded: SkyPilot itself reads the task, and a dry run of the launch
+        (``client.preflight``) finds an enabled cloud offering the resources. Creates nothing."""
+        facts = self.facts(spec)
+        plan = self.plan(spec, "check", 0, HomePaths(facts.host.home or Path(".phalanx")), facts)  # the pure checks first
+        client.preflight(dict(plan.context["task"]), cluster_name("check", 0, spec.backend_options))
+
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         launch = read_launch(paths.node_launch(plan.attempt, plan.nodes[0].node_rank))
         stage(plan, paths, Path(plan.context["code"]), launch.sample_interval if launch else 5.0)
         run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan)
+        return [SkyNode(run, node.node_rank) for node in plan.nodes]
+
+    def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
+        """A job launched by a supervisor that has vanished and still running on SkyPilot (asked
+        once: ``client.running``): followed again, not launched again."""
+        record = read_scheduler(paths.scheduler_job(plan.attempt))
+        if record is None or record.scheduler != self.name or not record.job_id.isdigit():
+            return None
+        sky = client.sdk()
+        cluster = cluster_name(plan.job_id, plan.attempt, plan.context)
+        if not client.running(sky, cluster, int(record.job_id), bool(plan.context.get("managed"))):
+            return None
+        run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan, attached=int(record.job_id))
         return [SkyNode(run, node.node_rank) for node in plan.nodes]
 
 
@@ -85,52 +106,50 @@ def stage(plan: Plan, paths: JobPaths, code_dir: Path, sample_interval: float) -
     return dest
 
 
-def _sky() -> Any:
-    try:
-        import sky
-    except ImportError:
-        raise MissingDependency("skypilot", "skypilot") from None
-    return sky
-
-
 class SkyRun:
-    """One attempt on SkyPilot, driven from a thread: launch, follow, report."""
+    """One attempt on SkyPilot, driven from a thread: launch, follow, report (SDK calls: ``client``)."""
 
-    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan) -> None:
+    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan, attached: int | None = None) -> None:
         self.config, self.opts, self.paths, self.plan = config, opts, paths, plan
         self.managed = bool(opts.get("managed"))
-        self.cluster = opts.get("cluster") or task_name(plan.job_id, plan.attempt)
-        self.job_id: int | None = None
+        self.cluster = cluster_name(plan.job_id, plan.attempt, opts)
+        self.down = not opts.get("cluster")  # a cluster the user named is theirs: used, never torn down
+        self.launching: Any = None  # the launch request while it provisions (cancelled by a stop)
+        self.job_id: int | None = attached  # a job launched earlier (attach): followed, not launched again
         self.code: int | None = None
+        self.ended = "not ended"  # SkyPilot's word for the end (JobExitCode name), for the result
         self.stopped_by: str | None = None
-        self.sky = _sky()  # fails now, in start, when the extra is missing
+        self.sky = client.sdk()  # fails now, in start, when the extra is missing
         threading.Thread(target=self._run, daemon=True, name=f"phalanx-sky-{self.cluster}").start()
 
     def _log(self) -> Any:
         path = self.paths.agent_log(self.plan.attempt, 0)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "a")
+        return client.Plain(open(path, "a"))
 
     def _run(self) -> None:
         sky = self.sky
         try:
-            task = sky.Task.from_yaml_config(self.config)
+            task = client.load_task(sky, self.config)
             with self._log() as log:
-                if self.managed:
-                    ids, _handle = sky.stream_and_get(sky.jobs.launch(task, name=self.cluster), output_stream=log)
-                    self.job_id = ids[0] if ids else None
-                    self._record(managed=True)
-                    # Blocks until the job ends; its value is the job's exit code (SkyPilot's jobs SDK).
-                    code = sky.jobs.tail_logs(job_id=self.job_id, follow=True, output_stream=log)
+                if self.job_id is None:
+                    self.launching = client.start_launch(sky, task, self.cluster, self.managed, down=self.down)
+                    if self.stopped_by:  # a stop that came before the request existed: cancel it now
+                        self._cancel()
+                    self.job_id = client.wait_launch(sky, self.launching, self.managed, log)
+                    self.launching = None
+                    self._record(**({"managed": True} if self.managed else {"cluster": self.cluster}))
                 else:
-                    self.job_id, _handle = sky.stream_and_get(sky.launch(task, cluster_name=self.cluster, down=True), output_stream=log)
-                    self._record(cluster=self.cluster)
-                    code = sky.tail_logs(self.cluster, self.job_id, follow=True, output_stream=log)
-                log.write(f"phalanx: SkyPilot job {self.job_id} ({self.cluster}) ended with exit code {code}\n")
-            self.code = 0 if code == 0 else (128 + signal.SIGTERM if self.stopped_by else int(code or 1))
+                    log.write(f"phalanx: following SkyPilot job {self.job_id} ({self.cluster}) again; its output follows from the start\n")
+                code = client.tail(sky, self.cluster, self.job_id, self.managed, log)
+                self.ended, ok = client.outcome(sky, code)
+                log.write(f"phalanx: SkyPilot job {self.job_id} ({self.cluster}) ended: {self.ended}\n")
+            # SkyPilot says how the job ended, not the script's exit code (that is in the log above).
+            self.code = 0 if ok else (128 + signal.SIGTERM if self.stopped_by else 1)
         except Exception as exc:  # noqa: BLE001 - whatever SkyPilot raised is the node's end, said in its log
+            self.ended = f"{type(exc).__name__}: {client.one_line(exc)}"
             with self._log() as log:
-                log.write(f"phalanx: SkyPilot: {type(exc).__name__}: {exc}\n")
+                log.write(f"phalanx: SkyPilot: {self.ended}\n")
             self.code = 128 + signal.SIGTERM if self.stopped_by else 1
 
     def _record(self, **fields: Any) -> None:
@@ -139,11 +158,11 @@ class SkyRun:
 
     def result(self, node_rank: int) -> NodeResult | None:
         """The node's end once SkyPilot's job has ended: its own report (SkyPilot does not bring
-        the VMs' files back, so one is written here in its place, with the job's exit code)."""
+        the VMs' files back, so one is written here in its place)."""
         if self.code is None:
             return None
         return synthesize(self.paths, self.plan.attempt, NodeResult.synthesize(
-            node_rank, self.code, f"SkyPilot job {self.job_id} ({self.cluster}) ended with exit code {self.code}",
+            node_rank, self.code, f"SkyPilot job {self.job_id} ({self.cluster}) ended: {self.ended}",
             stopped_by=self.stopped_by, skypilot_job=self.job_id))
 
     def stop(self, signum: int) -> None:
@@ -152,17 +171,11 @@ class SkyRun:
             threading.Thread(target=self._cancel, daemon=True).start()
 
     def _cancel(self) -> None:
-        sky = self.sky
         try:
-            if self.managed:
-                sky.get(sky.jobs.cancel(job_ids=[self.job_id] if self.job_id is not None else None, name=None if self.job_id else self.cluster))
-            else:
-                if self.job_id is not None:
-                    sky.get(sky.cancel(self.cluster, job_ids=[self.job_id]))
-                sky.get(sky.down(self.cluster))
+            client.stop(self.sky, self.cluster, self.job_id, self.managed, launching=self.launching, down=self.down)
         except Exception as exc:  # noqa: BLE001
             with self._log() as log:
-                log.write(f"phalanx: cancelling on SkyPilot failed: {exc}; check `sky status` / `sky jobs queue`\n")
+                log.write(f"phalanx: cancelling on SkyPilot failed: {client.one_line(exc)}; check `sky status` / `sky jobs queue`\n")
 
 
 class SkyNode(NodeHandle):

@@ -24,7 +24,9 @@ OPTIONS: tuple[BackendOption, ...] = (
     BackendOption("disk_size", int, None, "Disk per node in GB.", kind=Int(low=1, expected="a size in GB"), metavar="GB"),
     BackendOption("cpus", str, None, "vCPUs per node, e.g. 8 or 8+.", kind=Custom(expected="a CPU count", parser=_amount)),
     BackendOption("memory", str, None, "Memory per node in GB, e.g. 32+.", kind=Custom(expected="a memory size", parser=_amount)),
-    BackendOption("cluster", str, None, "Cluster name for sky.launch (default: phx-JOB); ignored with --managed."),
+    BackendOption("cluster", str, None,
+                  "Run on this SkyPilot cluster (sky.launch reuses it if it exists) and keep it afterwards; default: a new "
+                  "cluster phx-JOB-aN per attempt, torn down after it. Ignored with --managed."),
     BackendOption("managed", bool, False,
                   "A SkyPilot managed job (sky.jobs.launch): SkyPilot recovers preemptions itself and phalanx's --max-retries must be 0."),
     BackendOption("setup", str, None, "Shell commands SkyPilot runs on every node before the job (e.g. pip install -r requirements.txt)."),

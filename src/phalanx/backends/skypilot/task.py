@@ -37,6 +37,11 @@ def task_name(job_id: str, attempt: int) -> str:
     return f"phx-{job_id}-a{attempt}"
 
 
+def cluster_name(job_id: str, attempt: int, opts: Any) -> str:
+    """The cluster (or managed job) name: ``--cluster``, else one per attempt."""
+    return str(opts.get("cluster") or task_name(job_id, attempt))
+
+
 def check(spec: JobSpec, opts: dict[str, Any]) -> None:
     if opts.get("managed") and spec.max_retries:
         raise UsageError("--managed lets SkyPilot recover the job; phalanx's --max-retries would retry it a second time",
