@@ -43,9 +43,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
 SHARED = ("ray_cluster", "slurm_cluster", "ssh_hosts", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}
 
-# Rough cost of the longest scopes (seconds of one serial run); the rest count as 0 and keep
-# their collection order after these.
-WEIGHT: dict[str, float] = {}
+# Rough cost of the longest scopes (seconds their tests took in a run of 4 workers on 2 busy
+# cores, --durations=0); the rest count as 0 and keep their collection order after these.
+WEIGHT: dict[str, float] = {
+    "s3_server": 800, "tests/differential/test_differential.py": 470, "tests/cluster/test_ray.py": 450,
+    "tests/cluster/test_slurm.py": 300, "tests/cluster/test_ssh.py": 230, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
+    "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
+    "tests/terminal/test_ctrl_c.py": 180, "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
+}
 
 
 def default_workers(config: pytest.Config) -> None:
