@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+
+# -- parallel runs: tests/parallel.py says how and why --------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        from tests import parallel
+
+        parallel.default_workers(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        from tests import parallel
+
+        parallel.check_groups(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.parallel import FileScheduling
+
+    return FileScheduling(config, log)
 
 
 @pytest.fixture
@@ -67,6 +95,8 @@ def left_running(root: str) -> list[str]:
     import psutil
 
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    # ``root`` itself or a path under it; not a sibling whose name starts alike (popen-gw1, popen-gw10).
+    inside = re.compile(re.escape(root.rstrip(os.sep)) + r"(?:/|$)")
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         if proc.pid in mine:
@@ -80,7 +110,7 @@ def left_running(root: str) -> list[str]:
             continue
         places = [env.get("PHALANX_HOME", ""), env.get("PHALANX_WARM_DIR", "")]
         warm_words = any(w in cmdline for w in ("phalanx.launch.warm_exec", "--warm-pool"))
-        if any(p.startswith(root) for p in places if p) or (warm_words and any(root in word for word in cmdline)):
+        if any(inside.match(p) for p in places if p) or (warm_words and any(inside.search(word) for word in cmdline)):
             found.append(f"{proc.pid}: {' '.join(cmdline)}")
     return found
 

@@ -13,19 +13,15 @@ from pathlib import Path
 import pytest
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """An S3-compatible server (moto_server) on a free loopback port; yields its endpoint URL."""
     exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
     if not os.path.exists(exe):
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
+    from phalanx.backends.base import free_port  # not one a port-0 listener beside us can take first
+
+    port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

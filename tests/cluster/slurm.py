@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from phalanx.backends.base import free_port
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun")
@@ -49,14 +50,8 @@ class SlurmCluster:
                          for p in sorted((self.root / "log").glob("*.log")))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _conf(root: Path, munge_socket: Path) -> str:
-    ports = {name: _free_port() for name in ("ctld", "d", *NODES)}
+    ports = {name: free_port() for name in ("ctld", "d", *NODES)}  # none a port-0 listener can take first
     nodes = "\n".join(
         f"NodeName={name} NodeHostname=localhost NodeAddr={addr} Port={ports[name]} CPUs=2 RealMemory=2000 State=UNKNOWN"
         for name, addr in NODES.items()

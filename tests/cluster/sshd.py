@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from phalanx.backends.base import free_port
 
 SSHD = "/usr/sbin/sshd"
 
@@ -33,12 +34,6 @@ class SshHosts:
         return subprocess.run(["ssh", "-F", str(self.config), host, command], capture_output=True, text=True, timeout=30, **kw)
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((addr, 0))
-        return sock.getsockname()[1]
-
-
 def start(root: Path, count: int = 2) -> SshHosts:
     if not os.path.exists(SSHD) or shutil.which("ssh") is None:
         raise FileNotFoundError("openssh-server / openssh-client are not installed (apt-get install openssh-server)")
@@ -52,7 +47,7 @@ def start(root: Path, count: int = 2) -> SshHosts:
     names, addrs, pids, entries, homes = [], [], [], [], []
     for i in range(count):
         addr = f"127.0.0.{i + 2}"
-        port = _free_port(addr)
+        port = free_port(addr)  # not one a port-0 listener beside us can take first
         home = root / f"home{i + 1}"
         home.mkdir(exist_ok=True)
         homes.append(home)

@@ -64,8 +64,9 @@ def test_stop_kills_exactly_the_job_on_every_host(phx_home, ssh_hosts):
         assert len(pids) == 2 and _alive(pids) == pids
         supervisor = psutil.Process(_status(job_id)["supervisor_pid"])
         tree = [p.pid for p in supervisor.children(recursive=True)]
-        remote_side = [p.pid for p in psutil.process_iter(["cmdline"])
-                       if "phalanx.launch.remote" in " ".join(p.info["cmdline"] or [])]
+        # The agents under this test's sshd daemons (other runs on the machine have agents of their own).
+        remote_side = [p.pid for sshd in ssh_hosts.pids for p in psutil.Process(sshd).children(recursive=True)
+                       if "phalanx.launch.remote" in " ".join(p.cmdline())]
         assert phalanx("stop", job_id, check=True).stdout.strip().endswith("CANCELLED")
         _wait_for(lambda: _alive(pids + tree + remote_side) == [], timeout=30, what="every remote process to end")
         assert _alive([bystander_pid]) == [bystander_pid], "another user's process on the host must survive"

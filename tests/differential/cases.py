@@ -4,11 +4,12 @@ processes started by hand) and as ``phalanx run PHALANX`` from the same director
 
 from __future__ import annotations
 
-import socket
 import struct
 from pathlib import Path
 
 import numpy as np
+
+from phalanx.backends.base import free_port
 
 from .harness import Case
 
@@ -26,9 +27,7 @@ def _mnist_data(root: Path) -> None:
 
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port()  # as phalanx picks its own: one no port-0 listener beside us can take first
 
 
 def _jax_by_hand(env: dict) -> list[dict]:

@@ -9,6 +9,7 @@ import shutil
 import ssl
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,11 @@ def pki(tmp_path):
 
 
 def test_k8s_client_tls_with_a_cluster_ca_and_a_client_certificate(pki, tmp_path, monkeypatch):
+    # The key pair's temporary file goes to a directory of this test's, so the check below sees
+    # this client's files only (not those of a test running beside it).
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(pki / "server.crt", pki / "server.key")
     tls.load_verify_locations(pki / "ca.crt")
@@ -170,7 +176,7 @@ def test_k8s_client_tls_with_a_cluster_ca_and_a_client_certificate(pki, tmp_path
         assert err.value.code == 0 and "kubeconfig's server address" in str(err.value)
     finally:
         api.close()
-    assert not list(Path("/tmp").glob("phx-kube-*")), "the client's key pair never stays on disk"
+    assert not list(private_tmp.glob("phx-kube-*")), "the client's key pair never stays on disk"
 
 
 def test_k8s_client_unreachable_server_says_so(tmp_path, monkeypatch):

@@ -192,8 +192,12 @@ def test_k8s_fakeapi_objects_are_owned_by_the_job(k8s):
         record = jobs.open_store().list()[0]
         name = f"phx-{record.id}-a0"
         job = k8s.cluster.wait_for(lambda: k8s.cluster.store.list("jobs", None), text="the job")[0]
-        owners = {p: k8s.cluster.store.get(p, "default", name)["metadata"].get("ownerReferences") for p in ("configmaps", "services")}
-        seen["owners"], seen["uid"] = owners, job["metadata"]["uid"]
+
+        def owned() -> dict | None:  # phalanx makes the Job their owner once it exists (backend.apply)
+            refs = {p: k8s.cluster.store.get(p, "default", name)["metadata"].get("ownerReferences") for p in ("configmaps", "services")}
+            return refs if all(refs.values()) else None
+
+        seen["owners"], seen["uid"] = k8s.cluster.wait_for(owned, text="owners on the ConfigMap and the Service"), job["metadata"]["uid"]
         jobs.stop(record.id, timeout=30)
 
     thread, _ = _while_running(k8s, look, delay=1.0)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.backends.base import free_port
 from tests.conftest import EXAMPLES, phalanx
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -36,12 +37,6 @@ class PodNet:
     net: object
     s3: str
     root: Path
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +60,7 @@ def podnet(tmp_path_factory):
         pytest.skip(f"cannot create network namespaces here: {exc}")
     kubelet = NetnsKubelet(root, net, make_image(root / "image"))
     cluster = Cluster(root / "api", kubelet)
-    port = _free_port(net.driver_addr)
+    port = free_port(net.driver_addr)
     log = open(root / "moto.log", "wb")
     server = subprocess.Popen([moto, "-H", net.driver_addr, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.backends.base import free_port
+
 pytestmark = pytest.mark.local
 
 ENVDUMP = """import json, os, sys
@@ -55,14 +57,8 @@ CASES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(prefix: list[str], machines: list[list[str]], script: list[str], cwd: Path, env: dict, logs: Path):
-    port = _free_port()
+    port = free_port()  # as phalanx picks its own: one no port-0 listener beside us can take first
     procs = [subprocess.Popen([*prefix, *[a.format(port=port, logs=logs) for a in argv], *script],
                               cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for argv in machines]

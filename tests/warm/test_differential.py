@@ -127,14 +127,28 @@ def _addresses(text: str) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x...", text)
 
 
+# 'ready' is printed once the main thread sleeps, so the signal the test sends then lands in the
+# sleep: landing in the code before it (under load, a SIGINT could reach the print's return) gives
+# a traceback naming another place, under python and phalanx alike, and the two runs differ.
 SIGNALLED = textwrap.dedent("""\
-    import signal, sys, time
+    import signal, sys, threading, time
     def on_term(signum, frame):
         print('SIGTERM handler ran', flush=True)
         sys.exit(7)
     signal.signal(signal.SIGTERM, on_term)
+    main = threading.get_native_id()
+    def announce():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # they go to the main thread
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with open(f'/proc/self/task/{main}/wchan') as fh:
+                if fh.read().endswith('nanosleep'):
+                    break
+            time.sleep(0.001)
+        print('ready', flush=True)
+    threading.Thread(target=announce, daemon=True).start()
     try:
-        print('ready', flush=True); time.sleep(60)  # one line: the traceback names it wherever the signal lands
+        time.sleep(60)
     except KeyboardInterrupt:
         print('KeyboardInterrupt', flush=True)
         raise

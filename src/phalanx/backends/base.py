@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 import abc
+import random
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,10 +50,37 @@ from .options import BackendOption, validate
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the kernel's choice, so two jobs differ)."""
+    """A TCP port free now, that stays free until the job binds it: one below the kernel's
+    ephemeral range (net.ipv4.ip_local_port_range), because every outgoing connection and every
+    port-0 listener (gloo's pair sockets, another job's TCPStore) draws from that range and could
+    take a port the kernel had just handed out here, before torchrun binds it (EADDRINUSE).
+    Chosen at random (from the OS, not a generator a warm pool's forks share) so that two jobs
+    started at once differ; the kernel's choice where the range leaves no room below it."""
+    low = _ephemeral_low()
+    if low - _LOWEST_PORT >= 1000:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(_LOWEST_PORT, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+_LOWEST_PORT = 10000  # below: the well-known ports of databases, dashboards, Ray's 6379/8265
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere only a lower bound matters
 
 
 @dataclass(frozen=True)
