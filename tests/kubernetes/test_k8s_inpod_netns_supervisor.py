@@ -66,7 +66,9 @@ def supnet(tmp_path_factory):
 
     from .fakecluster import Cluster
     from .podsim import NetnsKubelet, ServiceAccount, make_image
-    from .test_k8s_inpod_netns import _connects, _free_port
+    from phalanx.backends.base import free_port
+
+    from .test_k8s_inpod_netns import _connects
 
     if os.geteuid() != 0:
         pytest.skip("pods as processes need network and mount namespaces: run as root")
@@ -90,7 +92,7 @@ def supnet(tmp_path_factory):
     shutil.copy(root / "pki" / "ca.crt", sa / "ca.crt")
     (sa / "namespace").write_text("default")
     kubelet.service = ServiceAccount(net.driver_addr, cluster.api.httpd.server_address[1], sa)
-    port = _free_port(net.driver_addr)
+    port = free_port(net.driver_addr)
     log = open(root / "moto.log", "wb")
     server = subprocess.Popen([moto, "-H", net.driver_addr, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
