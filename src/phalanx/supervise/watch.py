@@ -96,10 +96,15 @@ def end_stragglers(paths: JobPaths, attempt: int, timeout: float = 10.0) -> None
     pool), on a loaded machine after the supervisor would have reported; and a rank that
     cleared its death signal would not die of it at all. A pid now held by a process started
     after the rank recorded itself is someone else's."""
-    import psutil
-
+    local = _local_ranks(paths, attempt)
+    if not local:
+        return
+    try:
+        import psutil
+    except ImportError:  # a supervisor without psutil (a Kubernetes supervisor pod) has no local ranks
+        return
     ranks = []
-    for proc in _local_ranks(paths, attempt):
+    for proc in local:
         try:
             process = psutil.Process(int(proc["pid"]))
             if process.create_time() <= float(proc.get("started") or 0) + 1.0:  # psutil's clock: 1 s steps of boot time
