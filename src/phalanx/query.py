@@ -43,32 +43,47 @@ def get_job(ref: str, store: Store | None = None) -> JobRecord:
 
 
 def supervised_where(record: JobRecord) -> str:
-    """Where the supervisor of a job supervised in a cluster runs, in words."""
-    from .backends.kubernetes.hosted import describe
+    """Where the supervisor of a job supervised away from here (k8s ``--in-cluster``) runs, in words."""
+    from .backends.registry import get_backend
 
-    return describe(record)
+    return get_backend(record.backend).describe_hosted(record)
 
 
 def find_job(ref: str, store: Store) -> JobRecord:
-    """``store.find``, and jobs supervised in a cluster (k8s ``--in-cluster``): their record is
-    brought up to date from it here, and a job id this home never saw is looked for there."""
+    """``store.find``, and jobs whose backend runs their supervisor (k8s ``--in-cluster``): their
+    record is brought up to date from there, and a job id this home never saw is looked for
+    with every backend that hosts supervisors."""
+    from .backends.builtin import HOSTS_SUPERVISORS
+    from .backends.registry import get_backend
     from .errors import JobNotFound
     from .supervise.liveness import elsewhere
 
     try:
         record = store.find(ref)
     except JobNotFound:
-        from .backends.kubernetes import hosted
-
-        found = hosted.find(ref, store, home())
-        if found is None:
-            raise
-        return found
+        for name in HOSTS_SUPERVISORS:
+            found = get_backend(name).find_hosted(ref, store, home())
+            if found is not None:
+                return found
+        raise
     if elsewhere(record) and not is_terminal(record.state):
-        from .backends.kubernetes import hosted
-
-        return hosted.refresh(store, record, home())
+        return get_backend(record.backend).refresh_hosted(store, record, home())
     return record
+
+
+def refresh_hosted(store: Store, backend: str | None) -> None:
+    """Before a listing: with ``backend`` one that hosts supervisors, every job it supervises
+    (imported from where it runs, for a machine that never saw them); otherwise this home's
+    active jobs supervised away from here, brought up to date."""
+    from .backends.builtin import HOSTS_SUPERVISORS
+    from .backends.registry import get_backend
+    from .supervise.liveness import elsewhere
+
+    if backend in HOSTS_SUPERVISORS:
+        get_backend(backend).import_hosted(store, home())
+        return
+    for record in [r for r in store.iter(active_only=True) if elsewhere(r)]:
+        get_backend(record.backend).refresh_hosted(store, record, home())
 
 
 def list_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | None = None) -> list[JobRecord]:

@@ -226,6 +226,25 @@ class Backend(abc.ABC):
         (``supervise.leftover.stop``, passed in: backends sit below supervise)."""
         raise NotImplementedError(f"the {self.name} backend hosts no supervisors")
 
+    # The jobs whose supervisor this backend hosts, seen from any machine (``query``, ``ps``).
+    # Only backends named in ``builtin.HOSTS_SUPERVISORS`` are asked.
+
+    def refresh_hosted(self, store: Any, record: Any, home: HomePaths) -> Any:
+        """``record`` (a job it supervises) brought up to date in ``store`` from where it runs."""
+        return record
+
+    def find_hosted(self, ref: str, store: Any, home: HomePaths) -> Any:
+        """The job of id ``ref`` that this home never saw, imported into ``store``; None if none."""
+        return None
+
+    def import_hosted(self, store: Any, home: HomePaths) -> int:
+        """Every job it supervises, imported into or refreshed in ``store``; how many."""
+        return 0
+
+    def describe_hosted(self, record: Any) -> str:
+        """Where the supervisor of ``record`` runs, in words."""
+        return f"supervised by the {self.name} backend"
+
     def shares_files(self, spec: JobSpec) -> bool:
         """Whether the nodes see this machine's files at the same paths (the user's directory, the
         phalanx home): the job then runs in the user's directory there; otherwise in a shipped copy."""

@@ -11,3 +11,7 @@ BACKENDS: dict[str, str] = {
     "ray": "phalanx.backends.ray.backend:RayBackend",
     "k8s": "phalanx.backends.kubernetes.backend:KubernetesBackend",
 }
+
+# Backends that may run a job's supervisor themselves, away from this machine (``Backend.host_supervisor``):
+# asked for a job id this home never saw, and by ``phalanx ps --backend NAME``.
+HOSTS_SUPERVISORS: tuple[str, ...] = ("k8s",)

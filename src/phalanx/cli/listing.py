@@ -49,21 +49,9 @@ def ps_cmd(
     if trials is not None:
         _trials(store, trials, as_json, quiet)
         return
-    if backend in ("k8s", "kubernetes"):  # jobs supervised in the cluster, from any machine (k8s --in-cluster)
-        from ..backends.kubernetes.hosted import find_all
-        from ..query import home
+    from ..query import refresh_hosted
 
-        find_all(store, home())
-    else:
-        from ..supervise.liveness import elsewhere
-
-        hosted = [r for r in store.iter(active_only=True) if elsewhere(r)]
-        if hosted:  # their state is the cluster's record's
-            from ..backends.kubernetes.hosted import refresh
-            from ..query import home
-
-            for record in hosted:
-                refresh(store, record, home())
+    refresh_hosted(store, backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=state, name=name, backend=backend, tags=tag, since=since, search=search, sort=sort,
                         columns=columns)
     check_metrics(store, query.columns, query.sort)

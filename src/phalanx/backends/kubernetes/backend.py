@@ -112,6 +112,26 @@ class KubernetesBackend(Backend):
 
         return hosted.stop(store, record, events, stop_attempt)
 
+    def refresh_hosted(self, store: Any, record: Any, home: HomePaths) -> Any:
+        from . import hosted
+
+        return hosted.refresh(store, record, home)
+
+    def find_hosted(self, ref: str, store: Any, home: HomePaths) -> Any:
+        from . import hosted
+
+        return hosted.find(ref, store, home)
+
+    def import_hosted(self, store: Any, home: HomePaths) -> int:
+        from . import hosted
+
+        return hosted.find_all(store, home)
+
+    def describe_hosted(self, record: Any) -> str:
+        from . import hosted
+
+        return hosted.describe(record)
+
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options  # validated: each value already read with options.py's rules
         if spec.channels:
