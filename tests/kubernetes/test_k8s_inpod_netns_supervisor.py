@@ -29,10 +29,10 @@ import pytest
 
 from tests.conftest import EXAMPLES, phalanx
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# The pods' helpers: what is left of a job in the fake API and in the pods' namespaces, a bounded wait.
+from .test_k8s_inpod_netns import TRAIN, _left, _pod_processes, _wait
 
-TRAIN = str(EXAMPLES / "train_ddp.py")
-OBJECTS = ("jobs", "pods", "services", "configmaps", "secrets")
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @dataclass
@@ -139,16 +139,6 @@ def _submit(env, *train_args: str, retries: int = 0) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def _wait(what, timeout: float, text: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {text}")
-
-
 def _attempt_log(supnet, attempt: int) -> str:
     """The node container's log of ``attempt``'s pod, as the (fake) kubelet keeps it."""
     store = supnet.cluster.store
@@ -186,15 +176,6 @@ def _phalanx_here(home: str) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def _left(supnet) -> list[str]:
-    return [f"{p}/{o['metadata']['name']}" for p in OBJECTS for o in supnet.cluster.store.list(p, None)]
-
-
-def _pod_processes(supnet) -> list[int]:
-    return [int(p) for ns in supnet.net.node_namespaces
-            for p in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
 
 
 def test_k8s_inpod_netns_supervisor_pod_retries_an_evicted_attempt_without_the_laptop(supnet, machines):
