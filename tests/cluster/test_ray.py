@@ -106,6 +106,39 @@ def test_ddp_on_two_ray_nodes(ray_env, phx_home):
     assert f"ray job phalanx-{job_id}-0" in shown.lower(), shown
 
 
+READS_INPUTS = textwrap.dedent("""\
+    import hashlib, os, pathlib, socket
+    rank = os.environ["RANK"]
+    tree = pathlib.Path(os.environ["PHALANX_CHANNEL_DATA"])
+    for f in sorted(p for p in tree.rglob("*") if p.is_file()):
+        print(f"rank {rank} on {socket.gethostname()} data {f.relative_to(tree)} {hashlib.sha256(f.read_bytes()).hexdigest()}")
+    one = pathlib.Path(os.environ["SM_CHANNEL_VOCAB"])
+    print(f"rank {rank} vocab {one.name} {one.read_text()!r}")
+""")
+
+
+def test_inputs_travel_to_every_ray_node(ray_env, phx_home, tmp_path):
+    """--input: a local directory (nested, with a binary file) and a single local file reach both
+    Ray nodes through the working_dir, byte for byte, where PHALANX_CHANNEL_*/SM_CHANNEL_* say."""
+    data = tmp_path / "data"
+    (data / "shards").mkdir(parents=True)
+    (data / "shards" / "a.bin").write_bytes(os.urandom(200_000))
+    (data / "labels.csv").write_text("x,y\n1,2\n")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("hello world")
+    workdir = _write(tmp_path, "reads.py", READS_INPUTS)
+    job_id = _detached("-n", "2x1", "--input", f"data={data}", "--input", f"vocab={vocab}", "reads.py", cwd=workdir)
+    status = _wait(job_id)
+    logs = phalanx("logs", job_id).stdout
+    assert status["state"] == "SUCCEEDED", f"{status}\n{logs}"
+    want = {f"{p.relative_to(data)} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in data.rglob("*") if p.is_file()}
+    for rank in (0, 1):
+        seen = set(re.findall(rf"rank {rank} on \S+ data (\S+ \S+)", logs))
+        assert seen == want, (rank, seen, want, logs)
+        assert f"rank {rank} vocab vocab.txt 'hello world'" in logs, logs
+    assert set(re.findall(r"rank \d on (\S+) data", logs)) == {"ray-head", "ray-worker"}, logs
+
+
 def test_rank_failure_names_rank_node_and_traceback(ray_env, phx_home, tmp_path):
     workdir = _write(tmp_path, "boom.py", BOOM)
     job_id = _detached("-n", "2x1", "boom.py", cwd=workdir)
@@ -163,6 +196,11 @@ def test_lost_node_is_preempted_and_the_retry_resumes_from_the_checkpoint(ray_en
             time.sleep(0.5)
         noticed = time.monotonic() - killed
     finally:
+        # The new worker counts only once the GCS has declared the old one dead: else wait_nodes(2)
+        # could return on the dead node and the next test would find a one-node cluster.
+        deadline = time.monotonic() + 90
+        while len(ray_env.alive_nodes()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
         ray_cluster.start_node(ray_env, "worker")
         ray_cluster.wait_nodes(ray_env, 2)
     status = _wait(job_id, timeout=180)
@@ -173,39 +211,6 @@ def test_lost_node_is_preempted_and_the_retry_resumes_from_the_checkpoint(ray_en
     assert "lost" in Path(status["job_dir"], "attempt_0", "batch.log").read_text()
     resumed = int(re.search(r"resumed from step=(\d+)", logs).group(1))
     assert resumed >= 10 and "step=40" in logs, logs
-
-
-READS_INPUTS = textwrap.dedent("""\
-    import hashlib, os, pathlib, socket
-    rank = os.environ["RANK"]
-    tree = pathlib.Path(os.environ["PHALANX_CHANNEL_DATA"])
-    for f in sorted(p for p in tree.rglob("*") if p.is_file()):
-        print(f"rank {rank} on {socket.gethostname()} data {f.relative_to(tree)} {hashlib.sha256(f.read_bytes()).hexdigest()}")
-    one = pathlib.Path(os.environ["SM_CHANNEL_VOCAB"])
-    print(f"rank {rank} vocab {one.name} {one.read_text()!r}")
-""")
-
-
-def test_inputs_travel_to_every_ray_node(ray_env, phx_home, tmp_path):
-    """--input: a local directory (nested, with a binary file) and a single local file reach both
-    Ray nodes through the working_dir, byte for byte, where PHALANX_CHANNEL_*/SM_CHANNEL_* say."""
-    data = tmp_path / "data"
-    (data / "shards").mkdir(parents=True)
-    (data / "shards" / "a.bin").write_bytes(os.urandom(200_000))
-    (data / "labels.csv").write_text("x,y\n1,2\n")
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("hello world")
-    workdir = _write(tmp_path, "reads.py", READS_INPUTS)
-    job_id = _detached("-n", "2x1", "--input", f"data={data}", "--input", f"vocab={vocab}", "reads.py", cwd=workdir)
-    status = _wait(job_id)
-    logs = phalanx("logs", job_id).stdout
-    assert status["state"] == "SUCCEEDED", f"{status}\n{logs}"
-    want = {f"{p.relative_to(data)} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in data.rglob("*") if p.is_file()}
-    for rank in (0, 1):
-        seen = set(re.findall(rf"rank {rank} on \S+ data (\S+ \S+)", logs))
-        assert seen == want, (rank, seen, want, logs)
-        assert f"rank {rank} vocab vocab.txt 'hello world'" in logs, logs
-    assert set(re.findall(r"rank \d on (\S+) data", logs)) == {"ray-head", "ray-worker"}, logs
 
 
 def test_bad_input_is_one_line_and_exit_2(ray_env, phx_home, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,7 +122,9 @@ def test_rm_and_prune_remove_jobs_with_their_files(phx_home, job_script):
     running = phalanx("run", "-d", "--name", "busy", str(job_script), "--lines", "100000", "--sleep", "0.2", check=True).stdout.strip()
     try:
         refused = phalanx("rm", own, running)
-        assert refused.returncode == 2 and f"job {running} is RUNNING" in refused.stderr and f"phalanx stop {running}" in refused.stderr
+        # PENDING until its supervisor has started it (a loaded machine): refused all the same.
+        assert refused.returncode == 2 and re.search(f"job {running} is (PENDING|RUNNING)", refused.stderr), refused.stderr
+        assert f"phalanx stop {running}" in refused.stderr
         assert (phx_home / "jobs" / own).is_dir(), "nothing is removed when one of them cannot be"
         state = phx_home / "state" / "shared"
         assert (state / "ckpt").exists()
