@@ -57,14 +57,31 @@ class SkyServer:
 
     def __init__(self, python: Path, home: Path, serve: bool = True) -> None:
         self.python, self.home, self.env = python, home, sky_env(home)
+        self.netns: str | None = None  # the namespace's id, once its holder has made it (``ours``)
         home.mkdir(parents=True, exist_ok=True)
         program = f'exec "$0" -m sky.server.server --host 127.0.0.1 --port {PORT}' if serve else "exec sleep 1800"
         with open(home / "namespace.log", "w") as log:
             self.proc = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", f"ip link set lo up && {program}", str(python)],
                                          env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
+        self._await_namespace()
         if serve:
             self.wait()
+
+    def _await_namespace(self) -> None:
+        """Until the holder has made its namespace: before that, ``/proc/PID/ns/net`` is this
+        machine's, and a client entered there (``run``) would look for the server in the wrong
+        place until its timeout (what made these tests hang now and then)."""
+        mine, deadline = _netns(Path("/proc/self")), time.monotonic() + 60
+        while self.netns is None:
+            theirs = _netns(Path(f"/proc/{self.proc.pid}"))
+            if theirs is not None and theirs != mine:
+                self.netns = theirs
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the namespace's holder did not start: {(self.home / 'namespace.log').read_text()[-2000:]}")
+            else:
+                time.sleep(0.01)
 
     def wait(self) -> None:
         """Until the server answers (generous: the machine may be loaded). Stops everything and
@@ -113,14 +130,23 @@ class SkyServer:
         self.proc.wait()
 
     def ours(self) -> list[int]:
-        """Processes started with this server's HOME (ours alone: the directory is new)."""
+        """Processes started with this server's HOME (ours alone: the directory is new), or living
+        in its network namespace (ours alone: the test made it). The namespace catches SkyPilot's
+        request workers, whose environment ``setproctitle`` overwrites (no HOME left to match)."""
         marker = f"HOME={self.home}\0".encode()
         found = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and int(entry.name) != os.getpid():
-                if marker in _read(entry / "environ"):
+                if marker in _read(entry / "environ") or (self.netns is not None and _netns(entry) == self.netns):
                     found.append(int(entry.name))
         return found
+
+
+def _netns(proc: Path) -> str | None:
+    try:
+        return os.readlink(proc / "ns" / "net")
+    except OSError:  # the process has ended, or is not ours to look at
+        return None
 
 
 def _read(path: Path) -> bytes:
