@@ -25,9 +25,8 @@ def sky_python():
 @pytest.fixture(scope="session")
 def sky_server(sky_python, tmp_path_factory):
     """One real SkyPilot API server for the session, stopped by PID at the end. Opt-in
-    (``PHALANX_SKY_SERVER=1``): on this 2-core machine the server sometimes took minutes to start
-    or to answer (twice under load, once on a quiet machine, cause not found), which a CI run
-    cannot afford; the tests that need no server run always."""
+    (``PHALANX_SKY_SERVER=1``) until more CI runs agree: they hung now and then before the
+    namespace race in ``realsky`` was fixed; the tests that need no server run always."""
     if os.environ.get("PHALANX_SKY_SERVER") != "1":
         pytest.skip("a real SkyPilot API server: opt in with PHALANX_SKY_SERVER=1 (see docs/skypilot.md)")
     why = realsky.usable()
