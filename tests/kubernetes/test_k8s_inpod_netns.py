@@ -8,6 +8,7 @@ fakecluster.py), the kubelet and the container runtime (podsim.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -60,12 +61,22 @@ def podnet(tmp_path_factory):
         pytest.skip(f"cannot create network namespaces here: {exc}")
     kubelet = NetnsKubelet(root, net, make_image(root / "image"))
     cluster = Cluster(root / "api", kubelet)
+    with serving(moto, root, net, cluster, kubelet) as s3:
+        yield PodNet(cluster, kubelet, net, s3, root)
+
+
+@contextlib.contextmanager
+def serving(moto: str, root: Path, net, cluster, kubelet):
+    """An S3-compatible server on the bridge the pods reach (its URL); at the end it, the fake API
+    server, the kubelet's pods and the namespaces go."""
+    from tests.cluster import netns
+
     port = free_port(net.driver_addr)
     log = open(root / "moto.log", "wb")
     server = subprocess.Popen([moto, "-H", net.driver_addr, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
         cluster.wait_for(lambda: _connects(net.driver_addr, port), timeout=30, text="moto_server")
-        yield PodNet(cluster, kubelet, net, f"http://{net.driver_addr}:{port}", root)
+        yield f"http://{net.driver_addr}:{port}"
     finally:
         server.terminate()
         server.wait(10)

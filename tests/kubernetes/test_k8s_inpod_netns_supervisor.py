@@ -66,9 +66,7 @@ def supnet(tmp_path_factory):
 
     from .fakecluster import Cluster
     from .podsim import NetnsKubelet, ServiceAccount, make_image
-    from phalanx.backends.base import free_port
-
-    from .test_k8s_inpod_netns import _connects
+    from .test_k8s_inpod_netns import serving
 
     if os.geteuid() != 0:
         pytest.skip("pods as processes need network and mount namespaces: run as root")
@@ -92,19 +90,8 @@ def supnet(tmp_path_factory):
     shutil.copy(root / "pki" / "ca.crt", sa / "ca.crt")
     (sa / "namespace").write_text("default")
     kubelet.service = ServiceAccount(net.driver_addr, cluster.api.httpd.server_address[1], sa)
-    port = free_port(net.driver_addr)
-    log = open(root / "moto.log", "wb")
-    server = subprocess.Popen([moto, "-H", net.driver_addr, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        cluster.wait_for(lambda: _connects(net.driver_addr, port), timeout=30, text="moto_server")
-        yield SupNet(cluster, kubelet, net, f"http://{net.driver_addr}:{port}", token, root / "pki" / "ca.crt")
-    finally:
-        server.terminate()
-        server.wait(10)
-        log.close()
-        cluster.close()
-        kubelet.close()
-        netns.destroy(net)
+    with serving(moto, root, net, cluster, kubelet) as s3:
+        yield SupNet(cluster, kubelet, net, s3, token, root / "pki" / "ca.crt")
 
 
 def _home(supnet, tmp_path: Path, name: str, bucket: str) -> dict[str, str]:
