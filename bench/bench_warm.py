@@ -87,7 +87,7 @@ def measure(group: str, commands: dict, env: dict[str, str], repeats: int, settl
 
 def wait_for_pools(pool_dir: str, timeout: float = 300) -> None:
     sys.path.insert(0, str(ROOT / "src"))
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -109,7 +109,7 @@ def rollup(pid: int) -> dict[str, int]:
 
 def memory(env: dict[str, str], pool_dir: str, scratch: Path) -> dict:
     """Two holders of torch forked from the pool, two cold ones: their PSS, and the pool's."""
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     holder = scratch / "holder.py"
     holder.write_text("import os, sys, time, torch\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(30)\n")
@@ -118,7 +118,7 @@ def memory(env: dict[str, str], pool_dir: str, scratch: Path) -> dict:
     result: dict = {}
     for _ in range(120):  # until a start is forked: the first of this environment starts its pool
         before = {p["pid"]: p.get("served", 0) for p in warm.pools(pool_dir) if p.get("pid")}
-        subprocess.run([PY, "-u", "-m", "phalanx.launch.warm_exec", "--dir", pool_dir, "--preload", "torch", "--",
+        subprocess.run([PY, "-u", "-m", "phalanx.launch.warm.standin", "--dir", pool_dir, "--preload", "torch", "--",
                         "phalanx.launch.bootstrap", "--script", str(nothing)], env=env, check=True,
                        start_new_session=True, stdin=subprocess.DEVNULL)
         forked = [p for p in warm.pools(pool_dir) if p.get("pid") and p.get("served", 0) > before.get(p["pid"], 0)]
@@ -132,7 +132,7 @@ def memory(env: dict[str, str], pool_dir: str, scratch: Path) -> dict:
         for i in range(2):
             pid_file = scratch / f"{mode}{i}.pid"
             module = ["phalanx.launch.bootstrap", "--script", str(holder), str(pid_file)]
-            argv = [PY, "-u", "-m", *(["phalanx.launch.warm_exec", "--dir", pool_dir, "--preload", "torch", "--"]
+            argv = [PY, "-u", "-m", *(["phalanx.launch.warm.standin", "--dir", pool_dir, "--preload", "torch", "--"]
                                       if mode == "warm" else []), *module]
             procs.append(subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL))
             while not pid_file.exists() or not pid_file.read_text():

@@ -64,7 +64,7 @@ def phalanx(*args: str, timeout: float = 180, check: bool = False, cwd: Path = R
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_pools(tmp_path_factory):
-    """Warm pools (launch/warm.py) live in a directory of the suite's own, and are stopped, and
+    """Warm pools (launch/warm/plan.py) live in a directory of the suite's own, and are stopped, and
     waited for, at the end. The suite runs cold (its process-tree checks expect a cold tree) unless
     PHALANX_TEST_WARM=1; tests/warm and tests/differential turn warm starts on where they test
     them. At the end, nothing the suite started may still run (``left_running``)."""
@@ -74,7 +74,7 @@ def _warm_pools(tmp_path_factory):
     os.environ["PHALANX_WARM_DIR"] = str(directory)
     os.environ["PHALANX_WARM"] = "1" if os.environ.get("PHALANX_TEST_WARM") == "1" else "0"
     yield directory
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     stop_pools(warm, str(directory))
     for key, value in saved.items():
@@ -109,7 +109,7 @@ def left_running(root: str) -> list[str]:
         except (psutil.Error, OSError):
             continue
         places = [env.get("PHALANX_HOME", ""), env.get("PHALANX_WARM_DIR", "")]
-        warm_words = any(w in cmdline for w in ("phalanx.launch.warm_exec", "--warm-pool"))
+        warm_words = any(w in cmdline for w in ("phalanx.launch.warm.standin", "--warm-pool"))
         if any(inside.match(p) for p in places if p) or (warm_words and any(inside.search(word) for word in cmdline)):
             found.append(f"{proc.pid}: {' '.join(cmdline)}")
     return found

@@ -59,7 +59,7 @@ class ContractError(PhalanxError):
 
 class DiskFull(PhalanxError):
     """A write failed for lack of space (ENOSPC, EDQUOT, SQLite's "database or disk is full"):
-    ``what`` was being written under ``where``. Built by ``core/space.py``."""
+    ``what`` was being written under ``where``. Built by ``core/disk.py``."""
 
     def __init__(self, what: str, where: str, detail: str = "", hint: str | None = None) -> None:
         self.what, self.where = what, where

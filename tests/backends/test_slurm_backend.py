@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import jobs, query
-from phalanx.backends import commands, slurm
+from phalanx.api import jobs, query
+from phalanx.backends import commands
+from phalanx.backends.slurm import backend as slurm
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths, JobPaths, read_json, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
@@ -246,7 +247,7 @@ def test_the_agent_finds_its_part_by_the_schedulers_node_rank(tmp_path, monkeypa
 def test_every_slurm_option_is_a_flag_and_documented():
     from typer.testing import CliRunner
 
-    from phalanx.backends.sbatch import OPTIONS
+    from phalanx.backends.slurm.sbatch import OPTIONS
     from phalanx.cli.main import app
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()

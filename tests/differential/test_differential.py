@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from phalanx.launch import warm
+from phalanx.launch.warm import plan as warm
 
 from ..conftest import stop_pools
 from . import pools

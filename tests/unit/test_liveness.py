@@ -1,6 +1,6 @@
 """A job or sweep whose supervisor died shows LOST at once, in every read (ps, status, the
 dashboard), while no read writes it; the first command that acts on the job records it, and the
-history lists the attempt nobody saw end (supervise/liveness.py, query.py, supervise/history.py)."""
+history lists the attempt nobody saw end (supervise/liveness.py, api/query.py, supervise/history.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from phalanx import jobs, query
+from phalanx.api import jobs, query
 from phalanx.core.contracts import OutcomeKind, read_attempts
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec

@@ -118,7 +118,7 @@ def _cli(monkeypatch, record, *args: str):
     import typer
     from typer.testing import CliRunner
 
-    from phalanx import query
+    from phalanx.api import query
     from phalanx.cli.observe import register
 
     monkeypatch.setattr(query, "get_job", lambda ref, store=None: record)

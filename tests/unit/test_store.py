@@ -192,7 +192,7 @@ def test_json_listing_streams_the_same_text_as_one_dump():
 
 def test_job_ids_skip_directories_a_moved_store_left(tmp_path, monkeypatch):
     import phalanx.store.db as db
-    from phalanx import query
+    from phalanx.api import query
     from phalanx.supervise.submit import new_job_id
 
     monkeypatch.setenv("PHALANX_HOME", str(tmp_path / "home"))

@@ -200,7 +200,7 @@ class Backend(abc.ABC):
         return False
 
     # The plan's Python processes start on this machine with its interpreter, so the supervisor
-    # may start them from the warm pool (``launch/warm.py``, applied in ``supervise.submit``).
+    # may start them from the warm pool (``launch/warm/plan.py``, applied in ``supervise.submit``).
     warm_starts: bool = False
 
     def validated(self, spec: JobSpec) -> JobSpec:

@@ -34,7 +34,7 @@ LOOPBACK = "127.0.0.1"
 class LocalBackend(Backend):
     name = "local"
     _lent: Console | None = None
-    warm_starts = True  # its Python processes start here, from this interpreter (launch/warm.py)
+    warm_starts = True  # its Python processes start here, from this interpreter (launch/warm/plan.py)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         if spec.snapshot:

@@ -12,7 +12,7 @@ import click
 import typer
 
 from ..errors import PhalanxError
-from .runcmd import RunCommand
+from .runflags import RunCommand
 
 app = typer.Typer(
     name="phalanx",
@@ -70,7 +70,7 @@ def help_cmd(command: Optional[List[str]] = typer.Argument(None, help="A command
 def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
     from .control import register as register_control
-    from .data import register as register_data
+    from .artifacts import register as register_data
     from .manage import register as register_manage
     from .observe import register as register_observe
     from .pool import pool_app

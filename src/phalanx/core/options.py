@@ -1,7 +1,7 @@
 """Every option of ``phalanx run`` and of a job file, declared once.
 
 From this table (plus each backend's own options, ``backends/options.py``) come the flags of
-``phalanx run`` (``cli/runcmd.py``), the job-file keys and their validation (``jobfile/``),
+``phalanx run`` (``cli/runflags.py``), the job-file keys and their validation (``jobfile/``),
 the values a ``JobSpec`` is built from, and the option reference ``docs/options.md``
 (``cli/optdocs.py``, checked by a test). To add an option: add one ``Option`` here, then use
 its value where the spec is built (``jobfile.build_spec``) if it is not a plain field.

@@ -218,7 +218,7 @@ class JobPaths:
 
     @property
     def reserve(self) -> Path:
-        """Space the supervisor holds to record the job's end when the disk fills (``core/space.py``)."""
+        """Space the supervisor holds to record the job's end when the disk fills (``core/disk.py``)."""
         return self.root / ".reserve"
 
     @property

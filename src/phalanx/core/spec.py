@@ -252,7 +252,7 @@ class JobSpec:
     tags: Mapping[str, str] = field(default_factory=dict)
     # Where the job's outcome is announced (--notify): webhook URLs, mailto:ADDR, desktop.
     notify: tuple[str, ...] = ()
-    warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm.py)
+    warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm/plan.py)
 
     @property
     def state_key(self) -> str:

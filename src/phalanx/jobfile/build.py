@@ -281,7 +281,7 @@ def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[s
     for text, base in texts:
         channel = parse_channel(text)
         if channel.uri.startswith("job:"):
-            from ..query import resolve_job_input
+            from ..api.query import resolve_job_input
 
             source = resolve_job_input(channel.uri)
         else:

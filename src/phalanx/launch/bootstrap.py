@@ -292,10 +292,10 @@ def _exit(code: int) -> NoReturn:
 
 
 def _warm_pool(argv: list[str]) -> list[str]:
-    """Serve as a warm pool (``launch/warm_pool.py``). Returns in each worker the pool forks, with
+    """Serve as a warm pool (``launch/warm/pool.py``). Returns in each worker the pool forks, with
     that worker's arguments: from here on its stack and modules are a cold worker's."""
     baseline = tuple(sys.modules)
-    from phalanx.launch.warm_pool import serve
+    from phalanx.launch.warm.pool import serve
 
     return serve(argv, baseline)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from ..core.paths import JobPaths
-from .watch import Watch
+from .filewatch import Watch
 
 # How often a follower of ``logs -f`` looks at the job's record although nothing changed: a
 # supervisor that vanished changes nothing, and is noticed (LOST) that way.

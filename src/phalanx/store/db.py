@@ -76,7 +76,7 @@ class Store:
         disk: SQLite cannot create the WAL's ``-shm`` beside it (no connection has it open, so
         nobody writes), so it is opened ``immutable`` (SQLite's URI option for read-only media):
         reads work, every write is refused in words (``write_error``)."""
-        from ..core.space import free_bytes
+        from ..core.disk import free_bytes
 
         full = (free_bytes(self.path.parent) or 0) < 64 * 1024
         self._full_at_open = full
@@ -126,7 +126,7 @@ class Store:
     def write_error(self, exc: sqlite3.OperationalError) -> Exception:
         """A refused write in words: the disk is full, or the store is read-only (a shared,
         mounted store: reads work, writes need a home of one's own). Anything else as it was."""
-        from ..core.space import as_disk_full, is_full
+        from ..core.disk import as_disk_full, is_full
 
         if is_full(exc) or getattr(self, "_full_at_open", False):
             return as_disk_full(exc, f"the job store ({self.path.name})", self.path.parent)

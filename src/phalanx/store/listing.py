@@ -1,6 +1,6 @@
 """Filtered, sorted listings of jobs and sweeps, and the control room's own rows: tags, metric
 summaries, usage sums, deletion. The SQL of ``phalanx ps`` (with filters), the dashboard's
-lists, ``rm``/``prune`` and ``usage``; the meaning of filters and columns is ``lists.py``'s.
+lists, ``rm``/``prune`` and ``usage``; the meaning of filters and columns is ``api/lists.py``'s.
 
 Every listing pages by key (``(sort key, id)`` after the cursor, never OFFSET), so page 2,000
 of 100,000 jobs costs what page 1 does. The default order (newest first) walks the

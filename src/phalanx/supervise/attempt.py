@@ -13,7 +13,7 @@ from ..core.paths import JobPaths, write_atomic
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from .outcome import Outcome, decide
-from .watch import Watch, dump_stacks, end_stragglers
+from .observers import Watch, dump_stacks, end_stragglers
 
 Events = Callable[[str], None]
 

@@ -20,7 +20,7 @@
   gets SIGTERM and the grace period to checkpoint, and the job is recorded PREEMPTED, ready
   for ``phalanx resume``. A second signal kills at once;
 - **data**: inputs staged and the state directory pulled before the first attempt, state
-  pushed while running and at the end, outputs uploaded at the end (``data.py``);
+  pushed while running and at the end, outputs uploaded at the end (``staging.py``);
 - the **root cause** is the first failure by timestamp across all ranks and nodes (``outcome.py``).
 
 The supervisor is the only writer of a running job's state. It runs in the ``phalanx run``
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from ..backends.base import NodeHandle
 from ..backends.registry import get_backend
-from ..core import space
+from ..core import disk
 from ..core.contracts import OutcomeKind, StopReason
 from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
@@ -47,7 +47,7 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import data, endings, history, leftover, liveness
+from . import endings, history, leftover, liveness, staging
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -108,7 +108,7 @@ class JobRun:
         self.outcome: Outcome | None = None
         self.attempt: AttemptRun | None = None
         self._sync: Any = None
-        self._reserve: space.Reserve | None = None
+        self._reserve: disk.Reserve | None = None
 
     @property
     def done(self) -> bool:
@@ -118,7 +118,7 @@ class JobRun:
         try:
             self._start(identity)
         except Exception as exc:
-            if not space.is_full(exc):
+            if not disk.is_full(exc):
                 raise
             self._disk_full(exc)
 
@@ -134,20 +134,20 @@ class JobRun:
             self.say(f"attempt {left.plan.attempt} still runs as {left.where}, started by a supervisor that vanished; "
                      "watching it instead of starting another copy")
             # Its inputs are staged and its state directory is in use: no staging, no pull.
-            sync = None if self.backend.remote_data else data.state_sync(
+            sync = None if self.backend.remote_data else staging.state_sync(
                 self.store, self.home, self.record, self.spec, self.say, pull=False)
         else:
             # inputs first: a failed Outcome when one cannot be staged, so nothing else starts;
             # a platform that brings the inputs and keeps the state itself (remote_data) gets neither
             sync = None if self.backend.remote_data else (
-                data.stage_inputs(self.home, self.spec, self.say)
-                or data.state_sync(self.store, self.home, self.record, self.spec, self.say))
+                staging.stage_inputs(self.home, self.spec, self.say)
+                or staging.state_sync(self.store, self.home, self.record, self.spec, self.say))
         if isinstance(sync, Outcome):
             self._finish(sync)
             return
         self._sync = sync
         # Room to record the end if the ranks fill the disk (released in _disk_full)
-        self._reserve = space.Reserve(self.paths.reserve)
+        self._reserve = disk.Reserve(self.paths.reserve)
         if left is not None:
             self._attach(left)
             return
@@ -204,7 +204,7 @@ class JobRun:
             if outcome is not None:
                 self._attempt_over(self.attempt, outcome)
         except Exception as exc:
-            if not space.is_full(exc):
+            if not disk.is_full(exc):
                 raise
             self._disk_full(exc)
 
@@ -212,7 +212,7 @@ class JobRun:
         """A write failed for lack of space: stop the ranks (what fills the disk), give back the
         reserve, and record the job FAILED saying what could not be written where. Never leaves
         it RUNNING: if even that cannot be written, the supervisor ends and reads show LOST."""
-        full = space.as_disk_full(exc)
+        full = disk.as_disk_full(exc)
         self.say(str(full))
         if self.exit_code is not None:  # the end is recorded; only its aftermath did not fit
             return
@@ -221,7 +221,7 @@ class JobRun:
             try:
                 h.kill()
             except Exception as again:  # noqa: BLE001 - its result.json may not fit either
-                if not space.is_full(again):
+                if not disk.is_full(again):
                     raise
         if self._reserve is not None:
             self._reserve.release()
@@ -234,7 +234,7 @@ class JobRun:
                 history.log_attempt(self.paths, self.plan.attempt, self.attempt.started, outcome, False, "disk full")
             self.exit_code = record_end(self.store, self.record, outcome)
         except Exception as again:  # noqa: BLE001
-            if not space.is_full(again):
+            if not disk.is_full(again):
                 raise
             self.say(f"could not record the job's end either ({again}); it shows as LOST")
             self.exit_code = 1
@@ -265,7 +265,7 @@ class JobRun:
         self._finish(outcome)
 
     def _finish(self, outcome: Outcome) -> None:
-        outcome = data.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
+        outcome = staging.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = record_end(self.store, self.record, outcome)
         if self._reserve is not None:

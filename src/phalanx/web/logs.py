@@ -10,7 +10,7 @@ from ..core.paths import JobPaths
 from ..core.state import is_terminal
 from ..errors import UsageError
 from ..store import JobRecord
-from .data import job_file
+from .jobview import job_file
 
 LOG_CHUNK = 256 * 1024  # bytes of log per request: the tail first, older parts on demand
 MAX_LOG_CHUNK = 4 * 1024 * 1024

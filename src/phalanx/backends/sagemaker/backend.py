@@ -147,7 +147,7 @@ class SageMakerBackend(Backend):
 
     @staticmethod
     def _handles(aws: Any, record: SchedulerRecord, paths: JobPaths, plan: Plan, s3: layout.JobS3) -> list[NodeHandle]:
-        from .watch import TrainingJobWatch
+        from .follow import TrainingJobWatch
 
         watch = TrainingJobWatch(aws, record.job_id, paths, plan.attempt, len(plan.nodes), s3)
         handles: list[NodeHandle] = []

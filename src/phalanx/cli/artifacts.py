@@ -21,25 +21,25 @@ def artifacts_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """List a job's outputs: path, size, and where they are (the --output URI or the job directory)."""
-    from .. import query
     from ..storage.transfer import human_size as _size
+    from .face import face
     from .render import dump_json, table
 
-    record = query.get_job(job)
-    found = query.artifacts(record)
+    found = face().artifacts(job)
     if as_json:
-        dump_json({"id": record.id, "name": record.name, **found.to_dict()}, sys.stdout)
+        dump_json(found, sys.stdout)
         return
     out = sys.stdout
-    total = sum(int(m.get("size") or 0) for m in found.files.values())
-    where = found.location + ("" if found.uploaded else "  (on this machine)")
-    out.write(f"job {record.id} ({record.name}): {len(found.files)} output file(s), {_size(total)} in {where}\n")
-    if found.error:
-        out.write(f"the upload failed: {found.error}\n")
-    if found.files:
+    files = found["files"]
+    total = sum(int(m.get("size") or 0) for m in files)
+    where = found["location"] + ("" if found["uploaded"] else "  (on this machine)")
+    out.write(f"job {found['id']} ({found['name']}): {len(files)} output file(s), {_size(total)} in {where}\n")
+    if found["error"]:
+        out.write(f"the upload failed: {found['error']}\n")
+    if files:
         out.write("\n")
-        table([(_size(int(m.get("size") or 0)), rel) for rel, m in sorted(found.files.items())], ("SIZE", "PATH"), out)
-    out.write(f"\nlogs: {len(found.logs)} file(s); fetch everything with: phalanx download {record.id} --logs\n")
+        table([(_size(int(m.get("size") or 0)), m["path"]) for m in files], ("SIZE", "PATH"), out)
+    out.write(f"\nlogs: {found['logs']} file(s); fetch everything with: phalanx download {found['id']} --logs\n")
 
 
 def download_cmd(
@@ -49,10 +49,10 @@ def download_cmd(
     state: bool = typer.Option(False, "--state", help="Also the state directory (DIR/state)."),
 ) -> None:
     """Bring a job's outputs here (DIR/output), and with --logs / --state its logs and state."""
-    from .. import jobs, query
+    from .face import face
 
     def event(text: str) -> None:
         sys.stderr.write(f"phalanx: {text}\n")
 
-    where, counts = jobs.download(query.get_job(job), dest, logs=logs, state=state, events=event)
+    where, counts = face().download(job, dest, logs=logs, state=state, events=event)
     typer.echo(f"{where}: " + ", ".join(f"{part}/ {n} file(s)" for part, n in counts.items()))

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .core.paths import JobPaths
-from .core.state import JobState, is_terminal
-from .store import JobRecord, Store
+from ..core.paths import JobPaths
+from ..core.state import JobState, is_terminal
+from ..store import JobRecord, Store
 
 
 def param_order(sweep: Any) -> list[str]:
     """The sweep's parameters in the order the command line gives them."""
     try:
-        from .sweeps.space import parse_space
+        from ..sweeps.space import parse_space
 
         args = json.loads(sweep.spec_json)["entrypoint"]["args"]
         return [p.name for p in parse_space(args).params]
@@ -41,9 +41,9 @@ def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
     """One row per trial: trial number, job id, state, parameters, objective, the final value
     of every other metric, duration, usage, and for pruned trials the step and the reason;
     sorted by the objective (best first; trials without one last, in trial order)."""
-    from .store.listing import metrics_of
-    from .supervise.endings import metric_summary
-    from .supervise.liveness import effective
+    from ..store.listing import metrics_of
+    from ..supervise.endings import metric_summary
+    from ..supervise.liveness import effective
 
     trials = [effective(t) for t in store.trials(sweep.id)]  # a vanished runner's trials: LOST (not written)
     recorded = metrics_of(store, [t.id for t in trials])
@@ -96,6 +96,35 @@ def _live_objective(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> fl
     return float(value) if value is not None else None
 
 
+def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
+    """The sweep as ``sweep show`` and ``status SWEEP`` show it: its record, progress and usage
+    (``lists.sweep_row``), the trial table and every trial's record."""
+    from ..supervise.liveness import effective
+    from .lists import sweep_row
+
+    table = trial_table(store, sweep)
+    trials = {t.id: effective(t) for t in store.trials(sweep.id)}  # LOST with their runner (computed, not written)
+    return {**sweep_row(store, sweep), "table": table, "param_order": param_order(sweep),
+            "trials": [trials[r["id"]].to_dict() for r in table["rows"] if r["id"] in trials]}
+
+
+def trial_list(store: Store, sweep: Any) -> dict[str, Any]:
+    """``ps --trials SWEEP``: the sweep's trials in trial order, each its record plus how a person
+    reads its state (``PRUNED@120``, ``FAILED(1)``)."""
+    from ..supervise.liveness import effective
+
+    rows = []
+    for trial in store.trials(sweep.id):
+        trial = effective(trial)
+        pruned = pruned_info(trial)
+        if pruned is not None and pruned.get("step") is not None:
+            shown = f"PRUNED@{pruned['step']}"
+        else:
+            shown = trial.state.value if trial.exit_code in (None, 0) else f"{trial.state.value}({trial.exit_code})"
+        rows.append({**trial.to_dict(), "_state": shown, "_duration": trial.duration})
+    return {"sweep": {"id": sweep.id, "objective": sweep.objective}, "param_order": param_order(sweep), "rows": rows}
+
+
 def sweep_exit_code(sweep: Any) -> int:
     """``wait``'s exit code: 0 when the sweep succeeded with at least one successful trial, 1
     when it failed (or none of its trials succeeded), 128+signal style codes when stopped."""
@@ -113,7 +142,7 @@ def follow_sweep_logs(store: Store, sweep_id: str, emit: Callable[[str], None], 
                       refresh: Callable[[str], Any] | None = None) -> None:
     """Every trial's output (rank 0 unless ``rank``), each line prefixed ``[trial N]``; with
     ``follow``, new lines as trials print them, until the sweep ends."""
-    from .monitor.logindex import tail_offset
+    from ..monitor.logindex import tail_offset
 
     get = refresh or store.sweeps.get
     offsets: dict[tuple[str, int, int], int] = {}

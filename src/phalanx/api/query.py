@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from . import config
-from .core.paths import HomePaths, read_json
-from .core.state import JobState, is_terminal
-from .errors import UsageError
-from .store import JobRecord, Store
-from .supervise.liveness import effective
+from .. import config
+from ..core.paths import HomePaths, read_json
+from ..core.state import JobState, is_terminal
+from ..errors import UsageError
+from ..store import JobRecord, Store
+from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
-    from .core.contracts import SchedulerRecord
-    from .core.spec import JobSpec
-    from .store.sweeps import SweepRecord
+    from ..core.contracts import SchedulerRecord
+    from ..core.spec import JobSpec
+    from ..store.sweeps import SweepRecord
 
 
 def home() -> HomePaths:
@@ -44,7 +44,7 @@ def get_job(ref: str, store: Store | None = None) -> JobRecord:
 
 def supervised_where(record: JobRecord) -> str:
     """Where the supervisor of a job supervised away from here (k8s ``--in-cluster``) runs, in words."""
-    from .backends.registry import get_backend
+    from ..backends.registry import get_backend
 
     return get_backend(record.backend).describe_hosted(record)
 
@@ -53,10 +53,10 @@ def find_job(ref: str, store: Store) -> JobRecord:
     """``store.find``, and jobs whose backend runs their supervisor (k8s ``--in-cluster``): their
     record is brought up to date from there, and a job id this home never saw is looked for
     with every backend that hosts supervisors."""
-    from .backends.builtin import HOSTS_SUPERVISORS
-    from .backends.registry import get_backend
-    from .errors import JobNotFound
-    from .supervise.liveness import elsewhere
+    from ..backends.builtin import HOSTS_SUPERVISORS
+    from ..backends.registry import get_backend
+    from ..errors import JobNotFound
+    from ..supervise.liveness import elsewhere
 
     try:
         record = store.find(ref)
@@ -75,9 +75,9 @@ def refresh_hosted(store: Store, backend: str | None) -> None:
     """Before a listing: with ``backend`` one that hosts supervisors, every job it supervises
     (imported from where it runs, for a machine that never saw them); otherwise this home's
     active jobs supervised away from here, brought up to date."""
-    from .backends.builtin import HOSTS_SUPERVISORS
-    from .backends.registry import get_backend
-    from .supervise.liveness import elsewhere
+    from ..backends.builtin import HOSTS_SUPERVISORS
+    from ..backends.registry import get_backend
+    from ..supervise.liveness import elsewhere
 
     if backend in HOSTS_SUPERVISORS:
         get_backend(backend).import_hosted(store, home())
@@ -128,7 +128,7 @@ def left_running(record: JobRecord) -> str | None:
     or None. Asks the scheduler once; other states answer None without asking."""
     if record.state is not JobState.LOST:
         return None
-    from .supervise import leftover  # asks the backend: only for a LOST job
+    from ..supervise import leftover  # asks the backend: only for a LOST job
 
     left = leftover.find(record)
     return left.where if left is not None else None
@@ -153,14 +153,14 @@ def resolve_job_input(uri: str) -> str:
                          "refer to a job that succeeded")
     if part == "state":
         return str(home().state_dir(record.spec.state_key))
-    from .storage.outputs import job_output_source
+    from ..storage.outputs import job_output_source
 
     return job_output_source(record.paths)
 
 
 def artifacts(record: JobRecord) -> Any:
     """What the job produced (``storage.outputs.Artifacts``): uploaded, or in its job directory."""
-    from .storage.outputs import artifacts as read_artifacts
+    from ..storage.outputs import artifacts as read_artifacts
 
     return read_artifacts(record.paths)
 
@@ -171,8 +171,8 @@ def artifacts(record: JobRecord) -> Any:
 def attempt_history(record: JobRecord) -> list[dict[str, Any]]:
     """One entry per ended attempt (outcome, exit code, retry decision), oldest first. An
     attempt that ended unseen (the job is LOST) shows as lost before anyone records it."""
-    from .core.contracts import read_attempts
-    from .supervise import history
+    from ..core.contracts import read_attempts
+    from ..supervise import history
 
     paths = record.paths
     entries = read_attempts(paths.attempts_log)
@@ -195,7 +195,7 @@ class RankStatus:
 
 def rank_statuses(record: JobRecord, attempt: int | None = None) -> list[RankStatus]:
     """Per-rank outcome of an attempt, read from the job directory."""
-    from .core.contracts import read_node_result
+    from ..core.contracts import read_node_result
 
     paths = record.paths
     attempt = record.attempt if attempt is None else attempt
@@ -252,7 +252,7 @@ def follow_logs(
     keep emitting new lines until the job ends (woken by the files changing, not polling
     them). ``offsets``: where each rank's log is read from (``logs --tail/--since``).
     Returns the latest record."""
-    from .monitor.tail import follow_job
+    from ..monitor.tail import follow_job
 
     log_paths(record, attempt, rank)  # validates attempt and rank
     latest = attempt is None
@@ -269,10 +269,37 @@ def follow_logs(
     return record
 
 
+def log_offsets(record: JobRecord, attempt: int | None, rank: int | None, tail: int | None, since: str | None,
+                say: Callable[[str], None]) -> dict[int, int]:
+    """Where each rank's log of the attempt is read from for ``--tail N`` / ``--since T``
+    (both: the later of the two)."""
+    from ..monitor.logindex import parse_since, since_offset, tail_offset
+
+    paths = record.paths
+    attempt = record.attempt if attempt is None else attempt
+    when = parse_since(since) if since else None
+    out: dict[int, int] = {}
+    missing = False
+    for r in paths.ranks(attempt):
+        if rank is not None and r != rank:
+            continue
+        offset = 0
+        if tail is not None:
+            offset = tail_offset(paths.rank_log(attempt, r), tail)
+        if when is not None:
+            found = since_offset(paths, attempt, r, when)
+            missing = missing or found is None
+            offset = max(offset, found or 0)
+        out[r] = offset
+    if missing:
+        say(f"job {record.id} was recorded without a log index (older phalanx): --since shows its whole log")
+    return out
+
+
 def scheduler_job(record: JobRecord) -> SchedulerRecord | None:
     """The scheduler's record of the job's current attempt (``scheduler.json``: its SLURM or Ray
     job id, where it runs), or None when the backend has none."""
-    from .core.contracts import read_scheduler
+    from ..core.contracts import read_scheduler
 
     return read_scheduler(record.paths.scheduler_job(record.attempt))
 
@@ -282,7 +309,7 @@ def platform_state(record: JobRecord) -> str | None:
     secondary status: Starting, Training, ...); None for backends that say nothing more."""
     if record.backend != "sagemaker" or record.exit_code is not None:
         return None
-    from .backends.sagemaker.report import ps_state  # standard library only: no boto3
+    from ..backends.sagemaker.report import ps_state  # standard library only: no boto3
 
     return ps_state(record.paths, record.attempt)
 
@@ -292,6 +319,6 @@ def platform_lines(record: JobRecord) -> list[str]:
     its status, failure reason, billable time)."""
     if record.backend != "sagemaker":
         return []
-    from .backends.sagemaker.report import status_lines
+    from ..backends.sagemaker.report import status_lines
 
     return status_lines(record.paths, record.attempt)

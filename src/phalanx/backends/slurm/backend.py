@@ -1,7 +1,7 @@
 """The SLURM backend: one batch job per attempt, one node agent per allocated node.
 
 ``phalanx run --backend slurm --partition gpu --time 4:00:00 -n 4x8 train.py``. The plan is
-the batch script (``backends/sbatch.py``, what ``--dry-run`` prints) plus each node's
+the batch script (``backends/slurm/sbatch.py``, what ``--dry-run`` prints) plus each node's
 ``launch.json``; ``start`` submits the script with ``sbatch`` and returns one handle per node,
 all sharing the SLURM job. The job directory is on a filesystem the nodes share with this
 machine (``$PHALANX_HOME``), so logs, results and metrics need no copying.
@@ -32,15 +32,16 @@ import signal
 import time
 from typing import Any
 
-from ..core.contracts import NodeResult, SchedulerRecord, read_node_result, read_scheduler, write_scheduler
-from ..core.env import Topology
-from ..core.paths import HomePaths, JobPaths, safe_name, write_atomic
-from ..core.plan import Plan, late_addresses
-from ..core.spec import Framework, JobSpec, in_snapshot
-from ..errors import BackendError
-from ..launch.nodes import RESTART_SAFE_ENV, agent_argv, build_nodes
-from . import commands, sbatch
-from .base import Backend, Facts, NodeHandle, synthesize
+from ...core.contracts import NodeResult, SchedulerRecord, read_node_result, read_scheduler, write_scheduler
+from ...core.env import Topology
+from ...core.paths import HomePaths, JobPaths, safe_name, write_atomic
+from ...core.plan import Plan, late_addresses
+from ...core.spec import Framework, JobSpec, in_snapshot
+from ...errors import BackendError
+from ...launch.nodes import RESTART_SAFE_ENV, agent_argv, build_nodes
+from .. import commands
+from . import sbatch
+from ..base import Backend, Facts, NodeHandle, synthesize
 
 # Job states after which nothing of the job runs any more (squeue --states=all).
 ENDED = {

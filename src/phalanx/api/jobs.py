@@ -1,7 +1,7 @@
 """The library's verbs: run, submit, resume, stop and wait for jobs and sweeps.
 
 Everything ``phalanx`` does from the shell is a function here (acting on jobs) or in
-:mod:`phalanx.query` (looking at them). The work itself is :mod:`phalanx.supervise`'s.
+:mod:`phalanx.api.query` (looking at them). The work itself is :mod:`phalanx.supervise`'s.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from .backends.registry import get_backend
-from .core.paths import write_atomic
-from .core.plan import Plan
-from .core.spec import JobSpec
-from .core.state import JobState, can_resume, is_terminal
-from .errors import PhalanxError, UsageError
+from ..backends.registry import get_backend
+from ..core.paths import write_atomic
+from ..core.plan import Plan
+from ..core.spec import JobSpec
+from ..core.state import JobState, can_resume, is_terminal
+from ..errors import PhalanxError, UsageError
 from .query import find_job, get_job, home, open_store
-from .store import JobRecord, Store
-from .supervise import detached, leftover, liveness, submit
-from .supervise.liveness import effective
+from ..store import JobRecord, Store
+from ..supervise import detached, leftover, liveness, submit
+from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
-    from .store.sweeps import SweepRecord
+    from ..store.sweeps import SweepRecord
 
 Events = Callable[[str], None]
 
@@ -106,8 +106,8 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
                    plan: Plan | None = None) -> None:
     """At submit: the plan's warnings (launch/explain.py), and one line when the job starts
     with files already in its state directory (storage/statedir.py)."""
-    from .launch.explain import warnings
-    from .storage.statedir import pickup_line
+    from ..launch.explain import warnings
+    from ..storage.statedir import pickup_line
 
     if events is None:
         return
@@ -120,9 +120,9 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
 
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Events | None) -> tuple[JobRecord, int]:
-    from .launch.console import lend
-    from .monitor.tail import Stop, follow_attempts
-    from .supervise.job import supervise
+    from ..launch.console import lend
+    from ..monitor.tail import Stop, follow_attempts
+    from ..supervise.job import supervise
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
     streamer = None
@@ -248,7 +248,7 @@ class WaitTimeout(PhalanxError):
 def download(record: JobRecord, dest: Path | None = None, logs: bool = False, state: bool = False,
              events: Events | None = None) -> tuple[Path, dict[str, int]]:
     """Bring a job's outputs (and logs, state) to ``dest`` (default ``./<name>-<id>``). Blocking."""
-    from .storage.outputs import download_job
+    from ..storage.outputs import download_job
 
     dest = (dest or Path.cwd() / f"{record.name}-{record.id}").resolve()
     counts = download_job(record.spec, record.paths, home(), dest, logs, state, events or (lambda text: None))
@@ -262,7 +262,7 @@ def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events
     """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
 
     Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""
-    from .sweeps.runner import SweepRunner, create_sweep
+    from ..sweeps.runner import SweepRunner, create_sweep
 
     store, where = open_store(), home()
     submit.check_storage(spec, where)
@@ -321,7 +321,7 @@ def _stop_lost_trials(store: Store, sweep: SweepRecord) -> SweepRecord:
 
 def resume_sweep(sweep: SweepRecord, detach: bool = False, events: Events | None = None) -> tuple[SweepRecord, int | None]:
     """Run what did not finish: unfinished trials continue, untried ones start."""
-    from .sweeps.runner import SweepRunner
+    from ..sweeps.runner import SweepRunner
 
     store, where = open_store(), home()
     sweep = liveness.record_sweep_lost(store, store.sweeps.get(sweep.id))

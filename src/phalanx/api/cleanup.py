@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .core.paths import HomePaths
-from .core.state import TERMINAL, is_terminal
-from .errors import UsageError
-from .store import JobRecord, Store
-from .supervise.liveness import effective
+from ..core.paths import HomePaths
+from ..core.state import TERMINAL, is_terminal
+from ..errors import UsageError
+from ..store import JobRecord, Store
+from ..supervise.liveness import effective
 
 
 @dataclass
@@ -86,7 +86,7 @@ def _sweep_target(store: Store, sweep: Any) -> Target:
 
 def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bool = False) -> Removed:
     """Delete ``targets`` (already checked by ``resolve``); with ``dry_run`` only count."""
-    from .store.listing import delete_jobs, delete_sweep, jobs_named
+    from ..store.listing import delete_jobs, delete_sweep, jobs_named
 
     out = Removed()
     leaving = {r.id for t in targets for r in t.records} | {t.id for t in targets}
@@ -196,7 +196,7 @@ def _drop_orphans(home: HomePaths, inodes: set[tuple[int, int]]) -> int:
 
 def prune_targets(store: Store, older_than: float, states: Sequence[str], now: float) -> list[Target]:
     """Every ended job and sweep created more than ``older_than`` seconds ago (in ``states``)."""
-    from .store.listing import old_jobs, old_sweeps
+    from ..store.listing import old_jobs, old_sweeps
 
     wanted = [s for s in states if s in {t.value for t in TERMINAL}] if states else [t.value for t in TERMINAL]
     before = now - older_than

@@ -1,10 +1,10 @@
 """Warm starts, seen from the supervisor: which processes of a plan start from the warm pool, what
 the pool keeps imported for them, and the pools of this user (``phalanx pool status|stop``).
 
-A warm process is started as ``python -m phalanx.launch.warm_exec [options] -- MODULE ARGS`` where
+A warm process is started as ``python -m phalanx.launch.warm.standin [options] -- MODULE ARGS`` where
 the cold plan has ``python -m MODULE ARGS``: the node agent (``phalanx.launch.agent``), the single
 process of a one-process job, and every worker (``phalanx.launch.bootstrap``), torchrun's included:
-torchrun's own ``--module`` becomes ``phalanx.launch.warm_exec``, so torchrun still starts, watches,
+torchrun's own ``--module`` becomes ``phalanx.launch.warm.standin``, so torchrun still starts, watches,
 signals and restarts every worker, and sets their environment itself (``warm_exec`` passes on
 exactly the environment torchrun gave it). Commands (``phalanx run -- CMD``) stay cold: they
 ``exec`` another program, for which nothing is kept imported.
@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..core.spec import EntrypointKind, JobSpec
-from . import warm_proto
-from ..core.plan import NodePlan, Plan
+from ...core.spec import EntrypointKind, JobSpec
+from . import proto as warm_proto
+from ...core.plan import NodePlan, Plan
 
-WARM_EXEC = "phalanx.launch.warm_exec"
+WARM_EXEC = "phalanx.launch.warm.standin"
 BOOTSTRAP = "phalanx.launch.bootstrap"
 AGENT = "phalanx.launch.agent"
 # What a node agent imports before it starts the workers.
@@ -48,7 +48,7 @@ class WarmFacts:
 
 def facts() -> WarmFacts:
     """The pool directory (``warm_proto.pool_dir``) and the ``warm_idle`` setting. Impure."""
-    from .. import config
+    from ... import config
 
     return WarmFacts(os.path.abspath(warm_proto.pool_dir(os.environ)), 60.0 * float(config.get("warm_idle")))
 

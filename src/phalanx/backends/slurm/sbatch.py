@@ -18,8 +18,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import UsageError
-from .options import BackendOption
+from ...errors import UsageError
+from ..options import BackendOption
 
 OPTIONS = (
     BackendOption("partition", str, None, "SLURM partition to run in (sbatch --partition)."),

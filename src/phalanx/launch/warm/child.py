@@ -33,7 +33,7 @@ import threading
 import traceback
 import types
 
-from .warm_imports import Restorer
+from .recorder import Restorer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

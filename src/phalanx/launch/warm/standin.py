@@ -1,6 +1,6 @@
 """``python -m MODULE ARGS``, forked from the warm pool; the stand-in for the forked process.
 
-    python [-u] -m phalanx.launch.warm_exec [--dir DIR] [--idle SECONDS] [--preload torch,...] -- MODULE ARGS...
+    python [-u] -m phalanx.launch.warm.standin [--dir DIR] [--idle SECONDS] [--preload torch,...] -- MODULE ARGS...
 
 Started exactly where the cold ``python -m MODULE ARGS`` would have been (by torchrun, the node
 agent or the supervisor), it records what that process would have started with (environment,
@@ -22,7 +22,9 @@ The reason is noted in the pool's log (``phalanx pool status``), never in the jo
 
 import sys
 
-_BASELINE = tuple(sys.modules)
+# What the interpreter had loaded when it came to run this module; less this module's own package
+# (``phalanx.launch.warm``), which ``python -m phalanx.launch.bootstrap`` (the cold start) never loads.
+_BASELINE = tuple(name for name in sys.modules if name != __package__)
 _IMPORTER_CACHE = tuple(sys.path_importer_cache)
 
 
@@ -49,7 +51,7 @@ import _socket  # noqa: E402
 import io  # noqa: E402
 import os  # noqa: E402
 
-from . import warm_proto  # noqa: E402
+from . import proto as warm_proto  # noqa: E402
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,7 +107,7 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], str, list[str]]:
         options[words[0]] = words[1]
         words = words[2:]
     if len(words) < 2:
-        sys.stderr.write("phalanx.launch.warm_exec: no module given after --\n")
+        sys.stderr.write("phalanx.launch.warm.standin: no module given after --\n")
         raise SystemExit(2)
     return options, words[1], words[2:]
 

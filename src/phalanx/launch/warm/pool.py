@@ -14,7 +14,7 @@ point is recorded, so that a child can keep it aside (``warm_imports``).
 
 import sys
 
-from .warm_imports import Recorder
+from .recorder import Recorder
 
 
 def serve(argv: "list[str]", baseline: "tuple[str, ...]") -> "list[str]":
@@ -23,6 +23,6 @@ def serve(argv: "list[str]", baseline: "tuple[str, ...]") -> "list[str]":
     recorder = Recorder(baseline)
     recorder.importers = (sys.path[0], *(k for k in sys.path_importer_cache if k != sys.path[0]))
     recorder.start()
-    from . import warm_server
+    from . import server as warm_server
 
     return warm_server.main(argv, recorder)

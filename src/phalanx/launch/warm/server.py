@@ -33,8 +33,8 @@ import socket
 import sys
 import time
 
-from . import warm_checks, warm_child, warm_proto
-from .warm_imports import Recorder, Restorer
+from . import checks as warm_checks, child as warm_child, proto as warm_proto
+from .recorder import Recorder, Restorer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,10 +13,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .core.state import JobState, is_terminal
-from .errors import UsageError
-from .store import JobRecord, Store
-from .store.listing import AGGS, SORTS, SWEEP_SORTS, Filter, Sort
+from ..core.state import JobState, is_terminal
+from ..errors import UsageError
+from ..store import JobRecord, Store
+from ..store.listing import AGGS, SORTS, SWEEP_SORTS, Filter, Sort
 
 STATES = tuple(s.value for s in JobState)
 
@@ -62,7 +62,7 @@ def parse_states(texts: Iterable[str] | None) -> tuple[str, ...]:
 
 def parse_tags(texts: Iterable[str] | None) -> tuple[tuple[str, str | None], ...]:
     """``team=vision`` (that value) or ``team`` (any value)."""
-    from .core.spec import parse_tag
+    from ..core.spec import parse_tag
 
     out: list[tuple[str, str | None]] = []
     for text in texts or ():
@@ -113,7 +113,7 @@ def parse_columns(texts: Iterable[str] | None) -> tuple[Column, ...]:
 
 def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = None) -> None:
     """A column or sort naming a metric that no job has is a typo: say which names exist."""
-    from .store.listing import has_metric, metric_names
+    from ..store.listing import has_metric, metric_names
 
     wanted = [c.metric for c in columns] + ([sort.metric] if sort is not None and sort.metric else [])
     for name in dict.fromkeys(wanted):
@@ -128,11 +128,11 @@ def build_query(states: Iterable[str] | None = None, name: str | None = None, ba
                 sort: str | None = None, columns: Iterable[str] | None = None, sweep: str | None = None,
                 sweeps: bool = False) -> Query:
     """Everything a listing was asked for, checked (UsageError on anything that does not parse)."""
-    from .monitor.logindex import parse_since
+    from ..monitor.logindex import parse_since
 
     cols = parse_columns(columns)
     if backend is not None and backend.strip():
-        from .backends.registry import known as known_backends
+        from ..backends.registry import known as known_backends
 
         known = sorted(known_backends())
         if backend not in known:
@@ -172,7 +172,7 @@ def job_row(record: JobRecord, metrics: dict[str, dict[str, Any]] | None = None,
     # Counted up to now while it runs; a job that ended has it recorded (one recorded before
     # accounting existed shows none in lists: ``status`` still counts it).
     if live_usage and not is_terminal(record.state):
-        from .monitor.accounting import job_usage
+        from ..monitor.accounting import job_usage
 
         used = job_usage(record)
         row.update(gpu_hours=used.gpu_hours, cpu_hours=used.cpu_hours, cost=used.cost)
@@ -182,8 +182,8 @@ def job_row(record: JobRecord, metrics: dict[str, dict[str, Any]] | None = None,
 def job_rows(store: Store, records: Sequence[JobRecord], columns: Sequence[Column] = ()) -> list[dict[str, Any]]:
     """Rows of a page of jobs: metric columns from the recorded summaries (jobs still running,
     or recorded before summaries existed, are read from their files)."""
-    from .supervise.endings import metric_summary
-    from .store.listing import metrics_of, tags_of
+    from ..supervise.endings import metric_summary
+    from ..store.listing import metrics_of, tags_of
 
     ids = [r.id for r in records]
     tags = tags_of(store, ids)
@@ -201,8 +201,8 @@ def job_rows(store: Store, records: Sequence[JobRecord], columns: Sequence[Colum
 def page(store: Store, query: Query, limit: int = 50, after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A page of job rows and the cursor of the next one (None: the last page). Jobs whose
     supervisor vanished show LOST (``liveness.effective``: computed, never written)."""
-    from .store.listing import page_jobs
-    from .supervise.liveness import effective
+    from ..store.listing import page_jobs
+    from ..supervise.liveness import effective
 
     listing = page_jobs(store, query.filter, query.sort, max(1, min(limit, 1000)), after)
     records = [effective(r) for r in listing.rows]
@@ -216,7 +216,7 @@ def page(store: Store, query: Query, limit: int = 50, after: str | None = None) 
 
 def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
     """``12/32 done, 2 running, best loss=0.231 (trial 7)`` and its parts."""
-    from .store.listing import trial_states
+    from ..store.listing import trial_states
 
     states = trial_states(store, sweep.id)
     running = sum(n for s, n in states.items() if s in ("RUNNING", "STOPPING", "PENDING"))
@@ -240,7 +240,7 @@ def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
 
 
 def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
-    from .store.listing import tags_of, usage_sum
+    from ..store.listing import tags_of, usage_sum
 
     row = sweep.to_dict()
     row["kind"] = "sweep"
@@ -253,3 +253,4 @@ def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
     row["tags"] = tags_of(store, [sweep.id]).get(sweep.id, {})
     row.update(usage_sum(store, sweep_id=sweep.id))
     return row
+
