@@ -65,3 +65,15 @@ class DiskFull(PhalanxError):
         self.what, self.where = what, where
         super().__init__(f"disk full while writing {what} under {where}{detail}",
                          hint or "free some space there, or point PHALANX_HOME at a larger disk")
+
+
+class NotAuthenticated(UsageError):
+    """A team server did not accept who is asking: no token, a wrong or revoked one (HTTP 401)."""
+
+
+class NotAllowed(UsageError):
+    """The acting user may not do this: another user's job, an admin's verb (HTTP 403)."""
+
+
+class ServerUnreachable(UsageError):
+    """The team server could not be reached, or its TLS certificate was not trusted."""

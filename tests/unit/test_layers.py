@@ -22,14 +22,15 @@ FLOORS: list[tuple[str, ...]] = [
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
     ("api",),  # the face: views (query, lists, sweepview) and verbs (jobs, cleanup); views never act
-    ("jobfile", "web"),  # job file + flags -> spec; the dashboard
+    ("jobfile", "web", "remote"),  # job file + flags -> spec; the dashboard; the face over HTTP (a client)
+    ("server",),  # the team server: the face behind HTTP, identity, the dashboard for a team
     ("cli",),
     ("__init__", "__main__"),  # the public API, ``python -m phalanx``
 ]
 # Inside the face (``api``): views read and never act, verbs act, and ``face`` puts both behind one
 # object. A view may import neither a verb nor the face; every module of ``api`` is one of the three.
 VIEWS = {"query", "lists", "sweepview", "ps", "jobview"}
-VERBS = {"jobs", "cleanup"}
+VERBS = {"jobs", "cleanup", "users"}
 FACES = {"face"}
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 PICTURE = " < ".join("|".join(names) for names in FLOORS)

@@ -67,6 +67,19 @@ class LocalFace:
     def __init__(self, principal: Principal | None = None) -> None:
         self.principal = principal or Principal.here()
 
+    @property
+    def _submitter(self) -> str | None:
+        """Who a job submitted through this face belongs to (None: this process's user)."""
+        return None if self.principal.local else self.principal.user
+
+    def check_may_act(self, kind: str, ref_id: str, owner: str | None, verb: str) -> None:
+        """Raise ``NotAllowed`` unless the principal may ``verb`` what ``owner`` submitted."""
+        if not self.principal.may_act_on(owner):
+            from ..errors import NotAllowed
+
+            whose = f"belongs to {owner}; only {owner}" if owner else "has no recorded owner; only"
+            raise NotAllowed(f"{kind} {ref_id} {whose} or an admin may {verb} it")
+
     # -- lookups -------------------------------------------------------------------------------
 
     def _store(self) -> Any:
@@ -114,7 +127,7 @@ class LocalFace:
         from .. import config
         from .ps import ps
 
-        return ps(self._store(), request, int(config.get("ps_limit")))
+        return ps(self._store(), request, int(config.get("ps_limit")), asker=self.principal.user)
 
     def trials(self, ref: str) -> dict[str, Any]:
         from .sweepview import trial_list
@@ -190,11 +203,12 @@ class LocalFace:
         return {"id": record.id, "name": record.name, **found.to_dict()}
 
     def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]:
-        from ..errors import UsageError
         from ..monitor.logindex import parse_since
         from ..store.listing import GROUPS, usage_totals
 
         if by not in GROUPS:
+            from ..errors import UsageError
+
             raise UsageError(f"unknown --by '{by}'", f"group by one of: {', '.join(GROUPS)}")
         return list(usage_totals(self._store(), by, parse_since(since) if since else None))
 
@@ -217,20 +231,20 @@ class LocalFace:
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]:
         from . import jobs
 
-        record, code = jobs.run(spec, out=out, ranks=ranks, events=events,
+        record, code = jobs.run(spec, out=out, ranks=ranks, events=events, user=self._submitter,
                                 started=None if started is None else (lambda r: started(_job_dict(r))))
         return _job_dict(record), code
 
     def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]:
         from . import jobs
 
-        return _job_dict(jobs.submit_detached(spec, events=events))
+        return _job_dict(jobs.submit_detached(spec, events=events, user=self._submitter))
 
     def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]:
         from . import jobs
 
-        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events)
+        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter)
         return sweep.to_dict(), code
 
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
@@ -251,8 +265,11 @@ class LocalFace:
 
         sweep = find_sweep(ref)
         if sweep is not None:
+            self.check_may_act("sweep", sweep.id, sweep.user_name, "stop")
             return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
-        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events))}
+        record = self._job(ref)
+        self.check_may_act("job", record.id, record.user_name, "stop")
+        return {"kind": "job", **_job_dict(jobs.stop(record.id, timeout=timeout, events=events))}
 
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
@@ -261,9 +278,12 @@ class LocalFace:
 
         sweep = find_sweep(ref)
         if sweep is not None:
+            self.check_may_act("sweep", sweep.id, sweep.user_name, "resume")
             done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
             return {"kind": "sweep", **done.to_dict()}, code
-        record, code = jobs.resume(ref, detach=detach, out=out, ranks=ranks, events=events)
+        found = self._job(ref)
+        self.check_may_act("job", found.id, found.user_name, "resume")
+        record, code = jobs.resume(found.id, detach=detach, out=out, ranks=ranks, events=events)
         return {"kind": "job", **_job_dict(record)}, code
 
     def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]:
@@ -272,6 +292,8 @@ class LocalFace:
 
         store = self._store()
         targets = resolve(store, refs)  # every one checked before anything goes
+        for target in targets:
+            self.check_may_act(target.kind, target.id, target.owner, "remove")
         return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
 
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]:
@@ -284,6 +306,11 @@ class LocalFace:
         from .lists import parse_states
         from .query import home
 
+        if not (self.principal.admin or self.principal.local):
+            from ..errors import NotAllowed
+
+            raise NotAllowed("prune removes every user's old jobs: only an admin may prune",
+                             "remove your own with: phalanx rm JOB...")
         age = parse_duration(older_than, "--older-than")
         wanted = parse_states(states)
         ended = {s.value for s in TERMINAL}
