@@ -77,3 +77,7 @@ class NotAllowed(UsageError):
 
 class ServerUnreachable(UsageError):
     """The team server could not be reached, or its TLS certificate was not trusted."""
+
+
+class TooLarge(UsageError):
+    """A request to a team server over its size limit (HTTP 413)."""

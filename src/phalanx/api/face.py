@@ -28,9 +28,11 @@ class Face(Protocol):
     """What every caller may ask. Blocking unless said otherwise; errors are ``PhalanxError``s
     (``JobNotFound`` for a ref that names nothing the principal may see)."""
 
-    principal: Principal
+    @property
+    def principal(self) -> Principal: ...
 
     # -- views: read, never act ---------------------------------------------------------------
+    def whoami(self) -> dict[str, Any]: ...
     def ps(self, request: PsRequest) -> PsListing: ...
     def trials(self, ref: str) -> dict[str, Any]: ...
     def status(self, ref: str) -> dict[str, Any]: ...
@@ -48,9 +50,12 @@ class Face(Protocol):
     def clean_state(self, spec: JobSpec) -> str | None: ...
     def run(self, spec: JobSpec, out: TextIO | None, ranks: set[int] | None = None, events: Events | None = None,
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]: ...
-    def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]: ...
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
-                  events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
+    def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]: ...
+    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+                  sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]: ...
+    def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
+               log_from: int = 0) -> tuple[dict[str, Any], int]: ...
+    def interrupt(self, ref: str) -> dict[str, Any]: ...
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
@@ -122,6 +127,12 @@ class LocalFace:
         return sweep
 
     # -- views ---------------------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        p = self.principal
+        return {"user": p.user, "admin": p.admin, "local": p.local, "version": version("phalanx")}
 
     def ps(self, request: PsRequest) -> PsListing:
         from .. import config
@@ -235,17 +246,36 @@ class LocalFace:
                                 started=None if started is None else (lambda r: started(_job_dict(r))))
         return _job_dict(record), code
 
-    def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]:
+    def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]:
+        """``run -d``; ``job_id``: an id drawn already (a server lays the shipped code out under it)."""
         from . import jobs
 
-        return _job_dict(jobs.submit_detached(spec, events=events, user=self._submitter))
+        return _job_dict(jobs.submit_detached(spec, events=events, user=self._submitter, job_id=job_id))
 
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
-                  events: Events | None = None) -> tuple[dict[str, Any], int | None]:
+    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+                  sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:
         from . import jobs
 
-        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter)
+        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
+                                     sweep_id=sweep_id)
         return sweep.to_dict(), code
+
+    def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
+               log_from: int = 0) -> tuple[dict[str, Any], int]:
+        """Follow a detached job as its foreground run would show it, until it ends (``api/attach.py``);
+        the final record and the job's exit code."""
+        from .attach import follow_run
+
+        record = follow_run(self._store(), self._job(ref), out, ranks, events or (lambda text: None), log_from)
+        return _job_dict(record), record.exit_code if record.exit_code is not None else 1
+
+    def interrupt(self, ref: str) -> dict[str, Any]:
+        """Ctrl-C of a foreground run whose supervisor runs elsewhere (a server's): SIGINT to it."""
+        from . import jobs
+
+        record = self._job(ref)
+        self.check_may_act("job", record.id, record.user_name, "interrupt")
+        return _job_dict(jobs.interrupt(record))
 
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
         from . import jobs

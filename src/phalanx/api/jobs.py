@@ -222,6 +222,19 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
         time.sleep(0.1)
 
 
+def interrupt(record: JobRecord) -> JobRecord:
+    """What Ctrl-C does to a foreground run, for a job whose supervisor runs detached: one
+    SIGINT to the supervisor, which passes it to the ranks (a second one escalates, as a second
+    Ctrl-C does). Nothing happens to a job that has ended or whose supervisor is gone."""
+    if not is_terminal(record.state) and record.supervisor_pid and liveness.alive(record.supervisor_pid,
+                                                                                 record.supervisor_started):
+        try:
+            os.kill(record.supervisor_pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    return record
+
+
 def _ranks_ended(record: JobRecord) -> bool:
     """Every node of the job's current attempt has reported its end."""
     return all(record.paths.node_result(record.attempt, n).exists() for n in range(record.nnodes))

@@ -63,7 +63,7 @@ def ps(store: Store, request: PsRequest, default_limit: int, asker: str | None =
     if request.limit is not None and request.limit < 1:
         raise UsageError(f"invalid --limit {request.limit}", "give a number of rows of at least 1, e.g. --limit 20")
     if request.mine and request.user and request.user != asker:
-        raise UsageError(f"--mine and --user {request.user} both given", "pick one")
+        raise UsageError(f"--mine (you are {asker}) and --user {request.user} contradict", "give one of them")
     user = asker if request.mine else request.user
     refresh_hosted(store, request.backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=request.states, name=request.name, backend=request.backend, tags=request.tags,
@@ -71,7 +71,7 @@ def ps(store: Store, request: PsRequest, default_limit: int, asker: str | None =
                         user=user)
     check_metrics(store, query.columns, query.sort)
     filtered = bool(request.states or request.name or request.backend or request.tags or request.since
-                    or request.search or request.sort or request.columns)
+                    or request.search or request.sort or request.columns or user)
     everything = request.all or filtered
     limit = request.limit if request.limit is not None else (default_limit if everything else None)
     if not request.states and not everything:

@@ -134,37 +134,50 @@ def missing(home: HomePaths, wanted: Iterable[tuple[str, bool]]) -> list[tuple[s
     return sorted(set(out))
 
 
-def put(home: HomePaths, sha: str, executable: bool, body: BinaryIO, size: int) -> int:
-    """Store ``size`` bytes read from ``body`` as object ``sha``, checked against it; returns
-    the bytes stored (0 when the store had it). Raises UsageError on a digest or size mismatch."""
-    if not SHA.match(sha):
-        raise UsageError(f"'{sha[:80]}' is not a sha256 digest", "send 64 lower-case hex digits")
-    if size < 0 or size > MAX_OBJECT:
-        raise UsageError(f"an object of {size} bytes is over the limit of {MAX_OBJECT >> 20} MiB",
-                         "pass large data as an --input URI (s3://...) rather than a local path")
-    target = object_path(home, sha, executable)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{sha}.{os.getpid()}.{secrets.token_hex(3)}"
-    h, got = hashlib.sha256(), 0
-    try:
-        with open(tmp, "wb") as out:
-            while got < size:
-                chunk = body.read(min(CHUNK, size - got))
-                if not chunk:
-                    break
-                h.update(chunk)
-                out.write(chunk)
-                got += len(chunk)
-        if got != size or h.hexdigest() != sha:
-            raise UsageError(f"object {sha[:12]}… arrived with {got} of {size} bytes or another digest",
-                             "send it again")
+class Upload:
+    """One object arriving in pieces (``write``), hashed as it comes, stored by ``finish``
+    only when its bytes match the digest it was sent for. Use as a context manager: whatever
+    did not finish leaves no file."""
+
+    def __init__(self, home: HomePaths) -> None:
+        self.home = home
+        incoming = home.code_objects / ".incoming"
+        incoming.mkdir(parents=True, exist_ok=True)
+        self.tmp = incoming / f"{os.getpid()}.{secrets.token_hex(6)}"
+        self._out: BinaryIO = open(self.tmp, "wb")
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._out.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > MAX_OBJECT:
+            raise UsageError(f"an object over the limit of {MAX_OBJECT >> 20} MiB",
+                             "pass large data as an --input URI (s3://...) rather than a local path")
+        self._hash.update(data)
+        self._out.write(data)
+
+    def finish(self, sha: str, executable: bool) -> int:
+        """Store it as object ``sha``; the bytes stored (0: the store had it). UsageError when
+        the bytes are not ``sha``'s."""
+        if not SHA.match(sha):
+            raise UsageError(f"'{sha[:80]}' is not a sha256 digest", "send 64 lower-case hex digits")
+        self._out.close()
+        if self._hash.hexdigest() != sha:
+            raise UsageError(f"object {sha[:12]}… arrived with other bytes ({self.size})", "send it again")
+        target = object_path(self.home, sha, executable)
         if target.exists():
             return 0
-        os.chmod(tmp, 0o555 if executable else 0o444)  # shared by every job that links it
-        os.replace(tmp, target)
-        return size
-    finally:
-        tmp.unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.tmp, 0o555 if executable else 0o444)  # shared by every job that links it
+        os.replace(self.tmp, target)  # the same bytes stored meanwhile by another upload: harmless
+        return self.size
 
 
 def lay_out(home: HomePaths, entries: Iterable[Entry], dest: Path, copy: bool) -> int:
