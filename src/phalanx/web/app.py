@@ -179,6 +179,61 @@ def api_logs(request: Request) -> Response:
                           _int(request, "limit", LOG_CHUNK) or LOG_CHUNK))
 
 
+def api_logs_stream(request: Request) -> Response:
+    """A rank's log as Server-Sent Events while it is written (the job page's "follow"): one
+    long answer, each new piece an event, ``end`` once the job has ended (``logs.follow_log``)."""
+    import asyncio
+    import json
+    import threading
+
+    from starlette.responses import StreamingResponse
+
+    from .logs import follow_log
+
+    record = _record(request)
+    rank = _int(request, "rank", 0) or 0
+    attempt, offset = _int(request, "attempt"), _int(request, "offset")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=32)
+    gone = threading.Event()
+
+    def send(item: Any) -> None:
+        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+        while not gone.is_set():
+            try:
+                future.result(timeout=1.0)
+                return
+            except TimeoutError:
+                continue
+        future.cancel()
+
+    def work() -> None:
+        try:
+            follow_log(lambda: query.get_job(record.id), rank, attempt, offset, send, gone)
+        except PhalanxError as exc:
+            send({"error": str(exc)})
+        finally:
+            send(None)
+
+    async def events() -> Any:
+        threading.Thread(target=work, name=f"phalanx-ui-follow-{record.id}", daemon=True).start()
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), 15.0)
+                except asyncio.TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if item is None:
+                    return
+                yield b"data: " + json.dumps(item).encode() + b"\n\n"
+        finally:
+            gone.set()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
 def api_artifacts(request: Request) -> Response:
     return _json(jobview.artifacts(_record(request)))
 
@@ -295,6 +350,15 @@ def create_app(token: str | None = None, loopback: bool = True, check_user: bool
 error_handler = _phalanx_error
 
 
+def _on_loop(handler: Callable[[Request], Response]) -> Any:
+    """An endpoint that starts a stream: it must run on the event loop (Starlette runs plain
+    functions in a thread)."""
+    async def endpoint(request: Request) -> Response:
+        return handler(request)
+
+    return endpoint
+
+
 def routes() -> list[Route]:
     """The dashboard's pages, its JSON API under ``/api`` and its static files (a team server
     serves them too, beside ``/api/v1``)."""
@@ -314,6 +378,7 @@ def routes() -> list[Route]:
         Route("/api/jobs/{job}/metrics", api_metrics, methods=get),
         Route("/api/jobs/{job}/resources", api_resources, methods=get),
         Route("/api/jobs/{job}/logs", api_logs, methods=get),
+        Route("/api/jobs/{job}/logs/stream", _on_loop(api_logs_stream), methods=get),
         Route("/api/jobs/{job}/artifacts", api_artifacts, methods=get),
         Route("/api/jobs/{job}/artifacts/file", api_artifact_file, methods=get),
         Route("/api/jobs/{job}/{action}", api_job_action, methods=post),
