@@ -59,13 +59,16 @@ def add_user(store: Store, name: str, admin: bool = False) -> tuple[UserRecord, 
     """A new user and their first token (returned: shown once, never stored)."""
     check_name(name)
     token, record = _new_token(name)
-    store.users.add_token(record)  # first: a user row never exists without a way in
     if not store.users.add(name, admin, record.created_at):
-        store.users.revoke_tokens(name, time.time(), keep=None)
         existing = store.users.get(name)
         why = "was revoked (names stay with the jobs they submitted)" if existing and existing.revoked_at else "exists"
         raise UsageError(f"user '{name}' {why}", "pick another name" if existing and existing.revoked_at
                          else f"give them a new token with: phalanx server token rotate {name}")
+    try:
+        store.users.add_token(record)
+    except BaseException:
+        store.users.remove(name)  # no user without a way in
+        raise
     user = store.users.get(name)
     assert user is not None
     return user, token
