@@ -21,7 +21,10 @@ def serve(argv: "list[str]", baseline: "tuple[str, ...]") -> "list[str]":
     """Serve until idle or stopped (the pool never returns: it exits); in a forked worker child,
     return the bootstrap's own arguments (``--script FILE ARGS...``)."""
     recorder = Recorder(baseline)
-    recorder.importers = (sys.path[0], *(k for k in sys.path_importer_cache if k != sys.path[0]))
+    # What a cold worker's imports would have put in the path importer cache; not this package's own
+    # directory (``phalanx.launch.warm``), which only the pool imports from.
+    here = __file__.rpartition("/")[0]
+    recorder.importers = (sys.path[0], *(k for k in sys.path_importer_cache if k not in (sys.path[0], here)))
     recorder.start()
     from . import server as warm_server
 

@@ -25,7 +25,8 @@ import sys
 # What the interpreter had loaded when it came to run this module; less this module's own package
 # (``phalanx.launch.warm``), which ``python -m phalanx.launch.bootstrap`` (the cold start) never loads.
 _BASELINE = tuple(name for name in sys.modules if name != __package__)
-_IMPORTER_CACHE = tuple(sys.path_importer_cache)
+# Likewise the path importer cache, less the entry importing this module made for its own directory.
+_IMPORTER_CACHE = tuple(path for path in sys.path_importer_cache if path != __file__.rpartition("/")[0])
 
 
 def _inherited() -> "list[int]":
