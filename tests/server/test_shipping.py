@@ -70,6 +70,15 @@ def test_unchanged_code_and_inputs_are_sent_once(server, tmp_path):
     removed = jo.run("rm", jobs[0]["id"])
     assert removed.returncode == 0 and not shipped[0].exists(), "the shipped copy goes with its job"
 
+    # "Run again" from the dashboard: the new job gets a copy of its own, so removing the first keeps it.
+    request = urllib.request.Request(f"{server.url}/api/jobs/{jobs[1]['id']}/retry", method="POST",
+                                     headers={"Authorization": f"Bearer {token}"})
+    again_id = json.loads(urllib.request.urlopen(request, timeout=60).read())["id"]
+    assert jo.run("wait", again_id).returncode == 0
+    assert jo.run("rm", jobs[1]["id"]).returncode == 0
+    assert (server.home / "shipped" / again_id / "written.txt").exists()
+    assert jo.run("logs", again_id).stdout.startswith("changed by the job"), "it ran in a copy of the copy"
+
 
 def test_dry_run_shows_the_plan_as_the_server_would_run_it(server, tmp_path):
     token = server.add_user("kim")

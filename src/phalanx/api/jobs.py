@@ -100,6 +100,23 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
     return store.get(record.id)
 
 
+def reship(spec: JobSpec, job_id: str) -> tuple[JobSpec, str]:
+    """``spec`` of job ``job_id``, which a team server ran in the copy of its code shipped with it
+    (``home.shipped``), made to run in a copy of that copy under a new id: a job run again keeps
+    its working directory when the first one is removed. Returns the spec and the new id."""
+    import shutil
+    from dataclasses import replace
+
+    where = home()
+    new_id = submit.new_job_id(where)
+    old, dest = where.shipped(job_id), where.shipped(new_id)
+    shutil.copytree(old, dest, symlinks=True)
+    entry = spec.entrypoint
+    if entry.target.startswith(f"{old}/"):
+        entry = replace(entry, target=str(dest) + entry.target[len(str(old)):])
+    return spec.with_(workdir=str(dest), entrypoint=entry), new_id
+
+
 def _submitter(user: str | None) -> dict[str, Any]:
     return {"user_name": user} if user else {}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from ..api.face import LocalFace
@@ -86,7 +87,19 @@ def _retry(face: LocalFace, record: JobRecord) -> dict[str, Any]:
     spec = query.read_spec(record)
     own = spec.state_name == f"{spec.name}-{record.id}"
     spec = spec.with_(state_name="" if own else spec.state_name, code_dir="")
-    new = face.submit(spec)
+    job_id = None
+    if query.home().shipped(record.id) == Path(spec.workdir):  # sent to a team server: a copy of its own
+        from ..api.jobs import reship
+
+        spec, job_id = reship(spec, record.id)
+    try:
+        new = face.submit(spec, job_id=job_id)
+    except BaseException:
+        if job_id is not None:
+            import shutil
+
+            shutil.rmtree(query.home().shipped(job_id), ignore_errors=True)
+        raise
     return {"id": new["id"], "state": new["state"], "message": f"job {record.id} runs again as job {new['id']}",
             "redirect": f"/jobs/{new['id']}"}
 
