@@ -4,16 +4,16 @@ Python reads such bytes (``sys.argv``, ``os.listdir``, ``git ls-files`` decoded 
 into ``str`` with each undecodable byte as a lone surrogate, U+DC80 to U+DCFF (PEP 383's
 ``surrogateescape``). Those strings go back to the same bytes through ``os.fsencode`` and every
 ``os`` call, so the snapshot, the launch files (JSON escapes them) and the script's ``sys.argv``
-keep them as they were. What cannot hold them is text for people and for text-only stores: a
-terminal under a strict UTF-8 locale, SQLite's and PostgreSQL's TEXT columns. There they are
-shown, never dropped:
+keep them as they were. What cannot hold them is text for people and text-only stores: a
+terminal under a strict UTF-8 locale, SQLite's TEXT columns, a UTF-8 HTTP body. There they are
+shown, never dropped nor raised on:
 
-- ``escaped``: each undecodable byte as ``\\xNN`` (as ``ls -b`` and Python's bytes show them):
-  names and lines of text;
-- ``shell_join``: a command line whose words with such bytes are quoted as bash's ``$'...'``,
-  which gives the exact bytes back when pasted into a shell.
+- ``escaped`` / ``unescaped``: each undecodable byte as ``\\xNN`` (as ``ls -b`` shows it), and back;
+- ``shell_join`` / ``shell_split``: a command line whose words with such bytes are quoted as bash's
+  ``$'...'`` (pasted into a shell, it gives the bytes back), and read back;
+- ``show_streams``: stdout and stderr that write such text as ``escaped`` does (the CLI's).
 
-Pure, standard library only.
+Standard library only; nothing here but ``show_streams`` has effects.
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def _shown(error: UnicodeError) -> tuple[str, int]:
 
 def show_streams(*streams: object) -> None:
     """Make text ``streams`` (stdout, stderr) write what their encoding cannot hold as
-    ``escaped`` does instead of raising: a strict UTF-8 terminal is shown ``caf\\xe9.txt``."""
+    ``escaped`` does, instead of raising (stdout under a UTF-8 locale) or showing the surrogate
+    (stderr's ``\\udce9``): a terminal is shown ``caf\\xe9.txt``."""
     import codecs
 
     try:
@@ -160,7 +161,7 @@ def show_streams(*streams: object) -> None:
         codecs.register_error(SHOWN, _shown)
     for stream in streams:
         reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict", "backslashreplace"):
             reconfigure(errors=SHOWN)
 
 

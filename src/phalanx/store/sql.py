@@ -1,4 +1,5 @@
-"""What the store's tables share: the writer they go through (id prefixes are index ranges: ``keys``)."""
+"""What the store's tables share: the writer they go through, its connection (``TextConnection``); id
+prefixes are index ranges: ``keys``."""
 
 from __future__ import annotations
 
