@@ -121,7 +121,7 @@ def parse(text: str, path: str) -> Node | None:
     try:
         loader = _loader()(text)
         try:
-            root = loader.get_single_node()  # nesting bounded while composing (_Bounded)
+            root = loader.get_single_node()  # nesting bounded while scanning and composing (_loader)
             if root is None:
                 return None
             _measure(root, 1, {}, set(), path)  # before anything is expanded
