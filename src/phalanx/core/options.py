@@ -131,7 +131,7 @@ class Option:
 
 RUN_OPTIONS: tuple[Option, ...] = (
     # What runs
-    Option("job_file", Str(expected="a path"), "A YAML job file; options given here override it.",
+    Option("job_file", Str(expected="a path"), "A YAML job file (- reads standard input); options given here override it.",
            ("-f", "--file"), file=None, metavar="FILE"),
     Option("script", Str(expected="a path"), "The Python file to run (on the command line: the first word after the options).",
            file="script", field="entrypoint"),

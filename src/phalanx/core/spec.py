@@ -61,10 +61,11 @@ class Entrypoint:
     typed: str = ""
 
     def display(self) -> str:
-        import shlex
+        """The command line as typed; a word with bytes that are not UTF-8 as bash's ``$'...'``."""
+        from .rawtext import shell_join
 
         head = {"script": [self.target], "module": ["-m", self.target], "command": [self.target]}
-        return shlex.join([*head[self.kind.value], *self.args])
+        return shell_join([*head[self.kind.value], *self.args])
 
 
 @dataclass(frozen=True)
