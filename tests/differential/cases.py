@@ -92,7 +92,8 @@ def _saved_like_sagemaker(reference, phalanx) -> None:
     assert sorted(phalanx.seen) == sorted(reference.seen) != []
     for name, seen in reference.seen.items():
         theirs = phalanx.seen[name]
-        assert _portless(theirs["tf_config"]) == _portless(seen["tf_config"]), name
+        assert _portless(theirs["tf_config"]) == _portless(seen["tf_config"]), (
+            f"{name}: TF_CONFIG {theirs['tf_config']} under phalanx, {seen['tf_config']} as SageMaker sets it")
         assert {k for k in seen["env"] if k.startswith("SM_")} <= set(theirs["env"]), name
         assert theirs["saved"] == seen["saved"] and "saved_model.pb" in theirs["saved"], name
     (chief,) = [seen for name, seen in phalanx.seen.items() if name.endswith("seen_worker_0.json")]
