@@ -68,7 +68,7 @@ def _sagemaker_tf(hosts: int):
     def by_hand(env: dict, cwd: Path) -> list[dict]:
         workers = [f"127.0.0.1:{_port()}" for _ in range(hosts)]  # SageMaker's port is 8890 on every host
         names = [f"algo-{i + 1}" for i in range(hosts)]
-        model_dir = tempfile.mkdtemp(prefix="sm-model-")
+        model_dir = tempfile.mkdtemp(prefix="sm-model-", dir=cwd.parents[1])  # beside the project, in the test's directory
         common = {"SM_MODEL_DIR": model_dir, "SM_OUTPUT_DATA_DIR": model_dir, "SM_HOSTS": json.dumps(names),
                   "SM_CHANNELS": json.dumps(["training"]), "SM_CHANNEL_TRAINING": str(cwd / "data"),
                   "SM_NUM_GPUS": "0", "SM_NUM_CPUS": str(os.cpu_count())}

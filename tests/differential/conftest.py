@@ -1,17 +1,5 @@
-"""The warm pools of the differential tests: one directory per test module."""
+"""The warm pools of the differential tests: a directory per test module, the warm tests' fixture."""
 
-import os
+from ..warm.conftest import pool_dir  # noqa: F401 - a fixture, found by name
 
-import pytest
-
-from phalanx.launch import warm
-
-from ..conftest import stop_pools
-
-
-@pytest.fixture(scope="module")
-def pool_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("pools")
-    os.chmod(directory, 0o700)
-    yield str(directory)
-    stop_pools(warm, str(directory))
+__all__ = ["pool_dir"]
