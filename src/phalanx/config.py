@@ -66,9 +66,37 @@ def _mapping(text: str, key: str) -> dict[str, float]:
 
 
 def home() -> Path:
-    """The phalanx home directory (``$PHALANX_HOME``, default ``~/.phalanx``)."""
+    """The phalanx home directory (``$PHALANX_HOME``, default ``~/.phalanx``). Raises UsageError
+    when it cannot be one: a file is in the way, or its path is not UTF-8 (the store keeps paths
+    as text)."""
     raw = os.environ.get("PHALANX_HOME") or _BY_KEY["home"].default
-    return Path(raw).expanduser().resolve()
+    path = Path(raw).expanduser().resolve()
+    _check_home(path, "PHALANX_HOME" if os.environ.get("PHALANX_HOME") else "the phalanx home")
+    return path
+
+
+def _check_home(path: Path, what: str) -> None:
+    from .errors import UsageError
+
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, shown as core/rawtext.py shows them
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise UsageError(f"{what} {shown} is not UTF-8 text (the job store records paths as text)",
+                         "set PHALANX_HOME to a directory whose path is UTF-8") from None
+    for place in (path, *path.parents):  # the home, or the first of its parents that exists
+        try:
+            is_dir = place.is_dir()
+            exists = is_dir or place.exists()
+        except OSError:
+            continue
+        if not exists:
+            continue
+        if not is_dir:
+            where = "is a file, not a directory" if place == path else f"cannot be created: {place} is a file"
+            raise UsageError(f"{what} {path} {where}",
+                             "set PHALANX_HOME to a directory (phalanx creates it), or move the file aside")
+        return
 
 
 def user() -> str:

@@ -204,8 +204,9 @@ def test_sagemaker_fakeplane_entry_environment_failure_and_unchanged_input(plane
         assert json.loads(probe["hosts"]) == ["algo-1", "algo-2"]
         assert probe["state"].endswith("/opt/ml/checkpoints") and probe["channel"] == "channel bytes"
         assert probe["data"] == ["a.txt"] and probe["gpus"] == "0" and probe["ifname"] == "eth0"
-        # The script's arguments arrive as typed: {node_rank}-style placeholders are --spawn self's only.
-        assert probe["argv"] == ["--tag", "{node_rank}"] and probe["image_like"] is True
+        # {node_rank}-style placeholders are filled in per node wherever phalanx starts each node's
+        # processes (docs/environment.md), on SageMaker as here.
+        assert probe["argv"] == ["--tag", str(rank)] and probe["image_like"] is True
     cause = record["root_cause"] if isinstance(record.get("root_cause"), dict) else json.loads(record["root_cause"])
     assert cause["rank"] == 1 and "rank one gives up" in cause["message"]
     scheduler = json.loads((job / "attempt_0" / "scheduler.json").read_text())

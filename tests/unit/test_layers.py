@@ -192,3 +192,24 @@ def test_the_check_finds_a_view_that_acts(tmp_path):
     (pkg / "api" / "query.py").write_text("def f():\n    from . import jobs\n")
     problems = violations(tmp_path)
     assert any(p.startswith("phalanx/api/query.py:2 imports phalanx.api.jobs: views never act") for p in problems), problems
+
+
+def test_every_import_of_phalanx_names_a_module_that_exists():
+    """mypy is told to ignore missing imports (for optional third-party packages), so it would not
+    see ``from .core.x import y`` written one level short in a module that moved: this does."""
+    files = {module_name(p, SRC): p for p in sorted((SRC / "phalanx").rglob("*.py"))}
+    missing = []
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if (target == "phalanx" or target.startswith("phalanx.")) and target not in files:
+                missing.append(f"{path.relative_to(SRC)}:{node.lineno} imports {target}, which does not exist")
+    assert not missing, "\n".join(missing)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,7 @@ def _cli(monkeypatch, record, *args: str):
     from phalanx.cli.observe import register
 
     monkeypatch.setattr(query, "get_job", lambda ref, store=None: record)
+    monkeypatch.setenv("PHALANX_HOME", str(Path(record.job_dir).parent / "home"))  # never the user's own store
     app = typer.Typer()
     register(app)
     return CliRunner().invoke(app, list(args))

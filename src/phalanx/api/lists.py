@@ -9,7 +9,6 @@ naming what is valid (exit 2 on the CLI, HTTP 400 in the dashboard).
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -149,11 +148,13 @@ def build_query(states: Iterable[str] | None = None, name: str | None = None, ba
 def short_command(command: str, width: int | None = None) -> str:
     """A command as a list shows it: paths by their file name (``/home/me/proj/train.py`` ->
     ``train.py``), cut to ``width`` with an ellipsis."""
+    from ..core.rawtext import shell_join, shell_split
+
     try:
-        words = shlex.split(command)
+        words = shell_split(command)
     except ValueError:
         words = command.split()
-    shown = shlex.join([os.path.basename(w) if w.startswith("/") and len(w) > 1 else w for w in words])
+    shown = shell_join([os.path.basename(w) if w.startswith("/") and len(w) > 1 else w for w in words])
     if width is not None and len(shown) > width:
         shown = shown[: max(1, width - 1)] + "…"
     return shown

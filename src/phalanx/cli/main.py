@@ -11,6 +11,7 @@ from typing import Any, List, Optional
 import click
 import typer
 
+from ..core.rawtext import show_streams
 from ..errors import PhalanxError
 from .runflags import RunCommand
 
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one error boundary for the whole CLI."""
     global _DEBUG
     args = sys.argv[1:] if argv is None else argv
+    show_streams(sys.stdout, sys.stderr)  # a name or argument that is not UTF-8 is shown, never a UnicodeEncodeError
     _DEBUG = os.environ.get("PHALANX_DEBUG") == "1" or "--debug" in _leading_options(args)
     command = _command()
     try:

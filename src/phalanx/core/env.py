@@ -1,9 +1,13 @@
-"""The environment contract: what every training process sees (see docs/architecture.md).
+"""The environment contract: what every training process sees (docs/environment.md).
 
 Pure functions of (spec, topology, node, process). torchrun adds its own RANK/LOCAL_RANK/...
 for the workers it starts; for processes phalanx starts directly, ``process_env`` sets the
 same variables so scripts cannot tell the difference. A job given no topology runs as python
-would run it, with none of them (``runs_as_python``).
+would run it, with none of them (``runs_as_python``), except what its ``--framework`` asks for
+(``--framework tf``: a one-worker ``TF_CONFIG``, as SageMaker gives a one-instance
+MultiWorkerMirroredStrategy job). Which jobs get their ``{node_rank}``-style arguments filled in
+(``fills_templates``) and which get ``jax.distributed.initialize`` called for them
+(``initializes_jax``) is decided here too, once.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .spec import Framework, JobSpec, channel_env_name
+from .spec import Framework, JobSpec, Spawn, channel_env_name
 
 
 @dataclass(frozen=True)
@@ -120,14 +124,41 @@ def runs_as_python(spec: JobSpec) -> bool:
     return not spec.resources.explicit and spec.resources.world_size == 1
 
 
+def fills_templates(spec: JobSpec) -> bool:
+    """Whether ``{node_rank}``-style placeholders in the script's arguments are filled in: wherever
+    phalanx starts each node's processes for a topology (``--spawn self``, ``-n``/``--nnodes``,
+    TF and JAX with one), not for one plain process, which gets its arguments as python would."""
+    return spec.spawn is Spawn.SELF or not runs_as_python(spec)
+
+
+def initializes_jax(spec: JobSpec) -> bool:
+    """Whether phalanx calls ``jax.distributed.initialize`` in each process before the script
+    (``launch/jaxinit.py``): ``--framework jax`` with a topology, unless the program starts and
+    connects its processes itself (``--spawn self``)."""
+    return spec.framework is Framework.JAX and spec.spawn is Spawn.AUTO and not runs_as_python(spec)
+
+
+def tf_config(spec: JobSpec, topo: Topology, rank: int) -> str:
+    """``TF_CONFIG`` for worker ``rank``: every process a worker, worker 0 the chief, and
+    ``"environment": "cloud"`` as SageMaker (sagemaker-tensorflow-training-toolkit,
+    ``training._build_tf_config_for_mwms``) and Kubeflow's TFJob set it."""
+    nlocal = spec.procs_per_node_started
+    workers = [
+        f"{topo.node_addrs[n]}:{topo.worker_ports[n * nlocal + i]}"
+        for n in range(spec.resources.nnodes)
+        for i in range(nlocal)
+    ]
+    return json.dumps({"cluster": {"worker": workers}, "environment": "cloud", "task": {"type": "worker", "index": rank}})
+
+
 def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) -> dict[str, str]:
     """Per-process variables for processes phalanx starts itself (no torchrun in between):
     torchrun's own set, so a worker cannot tell who started it (``--spawn self``: as
     ``torchrun --nproc-per-node 1`` gives them, RANK the node's rank, WORLD_SIZE the number of
     nodes, which scripts like the ImageNet example scale by their own workers); none for a
-    job that runs as python."""
+    job that runs as python, but ``--framework tf``'s one-worker ``TF_CONFIG``."""
     if runs_as_python(spec):
-        return {}
+        return {"TF_CONFIG": tf_config(spec, topo, 0)} if spec.framework is Framework.TF else {}
     nlocal = spec.procs_per_node_started
     world = spec.resources.nnodes * nlocal
     rank = node_rank * nlocal + local_rank
@@ -156,14 +187,7 @@ def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) 
         env["JAX_NUM_PROCESSES"] = str(world)
         env["JAX_PROCESS_ID"] = str(rank)
     elif spec.framework is Framework.TF:
-        workers = [
-            f"{topo.node_addrs[n]}:{topo.worker_ports[n * nlocal + i]}"
-            for n in range(spec.resources.nnodes)
-            for i in range(nlocal)
-        ]
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
-        )
+        env["TF_CONFIG"] = tf_config(spec, topo, rank)
     return env
 
 

@@ -131,7 +131,7 @@ class Option:
 
 RUN_OPTIONS: tuple[Option, ...] = (
     # What runs
-    Option("job_file", Str(expected="a path"), "A YAML job file; options given here override it.",
+    Option("job_file", Str(expected="a path"), "A YAML job file (- reads standard input); options given here override it.",
            ("-f", "--file"), file=None, metavar="FILE"),
     Option("script", Str(expected="a path"), "The Python file to run (on the command line: the first word after the options).",
            file="script", field="entrypoint"),
@@ -151,10 +151,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
            default_doc="the current directory (the job file's, with -f)", metavar="DIR"),
     Option("env", MappingOf(key=env_name), "Extra environment variable KEY=VALUE (repeatable; job file: a mapping).",
            ("-e", "--env"), field="env"),
-    Option("framework", Choice(choices=("torch", "tf", "jax")), "torch, tf or jax.", ("--framework",),
+    Option("framework", Choice(choices=("torch", "tf", "jax")), "torch (torchrun starts the workers), tf (one "
+           "process per node with TF_CONFIG; with no topology too, one worker, as SageMaker gives a one-instance "
+           "MultiWorkerMirroredStrategy job) or jax (JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID; with a "
+           "topology phalanx calls jax.distributed.initialize first, and a later call for the same processes is a "
+           "no-op). See docs/environment.md.", ("--framework",),
            field="framework", default="torch", label="framework"),
-    Option("spawn", Choice(choices=("auto", "self")), "auto, or self: one process per node that spawns its own "
-           "workers; {node_rank}-style placeholders in the arguments are filled in only then.", ("--spawn",),
+    Option("spawn", Choice(choices=("auto", "self")), "auto, or self: one process per node that spawns and connects "
+           "its own workers (phalanx initializes nothing in it). {node_rank}-style placeholders in the arguments are "
+           "filled in wherever phalanx starts each node's processes (--spawn self, -n, --nnodes; {{node_rank}} keeps "
+           "one literal), never for one plain process.", ("--spawn",),
            field="spawn", default="auto"),
     Option("local_rank_arg", Choice(choices=("--local-rank", "--local_rank")), "Append this argument with each "
            "worker's local rank (--local-rank=N), as python -m torch.distributed.launch did without --use-env.",

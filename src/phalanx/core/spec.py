@@ -44,7 +44,8 @@ class Spawn(str, Enum):
 
     AUTO: torchrun starts ``nproc_per_node`` workers (PyTorch), or phalanx starts them
     directly when there is a single process or the framework is TF/JAX.
-    SELF: phalanx starts one process per node; the script spawns its own workers.
+    SELF: phalanx starts one process per node; the script spawns its own workers and connects
+    them itself: phalanx initializes nothing in it (no ``jax.distributed.initialize``).
     """
 
     AUTO = "auto"
@@ -61,10 +62,11 @@ class Entrypoint:
     typed: str = ""
 
     def display(self) -> str:
-        import shlex
+        """The command line as typed; a word with bytes that are not UTF-8 as bash's ``$'...'``."""
+        from .rawtext import shell_join
 
         head = {"script": [self.target], "module": ["-m", self.target], "command": [self.target]}
-        return shlex.join([*head[self.kind.value], *self.args])
+        return shell_join([*head[self.kind.value], *self.args])
 
 
 @dataclass(frozen=True)
@@ -402,7 +404,20 @@ def _set_flag(args: list[str], flag: str, value: str, inline: bool) -> None:
     args.extend([f"{flag}={value}"] if inline else [flag, value])
 
 
+_TEMPLATE = re.compile(r"\{\{(" + "|".join(TEMPLATE_KEYS) + r")\}\}|\{(" + "|".join(TEMPLATE_KEYS) + r")\}")
+
+
 def render_template(args: tuple[str, ...], values: Mapping[str, Any]) -> tuple[str, ...]:
-    """Substitute ``{node_rank}``-style placeholders; other braces are left alone."""
-    pattern = re.compile(r"\{(" + "|".join(TEMPLATE_KEYS) + r")\}")
-    return tuple(pattern.sub(lambda m: str(values[m.group(1)]), a) for a in args)
+    """Substitute ``{node_rank}``-style placeholders; ``{{node_rank}}`` is the escape for the
+    literal ``{node_rank}``. Other braces (JSON, ``{x}``, ``{{x}}``) are left alone."""
+
+    def fill(match: re.Match[str]) -> str:
+        escaped, key = match.groups()
+        return "{" + escaped + "}" if escaped else str(values[key])
+
+    return tuple(_TEMPLATE.sub(fill, a) for a in args)
+
+
+def has_template(args: tuple[str, ...]) -> bool:
+    """Whether any argument holds a placeholder (or its ``{{...}}`` escape)."""
+    return any(_TEMPLATE.search(a) for a in args)

@@ -1,4 +1,4 @@
-"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] MODE TARGET ARGS``.
+"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] MODE TARGET ARGS``.
 
 It makes an unmodified script observable and safe to stop, then gets out of the way:
 
@@ -10,8 +10,9 @@ It makes an unmodified script observable and safe to stop, then gets out of the 
 - it runs the script as python would (``sys.argv``, ``__file__``, ``sys.path[0]``, a fresh
   ``__main__``), with ``--frozen`` its Python code read from the submit-time copy under the
   user's own file names (``launch/frozen.py``);
-- for a multi-process ``--framework jax`` job it makes ``jax.distributed.initialize`` work
-  whether the script calls it or not (``launch/jaxinit.py``);
+- with ``--jax-init`` (``--framework jax`` with a topology, not ``--spawn self``: see
+  ``core/env.initializes_jax``) it calls ``jax.distributed.initialize`` before the script, so
+  that a later call for the same processes is a no-op (``launch/jaxinit.py``);
 - it ends the worker without the interpreter's teardown, where torch aborts now and then
   after a successful run (``_exit``).
 
@@ -45,7 +46,7 @@ USER_METRICS = "user_metrics.jsonl"
 TORCH_ERROR_JSON = "torchelastic_error.json"
 
 MODES = ("--script", "--module", "--exec")
-USAGE = "python -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
+USAGE = "python -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
 
 
 def _rank() -> int:
@@ -195,7 +196,7 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
             json.dump(payload, fh)
 
 
-def _run(mode: str, target: str, args: list[str], frozen: list[str]) -> None:
+def _run(mode: str, target: str, args: list[str], frozen: list[str], jax_init: bool = False) -> None:
     if mode == "--exec":
         try:
             os.execvp(target, [target, *args])
@@ -208,12 +209,10 @@ def _run(mode: str, target: str, args: list[str], frozen: list[str]) -> None:
 
         freezer = Freezer(*frozen)
         freezer.install()
-    if os.environ.get("PHALANX_FRAMEWORK") == "jax" and "JAX_PROCESS_ID" in os.environ:
-        from .imports import module_file
-        from .jaxinit import prepare
+    if jax_init:
+        from .jaxinit import initialize
 
-        source = os.path.abspath(target) if mode == "--script" else module_file(target, os.getcwd())
-        prepare(source and ((freezer and freezer.copy_of(source)) or source))
+        initialize()
     if mode == "--script":
         from .frozen import run_script
 
@@ -304,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--warm-pool"]:
         argv = _warm_pool(argv[1:])
+    jax_init = argv[:1] == ["--jax-init"]
+    if jax_init:
+        argv = argv[1:]
     frozen: list[str] = []
     if argv[:1] == ["--frozen"]:
         frozen, argv = argv[1:3], argv[3:]
@@ -317,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent(signal.SIGKILL)
     _install_stack_dumps()
     try:
-        _run(mode, target, args, frozen)
+        _run(mode, target, args, frozen, jax_init)
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)

@@ -26,6 +26,7 @@ from ..errors import JobNotFound, StoreError
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .migrations import MIGRATIONS
 from .records import COLUMNS, JobRecord, Page, from_row
+from .sql import TextConnection
 
 if TYPE_CHECKING:
     from .sweeps import SweepTable
@@ -57,7 +58,8 @@ class Store:
         means "try again shortly", for as long as a write would wait."""
         deadline = time.monotonic() + 30
         while True:
-            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False,
+                                   factory=TextConnection)
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -85,7 +87,7 @@ class Store:
             raise StoreError(f"cannot open the job store {self.path}: {exc}", "move the file aside to start a new store") from None
         try:
             return sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None,
-                                   check_same_thread=False)
+                                   check_same_thread=False, factory=TextConnection)
         except sqlite3.DatabaseError as again:
             raise StoreError(f"cannot open the read-only job store {self.path}: {again}",
                              "check the file, or set PHALANX_HOME to another store") from None

@@ -1,4 +1,5 @@
-"""What the store's tables share: the writer they go through (id prefixes are index ranges: ``keys``)."""
+"""What the store's tables share: the writer they go through, its connection (``TextConnection``); id
+prefixes are index ranges: ``keys``."""
 
 from __future__ import annotations
 
@@ -17,3 +18,31 @@ class Writer(Protocol):
 
     def _transition(self, table: str, row_id: str, new: JobState, fields: dict[str, Any]) -> bool: ...
 
+
+
+class TextConnection(sqlite3.Connection):
+    """A connection whose text parameters are always text SQLite can hold: a string with bytes
+    that are not UTF-8 (a file name or argument, read by python as surrogates, PEP 383; see
+    ``core/rawtext.py``) is bound as its shown form, each such byte as ``\\xNN``, where sqlite3
+    would raise UnicodeEncodeError. A lookup by the same string binds the same form, so it finds
+    the row. The exact bytes live where JSON keeps them (``spec_json``, ``params_json``)."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().execute(sql, _bindable(parameters))
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Any], /) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().executemany(sql, (_bindable(p) for p in seq_of_parameters))
+
+
+def _bindable(parameters: Any) -> Any:
+    if isinstance(parameters, dict):
+        return {k: _text(v) for k, v in parameters.items()}
+    return tuple(_text(v) for v in parameters)
+
+
+def _text(value: Any) -> Any:
+    if type(value) is not str or value.isascii():
+        return value
+    from ..core.rawtext import escaped
+
+    return escaped(value)

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from ..api import query
 from ..api.face import LocalFace
 from ..core.identity import Principal
+from ..core.rawtext import escaped, escaped_all
 from ..errors import JobNotFound, PhalanxError, UsageError
 from ..store import JobRecord
 from ..supervise.liveness import effective
@@ -65,8 +66,20 @@ def _record(request: Request) -> JobRecord:
     return query.get_job(request.path_params["job"])
 
 
+class ShownJSON(JSONResponse):
+    """JSON for a page a person reads: a string holding bytes that are not UTF-8 (a file name, a
+    script argument, read by python as surrogates) is sent as ``core.rawtext.escaped`` shows it
+    (``caf\\xe9.txt``), where Starlette's UTF-8 encoding would fail the request."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(escaped_all(content))
+
+
 def _json(payload: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(payload, status_code=status, headers={"Cache-Control": "no-store"})
+    return ShownJSON(payload, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def _csrf(request: Request) -> str:
@@ -250,7 +263,7 @@ def api_artifact_file(request: Request) -> Response:
     download = request.query_params.get("download") == "1" or media == "application/octet-stream"
     headers = {"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"}
     return FileResponse(path, media_type=media, headers=headers,
-                        content_disposition_type="attachment" if download else "inline", filename=path.name)
+                        content_disposition_type="attachment" if download else "inline", filename=escaped(path.name))
 
 
 def api_job_action(request: Request) -> Response:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core.identity import Principal
 from ..core.paths import JobPaths
+from ..core.rawtext import escaped, unescaped
 from ..errors import PhalanxError, UsageError
 from ..store import JobRecord
 
@@ -69,7 +70,7 @@ def artifacts(record: JobRecord) -> dict[str, Any]:
             break
         if path.is_symlink() or not path.is_file():
             continue
-        rel = path.relative_to(root).as_posix()
+        rel = escaped(path.relative_to(root).as_posix())  # what artifact_file finds again
         files.append({"path": rel, "size": path.stat().st_size, "preview": preview_kind(rel)})
     return {"location": found.location, "uploaded": found.uploaded, "error": found.error, "files": files,
             "truncated": len(files) >= MAX_ARTIFACTS}
@@ -87,6 +88,8 @@ def artifact_file(record: JobRecord, rel: str) -> tuple[Path, str]:
         raise UsageError(f"invalid artifact path '{rel}'", "pick a file from the job's artifacts list")
     paths = JobPaths(Path(record.job_dir))
     path = job_file(record, paths.output_dir / rel)
+    if not path.exists() and unescaped(rel) != rel:  # a name that is not UTF-8, as ``artifacts`` shows it
+        path = job_file(record, paths.output_dir / unescaped(rel))
     if paths.output_dir.resolve() not in path.parents or not path.is_file():
         raise Forbidden(f"'{rel}' is not one of the job's output files")
     suffix = path.suffix.lower()

@@ -14,10 +14,10 @@ whether to run the job again (a new attempt, with ``--max-retries``), so attempt
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...core.rawtext import shell_join
 from ...errors import UsageError
 from ..options import BackendOption
 
@@ -157,6 +157,6 @@ def render(job: BatchJob) -> str:
         f'echo "phalanx: job {job.job_id} attempt {job.attempt}: SLURM job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ($addrs)"',
         "# srun no longer inherits --cpus-per-task from the allocation (Slurm 22.05+).",
         'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
-        "exec " + shlex.join(srun),
+        "exec " + shell_join(srun),  # bash: $'...' keeps bytes that are not UTF-8
     ]
     return "\n".join(lines) + "\n"

@@ -167,7 +167,8 @@ def _ask(directory: str, key: str, options: dict[str, str], module: str, args: l
         return {"cold": sock}
     fds = started["fd_numbers"]
     cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    words = args[3:] if args[:1] == ["--frozen"] else args  # the bootstrap's --frozen CODE_DIR ROOT
+    words = args[1:] if args[:1] == ["--jax-init"] else args  # the bootstrap's options first:
+    words = words[3:] if words[:1] == ["--frozen"] else words  # [--jax-init] [--frozen CODE_DIR ROOT]
     script_dir = [os.path.dirname(os.path.abspath(words[1]))] if words[:1] == ["--script"] and len(words) > 1 else []
     request = {
         "op": "run", "protocol": warm_proto.PROTOCOL, "interpreter": warm_proto.interpreter(),
