@@ -19,7 +19,7 @@ from tests.web.cdp import CHROMIUM, Browser
 pytestmark = [pytest.mark.local, pytest.mark.skipif(
     CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)")]
 
-RENDERED = "document.body.dataset.rendered"
+RENDERED = "!!(document.body && document.body.dataset.rendered)"  # safe while a form's answer loads
 SLOW = "import time\nprint('working', flush=True)\nfor i in range(1200):\n    time.sleep(0.1)\n"
 
 
@@ -40,7 +40,7 @@ def test_login_see_everyone_stop_ones_own_and_forged_posts_refused(server, tmp_p
             b.wait_for("location.pathname === '/login'", what="the login page")
             b.evaluate(f"document.getElementById('token').value = {json.dumps(bob.token[:-3] + 'xyz')}; "
                        "document.getElementById('login').submit()")
-            b.wait_for("!!document.getElementById('message')", what="a wrong token said")
+            b.wait_for("location.pathname === '/login' && !!document.getElementById('message')", what="a wrong token said")
             assert "not valid on this server" in b.text("#message")
             b.evaluate(f"document.getElementById('token').value = {json.dumps(bob.token)}; "
                        "document.getElementById('login').submit()")
