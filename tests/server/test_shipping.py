@@ -92,3 +92,19 @@ def test_dry_run_shows_the_plan_as_the_server_would_run_it(server, tmp_path):
     assert str(server.home / "shipped") in plan.stdout and "--nproc-per-node" in plan.stdout.replace("_", "-")
     assert _puts(server.url) == 0, "a dry run sends no code"
     assert not (server.home / "jobs").exists() or not any((server.home / "jobs").iterdir())
+
+
+def test_an_input_naming_a_job_names_one_of_the_servers_jobs(server, tmp_path):
+    token = server.add_user("max")
+    server.start()
+    max_ = Person("max", tmp_path / "max", token)
+    project = max_.root / "p"
+    project.mkdir(parents=True)
+    (project / "make.py").write_text("import os\nopen(os.path.join(os.environ['PHALANX_OUTPUT_DIR'], 'w.txt'), 'w').write('weights')\n")
+    (project / "use.py").write_text("import os\nprint(open(os.path.join(os.environ['PHALANX_CHANNEL_PREV'], 'w.txt')).read())\n")
+    assert max_.login(server.url).returncode == 0
+    assert max_.run("run", "--name", "prep", "make.py", cwd=project).returncode == 0
+    used = max_.run("run", "--input", "prev=job:prep", "use.py", cwd=project)
+    assert used.returncode == 0 and used.stdout == "weights\n", used.stderr
+    missing = max_.run("run", "--input", "prev=job:nosuchjob", "use.py", cwd=project)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "nosuchjob" in missing.stderr

@@ -28,3 +28,10 @@ def face() -> "Face":
     from ..api.face import LocalFace
 
     return LocalFace()
+
+
+def is_remote() -> bool:
+    """Whether the commands go to a team server (its store names the jobs, not this machine's)."""
+    from ..api.face import LocalFace
+
+    return not isinstance(face(), LocalFace)

@@ -40,8 +40,8 @@ def manifests(spec: JobSpec, home: Path) -> tuple[dict[str, Any], dict[str, Any]
     code = {"root": str(listing.workdir), "files": [e.to_wire() for e in entries]}
     inputs: dict[str, Any] = {}
     for channel in spec.channels:
-        if channel.is_remote:
-            continue  # a URI: the server reads it itself
+        if channel.is_remote or channel.uri.startswith("job:"):
+            continue  # a URI, or a job of the server's: the server reads it itself
         source = Path(channel.source)
         files = objects.tree(source)
         _count(shipped, source if source.is_dir() else source.parent, files)

@@ -77,7 +77,11 @@ def receive(home: HomePaths, body: dict[str, Any], ship_id: str, plan_only: bool
 def _rebased(spec: JobSpec, dest: Path, shipped: bool, sources: dict[str, str]) -> JobSpec:
     channels = []
     for channel in spec.channels:
-        if channel.is_remote:
+        if channel.uri.startswith("job:"):  # a job of this server's store, resolved now (retries read the same)
+            from ..api.query import resolve_job_input
+
+            channels.append(replace(channel, source=resolve_job_input(channel.uri)))
+        elif channel.is_remote:
             channels.append(channel)
         elif channel.name in sources:
             channels.append(replace(channel, source=sources[channel.name]))
