@@ -101,7 +101,7 @@ def status_cmd(
     if as_json:
         scheduler = query.scheduler_job(record)
         dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": query.attempt_history(record),
-                   "scheduler": scheduler.to_dict() if scheduler else None}, sys.stdout)
+                   "scheduler": scheduler.to_dict() if scheduler else None, "trackers": query.trackers(record)}, sys.stdout)
         return
     out = sys.stdout
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
@@ -138,6 +138,8 @@ def status_cmd(
     if spec.state_uri:
         synced = ago(record.state_synced_at) if record.state_synced_at else "never"
         out.write(f"state     {spec.state_uri}  (last upload: {synced})\n")
+    for tracker in query.trackers(record):
+        out.write(f"{tracker['kind']:<9} {tracker['line']}\n")
     attempts = query.attempt_history(record)
     if len(attempts) > 1 or record.retries:
         out.write("\nattempts:\n")

@@ -83,14 +83,17 @@ class Rest:
         url = self.prefix + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         headers = self.headers if raw is None else {**self.headers, "Content-Type": "application/octet-stream"}
-        try:
-            conn = self._connection()
-            conn.request(method, url, body=data, headers=headers)
-            response = conn.getresponse()
-            text = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()  # the next call opens a new connection
-            raise TrackerUnavailable(f"MLflow at {self.uri} did not answer: {exc or type(exc).__name__}") from None
+        for fresh in (self._conn is None, True):
+            try:
+                conn = self._connection()
+                conn.request(method, url, body=data, headers=headers)
+                response = conn.getresponse()
+                text = response.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()  # the next try opens a new connection
+                if fresh:  # a kept-alive connection the server had closed gets one more try
+                    raise TrackerUnavailable(f"MLflow at {self.uri} did not answer: {exc or type(exc).__name__}") from None
         if response.status >= 400:
             try:
                 err = json.loads(text)

@@ -82,6 +82,8 @@ def job_detail(record: JobRecord) -> dict[str, Any]:
                         if spec.get(k) not in (None, [], "") and spec.get(k) != defaults.get(k)}
     if record.sweep_id:
         data["sweep"] = {"id": record.sweep_id, "trial": record.trial, "params": data.get("params")}
+    data["trackers"] = [{k: t[k] for k in ("kind", "run_id", "url", "sent", "waiting", "dropped", "error")}
+                        for t in query.trackers(record)]
     return data
 
 
