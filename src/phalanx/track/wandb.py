@@ -53,7 +53,9 @@ class WandbExporter:
         self.step = int(state.extra.get("step", -1))
         self.state = state
         state.run_id = self.run.id
-        state.url = getattr(self.run, "url", None) or str(self.run.dir)
+        offline = (config.get("WANDB_MODE") or os.environ.get("WANDB_MODE", "")) in ("offline", "dryrun")
+        # offline: the run's directory, for ``wandb sync``
+        state.url = str(Path(self.run.dir).parent) if offline else (self.run.url or str(self.run.dir))
         state.extra["dir"] = str(Path(self.run.dir).parent)
         state.extra["group"] = run.group
 
