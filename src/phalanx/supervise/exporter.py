@@ -7,7 +7,7 @@ nor in the supervisor's loop, so a tracker that is slow or down slows neither. P
 takes the next points from ``monitor/stream.JobStream`` (every attempt of the job in turn: one run,
 its steps continuing), sends them, and only then moves the cursor in ``track/<kind>.json``: the
 files are the buffer, so nothing is lost when the tracker, this process or the supervisor dies.
-A tracker that fails is retried with backoff (1 s doubling to 30 s); ``status`` shows the points
+A tracker that fails is retried with backoff (1 s doubling to 10 s); ``status`` shows the points
 waiting and the last error. At the job's end (``track/ended.json``, written by the supervisor) the
 run gets the outcome and root cause and is closed; while a tracker stays down the exporter lingers
 ``track_linger`` seconds (setting) and then leaves the points on disk for a later exporter (a
@@ -36,7 +36,7 @@ from .trackinfo import artifact_files, run_info
 
 BATCH = 5000  # points per take: MLflow gets them in requests of 1000
 POLL = 0.25  # seconds between looks at the files when everything is sent
-BACKOFF_MAX = 30.0
+BACKOFF_MAX = 10.0
 SAVE_EVERY = 1.0
 
 

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from ..backends import commands
 from ..core.paths import HomePaths, JobPaths, write_json
 from ..core.spec import JobSpec
-from ..track.conventions import read_state, tracker_ids
+from ..core.env import tracker_env
+from ..track.conventions import read_state
 
 Say = Callable[[str], None]
 
@@ -43,7 +44,7 @@ def start(paths: JobPaths, spec: JobSpec, job_id: str, say: Say) -> dict[str, st
         if mlflow_run is None:
             say("MLflow run not created yet (see `phalanx status`): the script's own MLflow calls start a run of their own")
     group = spec.env.get("PHALANX_SWEEP_ID") or job_id
-    return tracker_ids(spec.track, spec.track_config, job_id, group, mlflow_run)
+    return tracker_env(spec.track, spec.track_config, job_id, group, mlflow_run)
 
 
 def _wait_for_run(paths: JobPaths, proc: Any, began: float, wait: float) -> str | None:

@@ -19,16 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..core.env import TRACKER_PLACES
 from ..core.paths import JobPaths, read_json
 
 KINDS = ("mlflow", "tensorboard", "wandb")
 
-# The variables that say where a tool's runs go (recorded in the spec at submit).
-PLACES: dict[str, tuple[str, ...]] = {
-    "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"),
-    "wandb": ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE", "WANDB_BASE_URL"),
-    "tensorboard": (),
-}
+# The variables that say where a tool's runs go (recorded in the spec at submit; core/env.py
+# hands them on to the script with the run ids).
+PLACES: dict[str, tuple[str, ...]] = {**TRACKER_PLACES, "tensorboard": ()}
 # The Python package each exporter needs (the ``phalanx[...]`` extra of the same name); MLflow's
 # REST API needs none when the tracking URI is http(s).
 PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb"}
@@ -49,29 +47,6 @@ def missing_package(kind: str, config: Mapping[str, str]) -> str | None:
         return None
     package = PACKAGES[kind]
     return None if importlib.util.find_spec(package) is not None else package
-
-
-def wandb_run_id(job_id: str) -> str:
-    """The W&B run id of a job: fixed by the job id, so every attempt, a ``resume`` and the script's
-    own ``wandb.init()`` (handed ``WANDB_RUN_ID``) are the same run."""
-    return f"phalanx-{job_id}"
-
-
-def tracker_ids(kinds: tuple[str, ...], config: Mapping[str, str], job_id: str, group: str,
-                mlflow_run: str | None) -> dict[str, str]:
-    """What a script's own tracker code reads to continue the job's run (``core/env.py`` hands it
-    to every process): the MLflow run once it exists; the W&B run, resumed, in the job's group."""
-    env: dict[str, str] = {}
-    if "mlflow" in kinds:
-        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
-            if config.get(name):
-                env[name] = config[name]
-        if mlflow_run:
-            env["MLFLOW_RUN_ID"] = mlflow_run
-    if "wandb" in kinds:
-        env.update({name: config[name] for name in PLACES["wandb"] if config.get(name)})
-        env.update({"WANDB_RUN_ID": wandb_run_id(job_id), "WANDB_RESUME": "allow", "WANDB_RUN_GROUP": group})
-    return env
 
 
 def metric_key(name: str, rank: int, all_ranks: bool) -> str:

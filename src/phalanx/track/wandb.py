@@ -1,4 +1,4 @@
-"""Weights & Biases: one run per job, its id fixed by the job id (``conventions.wandb_run_id``) and
+"""Weights & Biases: one run per job, its id fixed by the job id (``core/env.wandb_run_id``) and
 resumed (``resume="allow"``) by every exporter of the job, in the group of the job (a sweep's trials:
 the sweep's group). Needs ``phalanx[wandb]``; the real ``wandb`` package does the sending, its own
 buffering and retries included, so ``WANDB_MODE=offline`` writes the run directory for a later
@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from ..errors import TrackerUnavailable
 from .base import Ending, Point, RunInfo
-from .conventions import TrackState, wandb_run_id
+from ..core.env import wandb_run_id
+from .conventions import TrackState
 
 
 class WandbExporter:
