@@ -15,6 +15,7 @@ import pytest
 
 from tests.cluster.mlflow_server import MlflowServer, free_port, params, tags
 from tests.conftest import phalanx
+from tests.local.test_track_files import finished, wandb_records
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -66,18 +67,9 @@ def _job(name: str) -> dict:
     return json.loads(phalanx("status", name, "--json", check=True).stdout)
 
 
-def _finished(job_dir: str, kind: str = "mlflow", timeout: float = 240.0) -> dict:
+def _finished(job_dir: str, kind: str = "mlflow") -> dict:
     """The exporter's state once it has closed the run (it runs beside the job, a moment longer)."""
-    path = Path(job_dir) / "track" / f"{kind}.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            state = json.loads(path.read_text())
-            if state.get("finished") and not state.get("waiting"):
-                return state
-        time.sleep(0.2)
-    raise AssertionError(f"the {kind} exporter did not finish: {path.read_text() if path.exists() else 'no state'}\n"
-                         f"{(Path(job_dir) / 'track' / 'export.log').read_text()}")
+    return finished(job_dir, kind, timeout=240.0)
 
 
 def _series(name: str, rank: int) -> dict[str, list[tuple[int, float, int]]]:
@@ -121,8 +113,14 @@ def test_two_rank_job_series_params_tags_and_link(phx_home, mlflow_server, scrip
     assert run["info"]["status"] == "FINISHED"
     assert len(mlflow_server.runs("two-ranks")) == 1
     # status prints the link to the run, and the script was handed the run
-    out = phalanx("status", "two", check=True).stdout
-    assert f"{mlflow_server.uri}/#/experiments/{run['info']['experiment_id']}/runs/{state['run_id']}" in out
+    link = f"{mlflow_server.uri}/#/experiments/{run['info']['experiment_id']}/runs/{state['run_id']}"
+    assert link in phalanx("status", "two", check=True).stdout
+    from starlette.testclient import TestClient
+
+    from phalanx.web.app import create_app
+
+    detail = TestClient(create_app(), base_url="http://127.0.0.1:8000").get("/api/jobs/two").json()
+    assert [(t["kind"], t["url"], t["waiting"]) for t in detail["trackers"]] == [("mlflow", link, 0)]
     ids = json.loads((Path(job["job_dir"]) / "output" / "ids-0-1.json").read_text())
     assert ids["MLFLOW_RUN_ID"] == state["run_id"]
 
@@ -155,8 +153,6 @@ def test_killed_and_retried_job_is_one_run_in_every_tracker(phx_home, mlflow_ser
     scalars = [(e.step, e.value) for e in events.Scalars("loss")]
     assert scalars == [(s, _f32(1 / (s + 1))) for s in range(10)]
     # W&B: the same run id, its history continuing
-    from tests.local.test_track_files import wandb_records
-
     wb = _finished(job["job_dir"], "wandb")
     assert wb["run_id"] == f"phalanx-{job['id']}"
     records = wandb_records(Path(wb["url"]))

@@ -79,7 +79,8 @@ def wandb_records(run_dir: Path) -> dict[str, Any]:
     return {"history": history, "config": config, "run_ids": run_ids, "groups": groups}
 
 
-def _finished(job_dir: str, kind: str, timeout: float = 180.0) -> dict:
+def finished(job_dir: str, kind: str, timeout: float = 180.0) -> dict:
+    """The exporter's state once it has closed the run (it runs beside the job, a moment longer)."""
     path = Path(job_dir) / "track" / f"{kind}.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -108,7 +109,7 @@ def test_tensorboard_event_files_equal_the_series(phx_home, tmp_path):
     phalanx("run", "--name", "tb", "-n", "2", "--track", "tensorboard", "--track-ranks", "all", "--track-dir",
             str(board), str(tmp_path / "train.py"), "--lr", "0.1", check=True)
     job = json.loads(phalanx("status", "tb", "--json", check=True).stdout)
-    state = _finished(job["job_dir"], "tensorboard")
+    state = finished(job["job_dir"], "tensorboard")
     logdir = board / f"tb-{job['id']}"
     assert str(logdir) in state["url"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -120,6 +121,16 @@ def test_tensorboard_event_files_equal_the_series(phx_home, tmp_path):
             assert [(e.step, e.value) for e in events.Scalars(prefix + name)] == [(s, _f32(v)) for s, v in points]
     assert "sys/cpu_percent" in events.Tags()["scalars"]
     assert "tensorboard --logdir" in phalanx("status", "tb", check=True).stdout
+    # status of a tracked job imports no tracker
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.argv = ['phalanx', 'status', 'tb']\nfrom phalanx.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PHALANX_HOME": str(phx_home), "PATH": "/usr/bin:/bin"}).stdout
+    assert "tensorboard --logdir" in out
+    assert not set(out.strip().splitlines()[-1].split()) & {"tensorboard", "mlflow", "wandb"}
 
 
 def test_wandb_offline_run_holds_history_and_config_and_the_script_joins_the_group(phx_home, tmp_path):
@@ -128,7 +139,7 @@ def test_wandb_offline_run_holds_history_and_config_and_the_script_joins_the_gro
     phalanx("run", "--name", "wb", "--track", "wandb", str(tmp_path / "train.py"), "--lr", "0.1", "--bs=32",
             env=env, check=True, cwd=tmp_path)
     job = json.loads(phalanx("status", "wb", "--json", check=True).stdout)
-    state = _finished(job["job_dir"], "wandb")
+    state = finished(job["job_dir"], "wandb")
     assert state["run_id"] == f"phalanx-{job['id']}"
     records = wandb_records(Path(state["url"]))
     rows = [(int(r["_step"]), float(r["loss"])) for r in records["history"] if "loss" in r]

@@ -32,6 +32,7 @@ from ..monitor.stream import JobStream, Record
 from ..track.base import Ending, Point
 from ..track.conventions import metric_key, read_state
 from ..track.registry import make
+from .submit import pid_alive
 from .trackinfo import artifact_files, run_info
 
 BATCH = 5000  # points per take: MLflow gets them in requests of 1000
@@ -188,21 +189,9 @@ class Worker(threading.Thread):
         if data:
             return Ending(str(data.get("state") or "FAILED"), data.get("exit_code"), str(data.get("root_cause") or ""),
                           float(data.get("ended") or time.time()))
-        if not _alive(self.supervisor):
+        if self.supervisor > 0 and not pid_alive(self.supervisor):
             return Ending("LOST", None, "the supervisor vanished", time.time())
         return None
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> None:
