@@ -108,7 +108,8 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def overhead(server: MlflowServer, lines: int, repeats: int, work: Path, drain: float) -> dict[str, object]:
-    script = work / "printer.py"
+    (work / "code").mkdir(exist_ok=True)
+    script = work / "code" / "printer.py"
     script.write_text(PRINTER)
     env_on = {"MLFLOW_TRACKING_URI": server.uri, "MLFLOW_EXPERIMENT_NAME": "bench"}
     _run(work / "warm", script, [], ["1000"], {})  # warm-up: caches, interpreter files
@@ -142,13 +143,14 @@ def overhead(server: MlflowServer, lines: int, repeats: int, work: Path, drain: 
 
 
 def latency(server: MlflowServer, ticks: int, work: Path) -> dict[str, object]:
-    script = work / "ticker.py"
+    (work / "code").mkdir(exist_ok=True)
+    script = work / "code" / "ticker.py"
     script.write_text(TICKER)
     home = work / "latency"
     env = {**os.environ, "PHALANX_HOME": str(home), "MLFLOW_TRACKING_URI": server.uri,
            "MLFLOW_EXPERIMENT_NAME": "latency"}
     proc = subprocess.Popen([PHALANX, "run", "--cold", "-q", "--track", "mlflow", str(script), str(ticks)],
-                            cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=script.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: dict[int, float] = {}
     run_id = None
     while len(seen) < ticks:
@@ -178,6 +180,8 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=150)
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait after a job for MLflow to hold every point")
     parser.add_argument("--mode", default="overhead,latency")
+    parser.add_argument("--server-nice", type=int, default=0,
+                        help="run the MLflow server at this niceness (a server elsewhere takes none of the job's cores)")
     parser.add_argument("--json")
     args = parser.parse_args()
     modes = args.mode.split(",")
@@ -187,6 +191,12 @@ def main() -> None:
         (work / "mlflow").mkdir()
         server = MlflowServer(work / "mlflow")
         server.start()
+        if args.server_nice:
+            import psutil
+
+            for proc in [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]:
+                proc.nice(args.server_nice)
+        result["server_nice"] = args.server_nice
         try:
             if "latency" in modes:
                 print("latency: a metric line every 0.1 s, MLflow polled every 20 ms", flush=True)

@@ -181,6 +181,12 @@ def trackers(record: JobRecord) -> list[dict[str, Any]]:
     return out
 
 
+def sweep_tracker(sweep: "SweepRecord") -> str:
+    """The link to a sweep's parent MLflow run (created by its first tracked trial), or ''."""
+    state = read_json(Path(sweep.sweep_dir) / "track" / "mlflow.json") or {}
+    return str(state.get("url") or "")
+
+
 def _exporter_alive(pid: int | None) -> bool:
     if not pid:
         return False

@@ -184,6 +184,7 @@ def test_sweep_is_a_parent_run_with_a_child_per_trial(phx_home, mlflow_server, s
     while mlflow_server.run(parent)["info"]["status"] != "FINISHED" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert mlflow_server.run(parent)["info"]["status"] == "FINISHED"
+    assert f"/runs/{parent}  (the sweep's run" in phalanx("status", "sw", check=True).stdout
 
 
 def test_script_that_logs_to_mlflow_itself_lands_in_the_same_run(phx_home, mlflow_server, script):

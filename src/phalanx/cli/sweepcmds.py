@@ -56,6 +56,11 @@ def status(sweep: Any, as_json: bool) -> None:
               + (f", cost {money(row['cost'])}" if row["cost"] is not None else "") + f" over {row['jobs']} trial(s)\n")
     if sweep.supervisor_pid and not _ended(sweep):
         out.write(f"runner    pid {sweep.supervisor_pid}; follow it: phalanx logs {sweep.id} -f\n")
+    from ..query import sweep_tracker
+
+    parent = sweep_tracker(sweep)
+    if parent:
+        out.write(f"mlflow    {parent}  (the sweep's run; each trial's is nested under it)\n")
 
 
 def _ended(sweep: Any) -> bool:

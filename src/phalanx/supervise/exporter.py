@@ -1,9 +1,10 @@
-"""The tracker exporter: ``python -m phalanx.supervise.exporter JOB_DIR SUPERVISOR_PID``, a process
+"""The tracker exporter: ``python -m phalanx.supervise.exporter JOB_DIR PID STARTED`` (its supervisor), a process
 beside the supervisor that sends a ``--track`` job's metrics, resource samples, parameters and
 outcome to its trackers (``track/``), reading only the job's directory.
 
 It is not in the ranks' output path (the supervisor's collector writes ``metrics.bin`` as before)
-nor in the supervisor's loop, so a tracker that is slow or down slows neither. Per tracker a thread
+nor in the supervisor's loop, and runs at a lower priority (nice 10), so a tracker that is slow or
+down slows neither. Per tracker a thread
 takes the next points from ``monitor/stream.JobStream`` (every attempt of the job in turn: one run,
 its steps continuing), sends them, and only then moves the cursor in ``track/<kind>.json``: the
 files are the buffer, so nothing is lost when the tracker, this process or the supervisor dies.
@@ -32,7 +33,7 @@ from ..monitor.stream import JobStream, Record
 from ..track.base import Ending, Point
 from ..track.conventions import metric_key, read_state
 from ..track.registry import make
-from .submit import pid_alive
+from .liveness import alive
 from .trackinfo import artifact_files, run_info
 
 BATCH = 5000  # points per take: MLflow gets them in requests of 1000
@@ -44,7 +45,7 @@ SAVE_EVERY = 1.0
 class Worker(threading.Thread):
     """One tracker of the job, from its cursor to the job's end."""
 
-    def __init__(self, kind: str, paths: JobPaths, spec: JobSpec, supervisor: int, linger: float) -> None:
+    def __init__(self, kind: str, paths: JobPaths, spec: JobSpec, supervisor: tuple[int, float], linger: float) -> None:
         super().__init__(name=f"phalanx-track-{kind}", daemon=True)
         self.kind, self.paths, self.spec, self.supervisor, self.linger = kind, paths, spec, supervisor, linger
         self.state = read_state(paths, kind)
@@ -116,9 +117,14 @@ class Worker(threading.Thread):
                 ended_at = time.monotonic()
             try:
                 if not opened:
-                    self.exporter.open(run_info(self.paths, self.spec), self.state)
+                    run = run_info(self.paths, self.spec)
+                    self.exporter.open(run, self.state)
                     opened = True
-                    self.save(force=True)
+                    self.save(force=True)  # the run's id, which the job's start may be waiting for
+                    if not self.state.extra.get("params_logged"):
+                        self.exporter.params(run)
+                        self.state.extra["params_logged"] = True
+                        self.save(force=True)
                 if batch is None:
                     steps = dict(self.steps)
                     batch = self.points(self.stream.take(BATCH), steps)
@@ -189,7 +195,7 @@ class Worker(threading.Thread):
         if data:
             return Ending(str(data.get("state") or "FAILED"), data.get("exit_code"), str(data.get("root_cause") or ""),
                           float(data.get("ended") or time.time()))
-        if self.supervisor > 0 and not pid_alive(self.supervisor):
+        if self.supervisor[0] > 0 and not alive(*self.supervisor):
             return Ending("LOST", None, "the supervisor vanished", time.time())
         return None
 
@@ -199,7 +205,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     paths = JobPaths(Path(args[0]))
-    supervisor = int(args[1]) if len(args) > 1 else 0
+    supervisor = (int(args[1]), float(args[2])) if len(args) > 2 else (0, 0.0)  # its pid and start time
+    try:
+        os.nice(10)  # background work: the job's own processes come first on a busy machine
+    except OSError:
+        pass
     paths.track.mkdir(parents=True, exist_ok=True)
     with open(paths.track_lock, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # an earlier exporter of the job finishes first

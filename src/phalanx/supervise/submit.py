@@ -165,11 +165,11 @@ def clear_staging(home: HomePaths) -> None:
         return
     for name in names:
         pid = name.rpartition(".")[2]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(home.staging / name, ignore_errors=True)
 
 
-def pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

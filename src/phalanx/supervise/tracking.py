@@ -3,8 +3,9 @@ own), hand the script the tracker ids it would use itself, and say when the job 
 
 Called by ``JobRun`` (start, end) and the sweep runner (a sweep's end). Nothing here may fail or
 hold up a job: the one wait is for the MLflow run to exist at the job's start (so ``MLFLOW_RUN_ID``
-reaches the script), bounded by the ``track_wait`` setting and cut short as soon as the exporter
-says MLflow does not answer.
+reaches the script): created here with one or two REST requests, each bounded by the ``track_wait``
+setting (a server that is down refuses at once); for a tracking URI that is not a server, by the
+exporter (MLflow's client), waited for ``track_wait`` seconds at most.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from ..backends import commands
 from ..core.paths import HomePaths, JobPaths, write_json
 from ..core.spec import JobSpec
 from ..core.env import tracker_env
-from ..track.conventions import read_state
+from ..errors import TrackerError
+from ..track.conventions import is_http, read_state
+from . import liveness
 
 Say = Callable[[str], None]
 
@@ -34,17 +37,44 @@ def start(paths: JobPaths, spec: JobSpec, job_id: str, say: Say) -> dict[str, st
 
     paths.track.mkdir(parents=True, exist_ok=True)
     paths.track_ended.unlink(missing_ok=True)  # the job runs (again)
+    wait = float(config.get("track_wait"))
     began = time.time()
+    mlflow_run = _create_mlflow_run(paths, spec, wait) if "mlflow" in spec.track else None
     cwd = spec.workdir if os.path.isdir(spec.workdir) else str(paths.root)
-    proc = commands.spawn([sys.executable, "-m", "phalanx.supervise.exporter", str(paths.root), str(os.getpid())],
-                          {}, paths.track_log, cwd=cwd)
-    mlflow_run = None
-    if "mlflow" in spec.track:
-        mlflow_run = _wait_for_run(paths, proc, began, float(config.get("track_wait")))
-        if mlflow_run is None:
-            say("MLflow run not created yet (see `phalanx status`): the script's own MLflow calls start a run of their own")
+    me = liveness.identity()
+    proc = commands.spawn([sys.executable, "-m", "phalanx.supervise.exporter", str(paths.root),
+                           str(me["supervisor_pid"]), repr(me["supervisor_started"])], {}, paths.track_log, cwd=cwd)
+    if "mlflow" in spec.track and mlflow_run is None and not is_http(spec.track_config.get("MLFLOW_TRACKING_URI", "")):
+        mlflow_run = _wait_for_run(paths, proc, began, wait)  # MLflow's client, in the exporter
+    if "mlflow" in spec.track and mlflow_run is None:
+        say("MLflow run not created yet (see `phalanx status`): the script's own MLflow calls start a run of their own")
     group = spec.env.get("PHALANX_SWEEP_ID") or job_id
     return tracker_env(spec.track, spec.track_config, job_id, group, mlflow_run)
+
+
+def _create_mlflow_run(paths: JobPaths, spec: JobSpec, wait: float) -> str | None:
+    """The job's MLflow run: the one it has (a retry, a resume), or created now over MLflow's REST
+    API, each request given ``wait`` seconds at most (a server that is down answers at once), so
+    its id reaches the ranks without waiting for the exporter to start. None: not now (the
+    exporter goes on trying)."""
+    state = read_state(paths, "mlflow")
+    if state.run_id or not is_http(spec.track_config.get("MLFLOW_TRACKING_URI", "")):
+        return state.run_id or None
+    from ..track.mlflow import MlflowExporter
+    from .trackinfo import run_info
+
+    exporter = MlflowExporter(timeout=max(0.5, wait))
+    try:
+        exporter.open(run_info(paths, spec), state)
+    except TrackerError as exc:
+        state.error, state.error_since, state.updated = str(exc), time.time(), time.time()
+        write_json(paths.track_state("mlflow"), state.to_dict())
+        return None
+    finally:
+        exporter.close()
+    state.updated = time.time()
+    write_json(paths.track_state("mlflow"), state.to_dict())
+    return state.run_id
 
 
 def _wait_for_run(paths: JobPaths, proc: Any, began: float, wait: float) -> str | None:

@@ -2,8 +2,10 @@
 
 The feed (``supervise/tracking.py``) calls one exporter from one thread, in this order::
 
-    open(run, state)        create the job's run, or continue the one ``state`` names (a retry, a
-                            resume, a restarted exporter); log the parameters and tags
+    open(run, state)        create the job's run (with its tags), or continue the one ``state``
+                            names (a retry, a resume, a restarted exporter); quick: the job's start
+                            may wait for the run's id
+    params(run)             the parameters, once per run
     send(points)*           in order; the feed moves its cursor only once ``send`` returned (the
                             number of points the tracker will not keep: W&B's steps only grow)
     finish(ending)          the outcome and root cause; closes the run (only at the job's end)
@@ -77,6 +79,8 @@ class Exporter(Protocol):
 
     def open(self, run: RunInfo, state: TrackState) -> None:
         """Create or continue the run; fill ``state.run_id``, ``state.url``, ``state.extra``."""
+
+    def params(self, run: RunInfo) -> None: ...
 
     def send(self, points: Sequence[Point]) -> int:
         """Returns how many of ``points`` the tracker will not keep (counted as dropped)."""

@@ -50,8 +50,9 @@ class Rest:
     """The REST API over one kept-alive connection. Every failure is ``TrackerUnavailable``
     (retry later) or ``TrackerRefused`` (a 4xx MLflow explains: the request is wrong)."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, timeout: float = TIMEOUT) -> None:
         self.uri = uri.rstrip("/")
+        self.timeout = timeout
         parts = urllib.parse.urlsplit(self.uri)
         self.https = parts.scheme == "https"
         self.host = parts.netloc.rpartition("@")[2]
@@ -73,9 +74,9 @@ class Rest:
                 if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
                     context.check_hostname = False
                     context.verify_mode = ssl.CERT_NONE
-                self._conn = http.client.HTTPSConnection(self.host, timeout=TIMEOUT, context=context)
+                self._conn = http.client.HTTPSConnection(self.host, timeout=self.timeout, context=context)
             else:
-                self._conn = http.client.HTTPConnection(self.host, timeout=TIMEOUT)
+                self._conn = http.client.HTTPConnection(self.host, timeout=self.timeout)
         return self._conn
 
     def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None,
@@ -125,7 +126,8 @@ def _chunks(items: list[Any], size: int) -> list[list[Any]]:
 class MlflowExporter:
     kind = "mlflow"
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = TIMEOUT) -> None:
+        self.timeout = timeout  # seconds per request (the job's start creates the run with less)
         self.api: Any = None
         self.uri = ""
         self.run_id = ""
@@ -138,7 +140,7 @@ class MlflowExporter:
         self.state = state
         if self.api is None:
             if is_http(self.uri):
-                self.api = Rest(self.uri)
+                self.api = Rest(self.uri, self.timeout)
             else:
                 from .mlflow_client import ClientApi
 
@@ -162,9 +164,9 @@ class MlflowExporter:
             state.extra = {"experiment_id": experiment, "artifact_uri": info.get("artifact_uri", ""), "parent": parent}
             state.url = self._url(experiment, state.run_id)
         self.run_id = state.run_id
-        if not state.extra.get("params_logged"):
-            self._log_params(run.params)
-            state.extra["params_logged"] = True
+
+    def params(self, run: RunInfo) -> None:
+        self._log_params(run.params)
 
     def _continue(self, state: TrackState) -> None:
         """A later attempt or a restarted exporter: the same run, RUNNING again."""

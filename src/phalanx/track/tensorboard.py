@@ -46,13 +46,13 @@ class TensorBoardExporter:
         state.run_id = state.run_id or run.job_id
         where = self.mirror or str(self.logdir)
         state.url = f"{where}  (tensorboard --logdir {where.rpartition('/')[0] or where})"
-        if not state.extra.get("params_logged"):
-            from tensorboard.plugins.hparams import summary_v2
 
-            hparams = {k: v for k, v in run.params.items()}
-            self._write(summary_v2.hparams_pb(hparams, trial_id=run.job_id, start_time_secs=run.started), 0, run.started)
-            self.writer.flush()
-            state.extra["params_logged"] = True
+    def params(self, run: RunInfo) -> None:
+        from tensorboard.plugins.hparams import summary_v2
+
+        hparams = {k: v for k, v in run.params.items()}
+        self._write(summary_v2.hparams_pb(hparams, trial_id=run.job_id, start_time_secs=run.started), 0, run.started)
+        self.writer.flush()
 
     def _write(self, summary: Any, step: int, wall: float) -> None:
         from tensorboard.compat.proto import event_pb2

@@ -60,6 +60,9 @@ class WandbExporter:
         state.extra["dir"] = str(Path(self.run.dir).parent)
         state.extra["group"] = run.group
 
+    def params(self, run: RunInfo) -> None:
+        pass  # the run's config, given to wandb.init
+
     def send(self, points: Sequence[Point]) -> int:
         row: dict[str, float] = {}
         row_step = self.step
