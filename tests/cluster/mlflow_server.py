@@ -69,13 +69,13 @@ class MlflowServer:
 
     # -- reading back -----------------------------------------------------------------------
 
-    def get(self, path: str, **query: Any) -> dict[str, Any]:
-        url = f"{self.uri}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}"
+    def get(self, endpoint: str, **query: Any) -> dict[str, Any]:
+        url = f"{self.uri}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}"
         with urllib.request.urlopen(url, timeout=30) as r:
             return json.loads(r.read())
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+    def post(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"}, method="POST")
         with urllib.request.urlopen(request, timeout=30) as r:
             return json.loads(r.read())

@@ -88,8 +88,8 @@ def _history(server: MlflowServer, run_id: str, key: str) -> list[tuple[int, flo
 
 def test_two_rank_job_series_params_tags_and_link(phx_home, mlflow_server, script):
     env = _env(mlflow_server, "two-ranks", STEPS="15")
-    phalanx("run", "--name", "two", "--track", "mlflow", "--track-ranks", "all", "-n", "2", "--tag", "team=vision",
-            str(script), "--lr", "0.01", "--amp", env=env, check=True)
+    phalanx("run", "--name", "two", "--track", "mlflow", "--track-ranks", "all", "--track-artifacts", "-n", "2",
+            "--tag", "team=vision", str(script), "--lr", "0.01", "--amp", env=env, check=True)
     job = _job("two")
     state = _finished(job["job_dir"])
     run = mlflow_server.run(state["run_id"])
@@ -123,6 +123,13 @@ def test_two_rank_job_series_params_tags_and_link(phx_home, mlflow_server, scrip
     assert [(t["kind"], t["url"], t["waiting"]) for t in detail["trackers"]] == [("mlflow", link, 0)]
     ids = json.loads((Path(job["job_dir"]) / "output" / "ids-0-1.json").read_text())
     assert ids["MLFLOW_RUN_ID"] == state["run_id"]
+    # --track-artifacts: the outputs and every rank's log, in the run's artifacts (served by MLflow)
+    listed = {a["path"] for d in ("outputs", "logs/attempt_0")
+              for a in mlflow_server.get("artifacts/list", run_id=state["run_id"], path=d).get("files", [])}
+    assert {"outputs/ids-0-0.json", "outputs/ids-0-1.json", "logs/attempt_0/rank_0.log",
+            "logs/attempt_0/rank_1.log"} <= listed
+    stored = mlflow_server.root / "artifacts" / run["info"]["experiment_id"] / state["run_id"] / "artifacts"
+    assert json.loads((stored / "outputs" / "ids-0-1.json").read_text()) == ids
 
 
 def test_killed_and_retried_job_is_one_run_in_every_tracker(phx_home, mlflow_server, script, tmp_path):
@@ -217,6 +224,33 @@ def test_server_stopped_mid_job_then_back_every_point_once_in_order(phx_home, ml
     assert [s for s, _, _ in history] == list(range(60))
     assert [(s, v) for s, v, _ in history] == [(s, v) for s, v, _ in sorted(_series("outage", 0)["loss"])]
     assert mlflow_server.run(state["run_id"])["info"]["status"] == "FINISHED"
+
+
+def test_supervisor_killed_then_resumed_is_still_one_run(phx_home, mlflow_server, script):
+    """A supervisor that vanished (the job LOST) and ``phalanx resume``: a new exporter goes on
+    from the cursor in the same run, the steps continuing."""
+    import os
+    import signal
+
+    env = _env(mlflow_server, "resumed", STEPS="40", DELAY="0.1")
+    phalanx("run", "-d", "--name", "resumed", "--track", "mlflow", str(script), env=env, check=True)
+    job = _job("resumed")
+    path = Path(job["job_dir"]) / "track" / "mlflow.json"
+    deadline = time.monotonic() + 120
+    while not (path.exists() and json.loads(path.read_text()).get("sent", 0) > 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(_job("resumed")["supervisor_pid"], signal.SIGKILL)
+    while _job("resumed")["state"] != "LOST" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first = json.loads(path.read_text())["run_id"]
+    assert phalanx("resume", "resumed", env=env, timeout=300).returncode == 0
+    state = _finished(job["job_dir"])
+    assert state["run_id"] == first and len(mlflow_server.runs("resumed")) == 1
+    steps = [s for s, _, _ in _history(mlflow_server, first, "loss")]
+    ours = sorted(s for s, _, _ in _series("resumed", 0)["loss"])
+    assert steps == ours and len(set(steps)) == len(steps) and steps[-1] == 39  # continued, none twice
+    assert len(_job("resumed")["attempts"]) == 2
+    assert mlflow_server.run(first)["info"]["status"] == "FINISHED"
 
 
 def test_server_never_there_job_succeeds_and_status_says_points_wait(phx_home, script):

@@ -136,8 +136,8 @@ def test_tensorboard_event_files_equal_the_series(phx_home, tmp_path):
 def test_wandb_offline_run_holds_history_and_config_and_the_script_joins_the_group(phx_home, tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "phx-test", "OWN_WANDB": "1"}
-    phalanx("run", "--name", "wb", "--track", "wandb", str(tmp_path / "train.py"), "--lr", "0.1", "--bs=32",
-            env=env, check=True, cwd=tmp_path)
+    phalanx("run", "--name", "wb", "--track", "wandb", "--track-artifacts", str(tmp_path / "train.py"), "--lr", "0.1",
+            "--bs=32", env=env, check=True, cwd=tmp_path)
     job = json.loads(phalanx("status", "wb", "--json", check=True).stdout)
     state = finished(job["job_dir"], "wandb")
     assert state["run_id"] == f"phalanx-{job['id']}"
@@ -150,3 +150,7 @@ def test_wandb_offline_run_holds_history_and_config_and_the_script_joins_the_gro
     # the script's own wandb.init(), given WANDB_RUN_ID/WANDB_RESUME/WANDB_RUN_GROUP, is the job's run in its group
     own = json.loads((Path(job["job_dir"]) / "output" / "own.json").read_text())
     assert own == {"id": f"phalanx-{job['id']}", "group": job["id"], "project": "phx-test"}
+    # --track-artifacts: the outputs and the log among the run's files
+    files = Path(state["url"]) / "files" / "phalanx-files"
+    assert json.loads((files / "outputs" / "own.json").read_text()) == own
+    assert "loss=" in (files / "logs" / "attempt_0" / "rank_0.log").read_text()
