@@ -59,19 +59,23 @@ def _cpu_of(pid: int) -> float:
 
 def _run(home: Path, script: Path, opts: list[str], script_args: list[str], env: dict[str, str]) -> dict[str, float]:
     """``phalanx run``: its wall time and its own CPU seconds (sampled until it exits)."""
-    began = time.monotonic()
+    began, began_at = time.monotonic(), time.time()
     proc = subprocess.Popen([PHALANX, "run", "--cold", "-q", *opts, str(script), *script_args], cwd=script.parent,
-                            env={**os.environ, "PHALANX_HOME": str(home), **env},
+                            env={**os.environ, "PHALANX_HOME": str(home), "PHALANX_TRACE": "1", **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cpu = 0.0
     while proc.poll() is None:
         seen = _cpu_of(proc.pid)
         cpu = seen if seen >= 0 else cpu
         time.sleep(0.05)
-    wall = time.monotonic() - began
+    wall, ended_at = time.monotonic() - began, time.time()
     if proc.returncode != 0:
         raise RuntimeError(f"phalanx run failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-    return {"wall": wall, "supervisor_cpu": cpu}
+    # the supervisor's "started" mark (PHALANX_TRACE): the attempt's processes started then
+    job = max((home / "jobs").iterdir(), key=lambda p: p.stat().st_mtime)
+    marks = [json.loads(line) for line in (job / "trace.jsonl").read_text().splitlines()]
+    started = next(m["t"] for m in marks if m.get("who") == "supervisor" and m.get("step") == "started")
+    return {"wall": wall, "supervisor_cpu": cpu, "to_start": started - began_at, "from_start": ended_at - started}
 
 
 def _state(home: Path) -> tuple[Path, dict[str, object]]:
@@ -129,8 +133,16 @@ def overhead(server: MlflowServer, lines: int, repeats: int, work: Path, drain: 
     on_wall = statistics.median(r["wall"] for r in rows["mlflow"])
     off_cpu = statistics.median(r["supervisor_cpu"] for r in rows["off"])
     on_cpu = statistics.median(r["supervisor_cpu"] for r in rows["mlflow"])
+    pairs = list(zip(rows["off"], rows["mlflow"]))
     return {
         "lines": lines, "repeats": repeats, "runs": rows,
+        # round by round (each pair ran back to back, so shares the machine's load of the moment)
+        "paired_wall_ratio": _stats([b["wall"] / a["wall"] for a, b in pairs]),
+        "paired_supervisor_cpu_extra": _stats([b["supervisor_cpu"] - a["supervisor_cpu"] for a, b in pairs]),
+        "to_start_off": _stats([r["to_start"] for r in rows["off"]]),
+        "to_start_mlflow": _stats([r["to_start"] for r in rows["mlflow"]]),
+        "from_start_ratio": statistics.median(r["from_start"] for r in rows["mlflow"])
+        / statistics.median(r["from_start"] for r in rows["off"]),
         "wall_off": _stats([r["wall"] for r in rows["off"]]), "wall_mlflow": _stats([r["wall"] for r in rows["mlflow"]]),
         "wall_ratio": on_wall / off_wall,
         "supervisor_cpu_off": off_cpu, "supervisor_cpu_mlflow": on_cpu,
