@@ -203,14 +203,20 @@ def test_script_that_logs_to_mlflow_itself_lands_in_the_same_run(phx_home, mlflo
     assert len(_history(mlflow_server, state["run_id"], "loss")) == 4
 
 
-def test_server_stopped_mid_job_then_back_every_point_once_in_order(phx_home, mlflow_server, script):
-    env = _env(mlflow_server, "outage", STEPS="60", DELAY="0.1", PHALANX_TRACK_LINGER="600")
-    phalanx("run", "-d", "--name", "outage", "--track", "mlflow", str(script), env=env, check=True)
-    job = _job("outage")
+def _started_and_sending(name: str, script: Path, env: dict[str, str]) -> dict:
+    """A detached tracked job, once MLflow has taken its first points."""
+    phalanx("run", "-d", "--name", name, "--track", "mlflow", str(script), env=env, check=True)
+    job = _job(name)
     path = Path(job["job_dir"]) / "track" / "mlflow.json"
     deadline = time.monotonic() + 120
     while not (path.exists() and json.loads(path.read_text()).get("sent", 0) > 0) and time.monotonic() < deadline:
         time.sleep(0.1)
+    return job
+
+
+def test_server_stopped_mid_job_then_back_every_point_once_in_order(phx_home, mlflow_server, script):
+    env = _env(mlflow_server, "outage", STEPS="60", DELAY="0.1", PHALANX_TRACK_LINGER="600")
+    job = _started_and_sending("outage", script, env)
     mlflow_server.stop()  # mid-job
     try:
         assert phalanx("wait", "outage", timeout=300).returncode == 0  # the job does not care
@@ -224,6 +230,11 @@ def test_server_stopped_mid_job_then_back_every_point_once_in_order(phx_home, ml
     assert [s for s, _, _ in history] == list(range(60))
     assert [(s, v) for s, v, _ in history] == [(s, v) for s, v, _ in sorted(_series("outage", 0)["loss"])]
     assert mlflow_server.run(state["run_id"])["info"]["status"] == "FINISHED"
+    from phalanx.core.paths import JobPaths
+    from phalanx.monitor.stream import JobStream
+
+    everything = JobStream(JobPaths(Path(job["job_dir"])), all_ranks=False).take(10**6)
+    assert state["sent"] == len(everything) and state["dropped"] == 0  # each point sent once
 
 
 def test_supervisor_killed_then_resumed_is_still_one_run(phx_home, mlflow_server, script):
@@ -233,12 +244,9 @@ def test_supervisor_killed_then_resumed_is_still_one_run(phx_home, mlflow_server
     import signal
 
     env = _env(mlflow_server, "resumed", STEPS="40", DELAY="0.1")
-    phalanx("run", "-d", "--name", "resumed", "--track", "mlflow", str(script), env=env, check=True)
-    job = _job("resumed")
+    job = _started_and_sending("resumed", script, env)
     path = Path(job["job_dir"]) / "track" / "mlflow.json"
     deadline = time.monotonic() + 120
-    while not (path.exists() and json.loads(path.read_text()).get("sent", 0) > 0) and time.monotonic() < deadline:
-        time.sleep(0.1)
     os.kill(_job("resumed")["supervisor_pid"], signal.SIGKILL)
     while _job("resumed")["state"] != "LOST" and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -98,7 +98,8 @@ def test_stream_takes_in_order_and_a_new_reader_goes_on_from_the_cursor(tmp_path
     assert stream.waiting() == 6
     got = stream.take(2)
     assert [(r.name, r.step, r.value) for r in got] == [("loss", 0, 1.0), ("acc", 0, 0.1)]
-    stream.rewind()  # not delivered: the same again
+    # not delivered, and the reader gone: a new one from the saved cursor takes the same again
+    stream = JobStream(paths, False, stream.cursor())
     assert [(r.name, r.step) for r in stream.take(2)] == [("loss", 0), ("acc", 0)]
     stream.commit()
     assert stream.waiting() == 4
@@ -143,3 +144,67 @@ def test_metric_block_sizes_are_bounded_by_take(tmp_path):
         stream.commit()
     assert seen == list(range(1000))
     assert os.path.getsize(paths.rank_metrics(0, 0)) > 0 and array("q", seen) == array("q", range(1000))
+
+
+class _Flaky:
+    """An exporter whose tracker is down for one call, then refuses one batch, then takes all."""
+
+    kind = "mlflow"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.kept: list[tuple[str, int, float]] = []
+        self.ending = None
+
+    def open(self, run, state) -> None:
+        state.run_id = "r1"
+
+    def params(self, run) -> None:
+        pass
+
+    def send(self, points) -> int:
+        from phalanx.errors import TrackerRefused, TrackerUnavailable
+
+        self.calls += 1
+        if self.calls == 2:
+            raise TrackerUnavailable("down for a moment")
+        if self.calls == 4:
+            raise TrackerRefused("not these", "INVALID_PARAMETER_VALUE")
+        self.kept += [(p.key, p.step, p.value) for p in points]
+        return 0
+
+    def finish(self, ending) -> None:
+        self.ending = ending
+
+    def artifacts(self, files) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_exporter_sends_each_point_once_in_order_across_failures_and_counts_refused(tmp_path, monkeypatch, capsys):
+    from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec
+    from phalanx.supervise import exporter
+
+    monkeypatch.setattr(exporter, "BATCH", 10)
+    monkeypatch.setattr(exporter, "BACKOFF_MAX", 0.01)
+    paths = JobPaths(tmp_path / "home" / "jobs" / "j1")
+    paths.rank_dir(0, 0).mkdir(parents=True)
+    rows = [("loss", i, float(i)) for i in range(50)]
+    paths.rank_metrics(0, 0).write_bytes(_block(1.0, rows[:25]) + _block(2.0, rows[25:]))
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(tmp_path / "t.py"), ()), name="j", workdir=str(tmp_path),
+                   track=("mlflow",))
+    paths.spec.write_text(json.dumps(spec.to_dict()))
+    (paths.track).mkdir()
+    paths.track_ended.write_text(json.dumps({"state": "SUCCEEDED", "exit_code": 0}))
+    worker = exporter.Worker("mlflow", paths, spec, (0, 0.0), linger=60)
+    flaky = worker.exporter = _Flaky()
+    worker.run()
+    # the batch that met a tracker down is sent again as it was; the refused one is dropped, once
+    assert [step for _, step, _ in flaky.kept] == list(range(20)) + list(range(30, 50))
+    state = json.loads(paths.track_state("mlflow").read_text())
+    assert (state["sent"], state["dropped"], state["waiting"], state["finished"]) == (40, 10, 0, True)
+    assert flaky.ending.state == "SUCCEEDED" and state["error"] == ""  # later points went through
+    said = capsys.readouterr().err  # the exporter's log says what happened
+    assert "mlflow: down for a moment" in said and "mlflow: not these" in said

@@ -133,10 +133,6 @@ class JobStream:
         self.committed.update(self.ahead)
         self.ahead = {}
 
-    def rewind(self) -> None:
-        """What the last take returned will be taken again (it could not be delivered)."""
-        self.ahead = {}
-
     def cursor(self) -> dict[str, Any]:
         return {k: dict(v) for k, v in self.committed.items()}
 

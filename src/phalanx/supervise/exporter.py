@@ -151,13 +151,15 @@ class Worker(threading.Thread):
                 if batch:  # these points will never be taken: count them, go on
                     self._delivered(0, len(batch), steps)
                     batch = None
-                elif opened:  # the end or the artifacts: nothing to keep
-                    self.state.finished = ending is not None
-                    if ending is not None:
-                        return
-                else:
+                elif not opened:
                     backoff = self._wait(backoff)
+                elif ending is not None:  # the end or the artifacts: nothing more to do
+                    self.state.finished = True
+                    return
+                else:  # parameters it will not take
+                    self.state.extra["params_logged"] = True
             except TrackerUnavailable as exc:
+                # The batch (and the stream's positions after it) is kept and sent again as it is.
                 self._failed(str(exc))
                 if ending is not None and ended_at is not None and time.monotonic() - ended_at > self.linger:
                     return  # the points stay on disk; a later exporter goes on from the cursor
@@ -168,7 +170,8 @@ class Worker(threading.Thread):
         self.steps = steps
         self.state.sent += sent
         self.state.dropped += dropped
-        self._clear_error()
+        if sent:
+            self._clear_error()
 
     def _clear_error(self) -> None:
         if self.state.error:
@@ -176,7 +179,6 @@ class Worker(threading.Thread):
             self.save(force=True)
 
     def _failed(self, message: str) -> None:
-        self.stream.rewind()
         if message != self.state.error:
             print(f"phalanx: {self.kind}: {message}", file=sys.stderr, flush=True)
         self.state.error = message
