@@ -65,3 +65,18 @@ class DiskFull(PhalanxError):
         self.what, self.where = what, where
         super().__init__(f"disk full while writing {what} under {where}{detail}",
                          hint or "free some space there, or point PHALANX_HOME at a larger disk")
+
+
+class TrackerError(PhalanxError):
+    """An experiment tracker (MLflow, TensorBoard, W&B) could not take what phalanx sent. Never
+    fails a job: the exporter (``track/``) keeps the points and says so in ``phalanx status``."""
+
+
+class TrackerUnavailable(TrackerError):
+    """Down, unreachable, overloaded or refusing our credentials: the same points are sent again
+    later, with backoff."""
+
+
+class TrackerRefused(TrackerError):
+    """The tracker answered that these points (or this request) are invalid: sending them again
+    would fail the same way, so they are counted as dropped."""
