@@ -49,7 +49,8 @@ WEIGHT: dict[str, float] = {
     "s3_server": 800, "tests/differential/test_differential.py": 470, "tests/cluster/test_ray.py": 450,
     "tests/cluster/test_slurm.py": 300, "tests/cluster/test_ssh.py": 230, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
     "tests/differential/test_contracts.py": 260, "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
-    "tests/terminal/test_ctrl_c.py": 180, "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
+    "tests/terminal/test_ctrl_c.py": 180, "tests/cluster/test_track_mlflow.py": 200,
+    "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
 }
 
 

@@ -41,6 +41,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("smtp_from", "", str, "The From address (default phalanx@HOST)."),
     Setting("prices", {}, lambda text: _mapping(text, "prices"),
             "Prices per hour: an instance type, a GPU model, or cpu, e.g. {ml.g5.xlarge: 1.41, H100: 2.5, cpu: 0.04}."),
+    # Experiment trackers (issue 23)
+    Setting("track", "", str, "Trackers every job sends to when --track is not given (comma-separated: mlflow, "
+            "tensorboard, wandb)."),
+    Setting("track_wait", 5.0, float, "Seconds a job's start waits at most for its MLflow run to exist (so "
+            "MLFLOW_RUN_ID reaches the script); a tracker that is down never waits that long."),
+    Setting("track_linger", 600.0, float, "Seconds the exporter keeps retrying a tracker that is down after the "
+            "job ended; the points then wait on disk (phalanx status says how many)."),
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
             "Start local runs and sweep trials from a warm interpreter pool (see README, Warm starts); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),

@@ -81,3 +81,18 @@ class ServerUnreachable(UsageError):
 
 class TooLarge(UsageError):
     """A request to a team server over its size limit (HTTP 413)."""
+
+
+class TrackerError(PhalanxError):
+    """An experiment tracker (MLflow, TensorBoard, W&B) could not take what phalanx sent. Never
+    fails a job: the exporter (``track/``) keeps the points and says so in ``phalanx status``."""
+
+
+class TrackerUnavailable(TrackerError):
+    """Down, unreachable, overloaded or refusing our credentials: the same points are sent again
+    later, with backoff."""
+
+
+class TrackerRefused(TrackerError):
+    """The tracker answered that these points (or this request) are invalid: sending them again
+    would fail the same way, so they are counted as dropped."""

@@ -73,6 +73,7 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     view["tags"] = tags_of(store, [record.id]).get(record.id, {})
     view["settings"] = {k: spec.get(k) for k in _SETTINGS
                         if spec.get(k) not in (None, [], "") and spec.get(k) != _SETTING_DEFAULTS.get(k)}
+    view["trackers"] = query.trackers(record)
     view["actions"] = actions(record, principal)
     if record.sweep_id:
         view["sweep"] = {"id": record.sweep_id, "trial": record.trial, "params": view.get("params")}

@@ -165,6 +165,38 @@ def artifacts(record: JobRecord) -> Any:
     return read_artifacts(record.paths)
 
 
+def trackers(record: JobRecord) -> list[dict[str, Any]]:
+    """The job's tracker runs (``--track``): per tracker its run id, link, the points sent,
+    waiting and dropped, the last error, and whether its exporter still runs."""
+    from ..track.conventions import describe, read_state
+
+    spec = read_spec(record)
+    out = []
+    for kind in spec.track:
+        state = read_state(record.paths, kind)
+        alive = _exporter_alive(state.pid)
+        out.append({"kind": kind, "run_id": state.run_id, "url": state.url, "sent": state.sent,
+                    "waiting": state.waiting, "dropped": state.dropped, "error": state.error,
+                    "finished": state.finished, "exporter_running": alive, "line": describe(state, alive)})
+    return out
+
+
+def sweep_tracker(sweep: "SweepRecord") -> str:
+    """The link to a sweep's parent MLflow run (created by its first tracked trial), or ''."""
+    state = read_json(Path(sweep.sweep_dir) / "track" / "mlflow.json") or {}
+    return str(state.get("url") or "")
+
+
+def _exporter_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"phalanx.supervise.exporter" in fh.read()
+    except OSError:
+        return False
+
+
 # -- inside a job -------------------------------------------------------------------------------
 
 

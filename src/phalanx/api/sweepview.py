@@ -104,7 +104,9 @@ def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
 
     table = trial_table(store, sweep)
     trials = {t.id: effective(t) for t in store.trials(sweep.id)}  # LOST with their runner (computed, not written)
-    return {**sweep_row(store, sweep), "table": table, "param_order": param_order(sweep),
+    from .query import sweep_tracker
+
+    return {**sweep_row(store, sweep), "table": table, "param_order": param_order(sweep), "tracker": sweep_tracker(sweep),
             "trials": [trials[r["id"]].to_dict() for r in table["rows"] if r["id"] in trials]}
 
 

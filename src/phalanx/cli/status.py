@@ -64,6 +64,8 @@ def render(view: dict[str, Any], out: TextIO) -> None:
     if view.get("state_uri"):
         synced = ago(view["state_synced_at"]) if view.get("state_synced_at") else "never"
         out.write(f"state     {view['state_uri']}  (last upload: {synced})\n")
+    for tracker in view["trackers"]:
+        out.write(f"{tracker['kind']:<9} {tracker['line']}\n")
     attempts = view["attempt_history"]
     if len(attempts) > 1 or view["retries"]:
         out.write("\nattempts:\n")

@@ -59,6 +59,7 @@ GROUPS = {
     "monitoring": "Metrics and resources",
     "data": "Data in, results out",
     "labels": "Labels and notifications",
+    "tracking": "Experiment trackers (MLflow, TensorBoard, Weights & Biases)",
     "sweep": "Sweeps (a search space in the script's arguments)",
     "backend": "Backend options",
 }
@@ -282,6 +283,23 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Send the outcome to URL (a webhook, Slack-compatible), mailto:ADDR[,ADDR] or desktop (repeatable, "
            "or comma-separated; job file: a list, or one string).", ("--notify",), group="labels",
            field="notify", metavar="TARGET", default_doc="the notify setting"),
+    # Experiment trackers
+    Option("track", ListOf(item=Choice(choices=("mlflow", "tensorboard", "wandb"))),
+           "Send the parsed metrics, resource samples, parameters and outcome to this tracker, one run per job "
+           "across retries: mlflow (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME), tensorboard (event files in "
+           "--track-dir) or wandb (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE) (repeatable; job file: a list, or one "
+           "name).", ("--track",), group="tracking", field="track", metavar="TRACKER",
+           default_doc="the track setting"),
+    Option("track_ranks", Choice(choices=("0", "all")), "Whose metrics go to the tracker: rank 0, or all (one "
+           "series per rank, rankN/NAME; and every node's resources).", ("--track-ranks",), group="tracking",
+           field="track_ranks", default="0", metavar="0|all"),
+    Option("track_dir", Str(expected="a path or URI"), "Where TensorBoard event files go: a directory (each job "
+           "in NAME-ID/ under it) or an object-store URI (s3://, gs://: written in the job's directory, copied "
+           "there).", ("--track-dir",), group="tracking", field="track_dir", metavar="DIR",
+           default_doc="the job's directory"),
+    Option("track_artifacts", Bool(), "Also send the job's outputs (PHALANX_OUTPUT_DIR) and logs at the end "
+           "(MLflow artifacts, W&B files).", ("--track-artifacts",), group="tracking", field="track_artifacts",
+           default=False, flag_value=True),
     # Sweeps
     Option("strategy", Choice(choices=("grid", "random", "tpe")), "grid, random or tpe.", ("--strategy",),
            group="sweep", file="sweep.strategy", default_doc="grid when every value is finite, else random"),

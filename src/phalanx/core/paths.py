@@ -126,6 +126,10 @@ class HomePaths:
         """The code snapshot a sweep's trials share, and its manifest."""
         return self.sweep_dir(sweep_id) / "code", self.sweep_dir(sweep_id) / "code.json"
 
+    def sweep_track(self, sweep_id: str, kind: str) -> Path:
+        """A sweep's parent run in tracker ``kind`` (its trials are the children)."""
+        return self.sweep_dir(sweep_id) / "track" / f"{kind}.json"
+
     def job(self, job_id: str) -> "JobPaths":
         return JobPaths(self.jobs / job_id)
 
@@ -255,6 +259,27 @@ class JobPaths:
     @property
     def artifacts(self) -> Path:
         return self.root / "artifacts.json"
+
+    @property
+    def track(self) -> Path:
+        """The experiment trackers' files (``--track``): per tracker its run and cursor
+        (``<kind>.json``), the exporter's log and lock, ``ended.json`` once the job has ended."""
+        return self.root / "track"
+
+    def track_state(self, kind: str) -> Path:
+        return self.track / f"{kind}.json"
+
+    @property
+    def track_ended(self) -> Path:
+        return self.track / "ended.json"
+
+    @property
+    def track_log(self) -> Path:
+        return self.track / "export.log"
+
+    @property
+    def track_lock(self) -> Path:
+        return self.track / ".lock"
 
     def not_logs(self) -> frozenset[str]:
         """Names at the top of the job directory that are not its records: the outputs (uploaded

@@ -255,6 +255,15 @@ class JobSpec:
     # Where the job's outcome is announced (--notify): webhook URLs, mailto:ADDR, desktop.
     notify: tuple[str, ...] = ()
     warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm/plan.py)
+    # Experiment trackers (--track: mlflow, tensorboard, wandb), fed from the job's metric and
+    # resource files by an exporter beside the supervisor (track/, supervise/tracking.py):
+    # whose ranks ("0" or "all"), where TensorBoard writes, whether outputs and logs go along,
+    # and the tools' own settings as they were at submit (places and names, never a key).
+    track: tuple[str, ...] = ()
+    track_ranks: str = "0"
+    track_dir: str | None = None
+    track_artifacts: bool = False
+    track_config: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def state_key(self) -> str:

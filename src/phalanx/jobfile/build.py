@@ -57,6 +57,7 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
         backend_options=_backend_options(v),
         **_labels(v),
+        **_tracking(v),
         **_plain_fields(v),
     )
     if v["no_retry_on"]:
@@ -261,6 +262,44 @@ def _labels(v: Values) -> dict[str, Any]:
 
     given = [target for texts in (v["notify"] or ()) for target in texts]
     return {"tags": dict(v["tags"] or {}), "notify": tuple(dict.fromkeys(given)) if given else default_targets()}
+
+
+# -- experiment trackers ------------------------------------------------------------------------------
+
+
+def _tracking(v: Values) -> dict[str, Any]:
+    """``--track`` (else the track setting), and the trackers' own settings as they are now (the
+    job's ``-e`` over this environment), so every attempt and a later resume send to one place."""
+    from ..track.conventions import KINDS, capture, missing_package
+
+    given = list(v["track"] or ())
+    if not given:
+        setting = str(_config("track") or "")
+        given = [k.strip() for k in setting.split(",") if k.strip()]
+        unknown = [k for k in given if k not in KINDS]
+        if unknown:
+            raise UsageError(f"setting 'track' names {', '.join(unknown)}", f"use {', '.join(KINDS)} (comma-separated)")
+    kinds = tuple(dict.fromkeys(given))
+    for name in ("track_ranks", "track_dir", "track_artifacts"):
+        if not kinds and v.given(name) and v[name] not in (None, False, "0"):
+            v.warnings.append(f"{v.where(name)} has no effect without --track")
+    if v["track_dir"] and "tensorboard" not in kinds:
+        v.warnings.append(f"{v.where('track_dir')} is where TensorBoard writes; add --track tensorboard")
+    config = capture(kinds, {**os.environ, **dict(v["env"] or {})})
+    for kind in kinds:
+        package = missing_package(kind, config)
+        if package:
+            from ..errors import MissingDependency
+
+            raise MissingDependency(package, kind)
+    track_dir = v["track_dir"]
+    if track_dir and "://" in track_dir and not track_dir.startswith("file://"):
+        from ..storage.uri import validate_uri
+
+        track_dir = validate_uri(track_dir, what=v.where("track_dir"))
+    elif track_dir:
+        track_dir = str(Path(track_dir.removeprefix("file://")).expanduser().resolve())
+    return {"track": kinds, "track_ranks": str(v["track_ranks"] or "0"), "track_dir": track_dir, "track_config": config}
 
 
 # -- data ---------------------------------------------------------------------------------------------

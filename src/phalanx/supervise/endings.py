@@ -52,6 +52,10 @@ def job_ended(run: Any, outcome: Outcome) -> None:
     say: Say = run.say
     try:
         record = run.store.get(run.record.id)
+        from . import tracking
+
+        tracking.ended(run.paths, run.spec, record.state.value, record.exit_code,
+                       _cause_text(record.root_cause_dict()).split("\n", 1)[0])
         record_usage(run.store, record)
         record_metrics(run.store, record)
         from ..monitor import logindex
@@ -151,6 +155,11 @@ def sweep_ended(store: Any, sweep_id: str, say: Say) -> None:
 
         sweep = store.sweeps.get(sweep_id)
         spec = json.loads(sweep.spec_json)
+        if spec.get("track"):
+            from ..core.paths import HomePaths
+            from . import tracking
+
+            tracking.sweep_ended(HomePaths(Path(sweep.sweep_dir).parent.parent), sweep, spec, say)
         targets = tuple(spec.get("notify") or ())
         if not targets:
             return

@@ -47,7 +47,7 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import endings, history, leftover, liveness, staging
+from . import endings, history, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -148,6 +148,11 @@ class JobRun:
         self._sync = sync
         # Room to record the end if the ranks fill the disk (released in _disk_full)
         self._reserve = disk.Reserve(self.paths.reserve)
+        # --track: the exporter starts beside us; the ranks of every attempt get the tracker ids
+        # (the user's own -e values win)
+        ids = tracking.start(self.paths, self.spec, self.record.id, self.say)
+        if ids:
+            self.spec = self.spec.with_(env={**ids, **self.spec.env})
         if left is not None:
             self._attach(left)
             return
@@ -155,6 +160,8 @@ class JobRun:
             # Started before and nothing of it runs now: a new attempt, never one reusing its files.
             self.plan = plan_attempt(self.backend, self.spec, self.record.id, max(self.paths.attempts()) + 1, self.home)
             self.store.update(self.record.id, attempt=self.plan.attempt)
+        elif ids:  # the plan made at submit lacks them
+            self.plan = plan_attempt(self.backend, self.spec, self.record.id, self.plan.attempt, self.home)
         history.record_lost(self.paths, self.plan.attempt)  # the history has no gaps
         self._start_attempt()
 

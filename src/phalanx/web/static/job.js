@@ -62,6 +62,13 @@
       ];
       if (d.sweep) facts.splice(1, 0, ["sweep", null, "", el("a", { href: "/sweeps/" + d.sweep.id, text: `${d.sweep.id} · trial ${d.sweep.trial}` })]);
       for (const [k, v] of Object.entries(d.settings || {})) facts.push([k.replace(/_/g, " "), Array.isArray(v) ? v.join(", ") : String(v)]);
+      for (const t of d.trackers || []) {
+        const web = /^https?:\/\//.test(t.url || "");
+        const note = ` (${t.sent} sent${t.waiting ? `, ${t.waiting} waiting` : ""}${t.dropped ? `, ${t.dropped} dropped` : ""}${t.error ? "; " + t.error : ""})`;
+        facts.push([t.kind, null, "wide", el("span", { class: "v tracker" },
+          web ? el("a", { href: t.url, target: "_blank", rel: "noopener", text: t.run_id || t.url }) : el("span", { class: "mono", text: t.url || "no run yet" }),
+          el("span", { class: "muted", text: note }))]);
+      }
       const tags = Object.entries(d.tags || {});
       if (tags.length) facts.push(["tags", null, "", el("span", { class: "tags" }, ...tags.map(([k, v]) => el("a", { class: "tag", href: link("/", { tag: `${k}=${v}` }), text: `${k}=${v}` })))]);
       $("job-facts").replaceChildren(...facts.map(([k, v, cls, node]) => el("div", { class: cls || "" },
