@@ -206,3 +206,24 @@ def test_the_python_api_and_the_cli_of_another_process_see_one_server(team):
     who = cli(["whoami"], alice.env)
     assert who.stdout.strip() == f"alice on {srv.url} (admin)"
     assert cli(["--local", "whoami"], alice.env).stdout.strip().endswith("(this machine's store)")
+
+
+def test_job_files_nodes_downloads_and_a_foreground_resume(team, tmp_path):
+    srv, alice, bob = team
+    where = project(bob)
+    (where / "job.yaml").write_text("script: ticks.py\nargs: ['3', '0.05']\nn: 2x1\nname: filed\n")
+    (where / "writes.py").write_text("import os, sys\nopen(os.path.join(os.environ['PHALANX_OUTPUT_DIR'], 'r.txt'), 'w')"
+                                     ".write('result')\nsys.exit(int(sys.argv[1]))\n")
+    filed = bob.run("run", "-f", "job.yaml", cwd=where)
+    assert filed.returncode == 0, filed.stderr
+    assert "started: 2x1 on local" in filed.stderr and filed.stdout.count("tick 2") == 2, "two nodes, one rank each"
+    failed = bob.run("run", "--name", "writer", "writes.py", "5", cwd=where)
+    assert failed.returncode == 5
+    job = job_of(failed.stderr)
+    fetched = bob.run("download", job, "-o", str(tmp_path / "got"), "--logs", cwd=where)
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "got" / "output" / "r.txt").read_text() == "result"
+    assert fetched.stdout.startswith(f"{tmp_path / 'got'}: output/ 1 file(s)")
+    resumed = bob.run("resume", job, cwd=where)
+    assert resumed.returncode == 5 and f"phalanx: job {job} failed after " in resumed.stderr
+    assert json.loads(bob.run("status", job, "--json").stdout)["attempt"] == 1
