@@ -45,6 +45,7 @@ def follow_run(store: Store, record: JobRecord, out: TextIO, ranks: set[int] | N
                             events(line[len(PREFIX):])
                     final[0] = current
                     return
+                out.write("")  # a heartbeat: an ``out`` whose reader went away raises, and the following ends
                 quit_.wait(interval)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             failure.append(exc)

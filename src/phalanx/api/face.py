@@ -5,6 +5,8 @@ and job directories; a remote face (``phalanx.remote``) serves the same calls fr
 Every call acts as the face's ``Principal`` (who asks). Every result is JSON data (dicts, lists,
 numbers, strings), so a server can send it as it is and a remote client gets what a local one
 does; output that streams (a foreground run, ``logs -f``) goes to the ``out``/``emit`` given.
+A follower also writes an empty string now and then while nothing comes (a heartbeat): an
+``out``/``emit`` whose reader went away (a server's client) raises there, and the call ends.
 
 A job or a sweep is named by ``ref``: an id, a unique id prefix, or a name (the newest of that
 name; a name both carry means the newer of the two).
