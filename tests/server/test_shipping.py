@@ -21,6 +21,7 @@ print(open("config/settings.txt").read().strip(), flush=True)
 data = os.environ["PHALANX_CHANNEL_DATA"]
 print("data:", sorted(os.listdir(data)), open(os.path.join(data, "a.txt")).read().strip(), flush=True)
 print("cwd is the copy:", os.path.realpath(os.getcwd()) == os.path.dirname(os.path.realpath(__file__)), flush=True)
+print("submitted by", os.environ.get("PHALANX_USER"), flush=True)
 with open("config/settings.txt", "w") as fh:  # a script writing into its own copy
     fh.write("changed by the job\\n")
 open("written.txt", "w").write("left in cwd")
@@ -50,7 +51,8 @@ def test_unchanged_code_and_inputs_are_sent_once(server, tmp_path):
 
     first = jo.run("run", "--input", "data=./data", "reads.py", cwd=project)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines() == ["settings from the laptop", "data: ['a.txt', 'b.bin'] alpha", "cwd is the copy: True"]
+    assert first.stdout.splitlines() == ["settings from the laptop", "data: ['a.txt', 'b.bin'] alpha", "cwd is the copy: True",
+                                         "submitted by jo"]
     sent = _puts(server.url)
     assert sent >= 24, "every file's content went once (code and input)"
 

@@ -9,7 +9,8 @@ and the spec the client built is made to run here.
   with its code snapshot as any local job (so retries run the code as submitted).
 - A local ``--input`` directory or file is laid out once per content (hard links, read-only) in
   ``$PHALANX_HOME/cache/uploads/<digest>/`` and the channel reads from there; URIs pass through.
-- The interpreter is the server's (the client's path means nothing here).
+- The interpreter is the server's (the client's path means nothing here); the ranks get
+  ``PHALANX_USER``, who submitted the job (the environment contract's server mode).
 
 If anything fails before the job exists, the shipped directory goes again: nothing half-made
 stays behind (a server killed in between leaves a ``shipped/<id>`` no job names, which
@@ -54,11 +55,12 @@ def entries(data: Any, where: str) -> list[objects.Entry]:
     return out
 
 
-def receive(home: HomePaths, body: dict[str, Any], ship_id: str, plan_only: bool = False) -> JobSpec:
+def receive(home: HomePaths, body: dict[str, Any], ship_id: str, user: str, plan_only: bool = False) -> JobSpec:
     """The client's spec made to run here, its code laid out under ``home.shipped(ship_id)``
-    (with ``plan_only``: nothing laid out, for a dry run). Raises UsageError; on any error the
-    shipped directory is gone again."""
+    (with ``plan_only``: nothing laid out, for a dry run), submitted by ``user`` (the ranks'
+    ``PHALANX_USER``). Raises UsageError; on any error the shipped directory is gone again."""
     spec = decode_spec(body["spec"])
+    spec = spec.with_(env={**spec.env, "PHALANX_USER": user})
     code = entries(body["code"], "request.code") if body.get("code") else None
     dest = home.shipped(ship_id)
     try:

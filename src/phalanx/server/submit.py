@@ -65,7 +65,7 @@ async def run_job(request: Request) -> Response:
     def work(face: LocalFace, sink: Sink) -> dict[str, Any]:
         where = home()
         job_id = _new_id(where)
-        spec = shipping.receive(where, given, job_id)
+        spec = shipping.receive(where, given, job_id, face.principal.user)
         try:
             record = face.submit(spec, events=sink.event, job_id=job_id)
         except BaseException:
@@ -88,7 +88,7 @@ async def plan(request: Request) -> Response:
 
     def work(face: LocalFace) -> dict[str, Any]:
         where = home()
-        spec = shipping.receive(where, given, _new_id(where), plan_only=True)
+        spec = shipping.receive(where, given, _new_id(where), face.principal.user, plan_only=True)
         return face.dry_run(spec)
 
     return await answer(request, work)
@@ -103,7 +103,7 @@ async def run_sweep(request: Request) -> Response:
         where = home()
         settings = _settings(SweepSettings, given.get("settings") or {})
         sweep_id = _new_id(where)
-        spec = shipping.receive(where, given, sweep_id)
+        spec = shipping.receive(where, given, sweep_id, face.principal.user)
         try:
             sweep, _ = face.run_sweep(spec, settings, detach=True, events=sink.event, sweep_id=sweep_id)
         except BaseException:
