@@ -22,6 +22,7 @@ from ..api.wire import PREFIX, raise_error
 from ..errors import NotAuthenticated, PhalanxError, ServerUnreachable, UsageError
 
 TIMEOUT = 30.0  # connecting, and waiting for a byte of an answer that is not a stream
+QUIET = 60.0  # a stream silent this long (no heartbeat: server/stream.HEARTBEAT is 10 s) is cut off
 
 
 class Client:
@@ -57,7 +58,7 @@ class Client:
         self._used = False
 
     def _send(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
-              data: BinaryIO | bytes | None = None, length: int | None = None, stream: bool = False) -> http.client.HTTPResponse:
+              data: BinaryIO | bytes | None = None, length: int | None = None) -> http.client.HTTPResponse:
         target = PREFIX + path + (("?" + urlencode(list(params))) if params else "")
         headers = {"Accept": "application/json", "User-Agent": "phalanx-cli"}
         if self.token:
@@ -140,12 +141,16 @@ class Client:
     def lines(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None) -> Iterator[dict[str, Any]]:
         """A streamed call (``server/stream.py``): its JSON lines as they come, heartbeats left
         out; an ``error`` line is raised."""
-        response = self._send(method, path, params, body, stream=True)
+        response = self._send(method, path, params, body)
         if self._conn is not None and self._conn.sock is not None:
-            self._conn.sock.settimeout(None)  # a quiet stream says so with heartbeats, not by closing
+            self._conn.sock.settimeout(QUIET)  # a quiet stream sends a heartbeat every 10 s
         try:
             while True:
-                raw = response.readline()
+                try:
+                    raw = response.readline()
+                except (socket.timeout, OSError) as exc:
+                    raise ServerUnreachable(f"the connection to {self.url} went silent ({exc or 'no heartbeat'})",
+                                            "try again; a job runs on: see phalanx ps") from None
                 if not raw:
                     raise ServerUnreachable(f"the connection to {self.url} ended in the middle of an answer",
                                             "try again; the job runs on: see phalanx ps")
