@@ -173,3 +173,44 @@ def _announced(url: str, token: str, length: int) -> tuple[int, dict]:
         return answer.status, json.loads(answer.read())
     finally:
         conn.close()
+
+
+def test_a_restart_of_the_server_restarts_nothing_and_loses_nothing(server, tmp_path):
+    token = server.add_user("nora")
+    server.start()
+    nora = Person("nora", tmp_path / "nora", token)
+    (nora.root / "p").mkdir(parents=True)
+    (nora.root / "p" / "slow.py").write_text("import time\nfor i in range(30):\n    print('beat', i, flush=True)\n"
+                                             "    time.sleep(0.2)\n")
+    assert nora.login(server.url).returncode == 0
+    job = nora.run("run", "-d", "slow.py", cwd=nora.root / "p").stdout.strip()
+    supervisor = json.loads(nora.run("status", job, "--json").stdout)["supervisor"]["pid"]
+    server.stop()
+    down = nora.run("ps")
+    assert down.returncode == 2 and "cannot reach the phalanx server" in down.stderr
+    import os
+
+    os.kill(supervisor, 0)  # the job's supervisor runs on without the server
+    server.start()
+    nora.login(server.url)  # a new port; the same store and token
+    followed = nora.run("logs", "-f", job)
+    assert followed.returncode == 0 and followed.stdout.splitlines()[-1] == "beat 29"
+    status = json.loads(nora.run("status", job, "--json").stdout)
+    assert status["state"] == "SUCCEEDED" and status["attempt"] == 0, "ran once, to its end"
+
+
+def test_the_admin_commands_refuse_bad_input_in_one_line(server, tmp_path):
+    server.add_user("olga")
+    again = server.admin("user", "add", "olga")
+    assert again.returncode == 2 and again.stdout == ""
+    assert again.stderr == ("phalanx: error: user 'olga' exists; give them a new token with: "
+                            "phalanx server token rotate olga\n")
+    assert server.admin("user", "add", "Olga Smith").stderr.startswith("phalanx: error: invalid user name 'Olga Smith'")
+    assert server.admin("user", "revoke", "nobody").stderr == \
+        "phalanx: error: no user 'nobody'; list them with: phalanx server user list\n"
+    lonely = server.start("--tls-cert", str(tmp_path / "cert.pem"), expect_fail=True)
+    assert lonely.returncode == 2
+    assert (server.root / "server.err").read_text() == \
+        "phalanx: error: --tls-cert and --tls-key go together; give both (the certificate and its private key)\n"
+    listed = json.loads(server.admin("user", "list", "--json").stdout)
+    assert [(u["name"], u["admin"], u["tokens"]) for u in listed] == [("olga", False, 1)]
