@@ -256,7 +256,7 @@ def test_sagemaker_fakeplane_stop_is_stoptrainingjob(plane, aws):
         assert time.monotonic() < deadline
         time.sleep(0.5)
     ps = _phalanx(env, "ps")
-    assert f"RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
+    assert "RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
     stopped = _phalanx(env, "stop", job_id, timeout=500)  # the default bound: --grace (capped) + 360 s
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "checkpoint saved" in log.read_text()  # the ranks got SIGTERM and their grace

@@ -21,7 +21,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
-    ("api",),  # the face: views (query, lists, sweepview) and verbs (jobs, cleanup); views never act
+    ("api",),  # the face: views (query, lists, ps, jobview, sweepview), verbs (jobs, cleanup), face; views never act
     ("jobfile", "web"),  # job file + flags -> spec; the dashboard
     ("cli",),
     ("__init__", "__main__"),  # the public API, ``python -m phalanx``
