@@ -28,7 +28,7 @@ from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
 # Two cores, and most of the time is spent waiting: 3 workers (4 measured fastest, but add load
-# that load-sensitive tests feel; README, "Tests"). PHALANX_TEST_WORKERS overrides it.
+# that load-sensitive tests feel; docs/contributing.md). PHALANX_TEST_WORKERS overrides it.
 WORKERS = 3
 
 # Expensive session fixtures (a daemon, a set of real jobs) used by more than one file, and those

@@ -49,7 +49,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("track_linger", 600.0, float, "Seconds the exporter keeps retrying a tracker that is down after the "
             "job ended; the points then wait on disk (phalanx status says how many)."),
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
-            "Start local runs and sweep trials from a warm interpreter pool (see README, Warm starts); --cold turns it off per run."),
+            "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -130,7 +130,7 @@ def _file_values() -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise UsageError(f"cannot parse {path}: {exc}".splitlines()[0], "fix the YAML syntax") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{path} must be a mapping of setting: value", "see docs/configuration.md")
+        raise UsageError(f"{path} must be a mapping of setting: value", "see docs/settings.md")
     unknown = sorted(set(data) - set(_BY_KEY))
     if unknown:
         known = ", ".join(_BY_KEY)

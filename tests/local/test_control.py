@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, phalanx
+from tests.conftest import phalanx
 from tests.local.test_run import _wait_for
 
 pytestmark = pytest.mark.local

@@ -21,7 +21,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
-    ("api",),  # the face: views (query, lists, sweepview) and verbs (jobs, cleanup); views never act
+    ("api",),  # the face: views (query, lists, ps, jobview, sweepview, attach), verbs (jobs, cleanup, users), face; views never act
     ("jobfile", "web", "remote"),  # job file + flags -> spec; the dashboard; the face over HTTP (a client)
     ("server",),  # the team server: the face behind HTTP, identity, the dashboard for a team
     ("cli",),

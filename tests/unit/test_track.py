@@ -8,7 +8,6 @@ import json
 import os
 from array import array
 
-import pytest
 
 from phalanx.core.env import tracker_env
 from phalanx.core.paths import JobPaths

@@ -104,7 +104,7 @@ def test_job_page_charts_logs_and_controls(ui, demo, browser, tmp_path):
     b.wait_for("document.querySelector('[data-chart=\"metric:loss\"]').layout.yaxis.type === 'log'", what="log scale")
     b.evaluate("const x = document.getElementById('m-x'); x.value = 'wall'; x.dispatchEvent(new Event('change'))")
     b.wait_for("document.querySelector('[data-chart=\"metric:loss\"]').layout.xaxis.type === 'date'", what="a time axis")
-    b.evaluate(f"document.getElementById('overlay-job').value = 'broken'; document.getElementById('overlay').requestSubmit()")
+    b.evaluate("document.getElementById('overlay-job').value = 'broken'; document.getElementById('overlay').requestSubmit()")
     b.wait_for(f"document.querySelector('[data-chart=\"metric:loss\"]').data.some(t => (t.name || '').startsWith('{demo.failed}'))",
                what="the failed job overlaid")
     shot(b, tmp_path, "job")

@@ -1,6 +1,7 @@
 """The face: one object with every verb and view of phalanx, the only thing the CLI, the dashboard
 and the server call. ``Face`` is the contract; ``LocalFace`` serves it from this machine's store
-and job directories; a remote face (``phalanx.remote``) serves the same calls from a team server.
+and job directories. A remote face serving the same calls from a team server is the plan
+(``docs/architecture.md``); it does not exist yet.
 
 Every call acts as the face's ``Principal`` (who asks). Every result is JSON data (dicts, lists,
 numbers, strings), so a server can send it as it is and a remote client gets what a local one

@@ -1,7 +1,9 @@
 """The library's verbs: run, submit, resume, stop and wait for jobs and sweeps.
 
-Everything ``phalanx`` does from the shell is a function here (acting on jobs) or in
-:mod:`phalanx.api.query` (looking at them). The work itself is :mod:`phalanx.supervise`'s.
+The verbs that act on jobs are here (``rm`` and ``prune`` are :mod:`phalanx.api.cleanup`'s); the
+views that look at them are :mod:`phalanx.api.query`, ``lists``, ``ps``, ``jobview`` and
+``sweepview``; :mod:`phalanx.api.face` puts both behind the one object the CLI and the dashboard
+call. The work itself is :mod:`phalanx.supervise`'s.
 """
 
 from __future__ import annotations

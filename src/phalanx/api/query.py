@@ -1,6 +1,8 @@
-"""Read-only views of jobs and sweeps: what ``ps``, ``status``, ``logs``, ``metrics`` and the
-dashboard show. Nothing here writes to the store or a job directory, but for jobs supervised in
-a cluster (k8s ``--in-cluster``): ``find_job`` brings this home's copy of their record up to date.
+"""Views of jobs and sweeps: what ``ps``, ``status``, ``logs``, ``metrics`` and the dashboard
+show. They never act on a job. One kind of write happens here, and only for jobs whose supervisor
+runs in a cluster (k8s ``--in-cluster``): ``find_job`` and ``refresh_hosted`` copy their record
+from where they run into this home (the store row, the job's files and its state directory), as any read of them
+must.
 
 A job whose supervisor vanished is shown LOST at once (``supervise.liveness.effective``); the
 first command that acts on it (``resume``, ``stop``) records that.

@@ -1,5 +1,5 @@
 """``phalanx ps | status | logs | wait | stop | resume``: look after jobs once they run. Thin:
-parse, call the library (``phalanx.api.jobs`` to act, ``phalanx.api.query`` to look), render.
+parse, one call on the face (``cli/face.py``), render.
 
 Registered on the main app by ``register(app)``; ``run`` shares ``event``, ``parse_ranks`` and
 ``report_end`` with ``resume``.

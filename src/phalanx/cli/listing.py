@@ -1,5 +1,5 @@
 """``phalanx ps`` (jobs and sweeps, filtered, in columns that fit the terminal) and
-``phalanx sweep show`` (a sweep's trial table). Thin: parse, call ``lists``/``sweepview``, render.
+``phalanx sweep show`` (a sweep's trial table). Thin: parse, one call on the face (``cli/face.py``), render.
 
 Imports stay light (no torch, no web stack): ``ps`` is typed often.
 """
@@ -7,10 +7,9 @@ Imports stay light (no torch, no web stack): ``ps`` is typed often.
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 import sys
-from typing import Any, Iterator, List, Optional, Sequence, TextIO
+from typing import Any, List, Optional, Sequence, TextIO
 
 import typer
 

@@ -1,13 +1,12 @@
 """``phalanx rm | prune | usage``: remove what ended, say what it freed; add up what jobs used.
 Also the helpers ``status`` and ``logs`` share: the usage line and the offsets of
-``logs --tail/--since``. Thin: parse, call ``cleanup``/``store.listing``, render.
+``logs --tail/--since``. Thin: parse, one call on the face (``cli/face.py``), render.
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import typer
 

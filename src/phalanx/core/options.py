@@ -36,7 +36,6 @@ from .grammar import (
 )
 from .optiontypes import (
     MAX_NODES,
-    MAX_PROCS_PER_NODE,
     Bool,
     Choice,
     Custom,

@@ -1,9 +1,13 @@
-"""JobPaths: the single owner of the on-disk layout of a job. Nobody else joins job paths.
+"""JobPaths: the single owner of the on-disk layout of a job. Nobody else joins job paths (one
+exception left: the k8s ``--in-cluster`` files, joined in ``backends/kubernetes/hosted.py``,
+``record.py`` and ``supervisor.py``).
 
 ::
 
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
+      config.yaml                     settings (config.py), when the user writes one
+      staging/<id>.<pid>/             a job directory being laid out, moved into jobs/ with its row (supervise/submit.py)
       state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
       state/.previous/<key>-<stamp>/  a state directory moved aside by --clean-state
       sweeps/<id>/                    a sweep's own files: runner.log (detached), code/ + code.json (the trials' snapshot),
@@ -26,6 +30,11 @@
         code.json                     what the snapshot holds: files, bytes, digest, large files left out
         inputs.json                   fingerprint of the job's inputs (--skip-if-done)
         artifacts.json                where outputs and logs were uploaded (--output), file by file
+        inputs/<name>/                on a node of a backend that ships inputs with the job (Ray): its copy of input <name>
+        .reserve                      space the supervisor holds to record the job's end when the disk fills (core/disk.py)
+        k8s-supervisor.json           k8s --in-cluster: where the job's supervisor pod runs
+        supervisor.yaml               k8s --in-cluster: the supervisor pod's objects, as applied
+        supervisor-rbac.yaml          k8s --in-cluster: the Role its service account needs (kubectl apply -f)
         attempt_<k>/
           batch.sh                    the batch script submitted to a scheduler (SLURM)
           batch.log                   the batch script's own output (the scheduler writes it; Ray: the driver's)
@@ -43,6 +52,7 @@
           rank_<r>/output.log         stdout+stderr of global rank r, in order
           rank_<r>/output.idx         "time size" lines: how long output.log was when (logs --since)
           rank_<r>/error.json         the rank's uncaught exception, if any
+          rank_<r>/exit.json          the exit status the rank's bootstrap ended with (for workers torch reaps)
           rank_<r>/proc.json          the rank's pid, node and host, written at start
           rank_<r>/torchelastic_error.json  TORCHELASTIC_ERROR_FILE of a rank started without torchrun (-n 1)
 

@@ -8,8 +8,6 @@ anything else from the disk.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 

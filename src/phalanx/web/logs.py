@@ -1,5 +1,5 @@
 """A rank's log for the dashboard: its tail, what was appended since (follow), and search over
-the whole file. Every path goes through ``data.job_file`` (never a file outside the job)."""
+the whole file. Every path goes through ``jobview.job_file`` (never a file outside the job)."""
 
 from __future__ import annotations
 
