@@ -59,6 +59,12 @@ def report_end(record, shown: set[int] | None) -> None:  # type: ignore[no-untyp
         err.write(f"phalanx: job {record.id} preempted after {took}; continue it with: phalanx resume {record.id}\n")
         return
     cause = record.root_cause_dict() or {}
+    if record.state is JobState.TIMEOUT or cause.get("anomaly"):
+        what = "timed out" if record.state is JobState.TIMEOUT else "stopped"
+        err.write(f"phalanx: job {record.id} ({record.name}) {what} after {took}: {cause.get('message')}; "
+                  f"see `phalanx status {record.id}`" + (f", continue it with: phalanx resume {record.id}"
+                                                          if record.state is JobState.TIMEOUT else "") + "\n")
+        return
     where = []
     if "rank" in cause:
         where.append(f"rank {cause['rank']}")
@@ -142,7 +148,7 @@ def status_cmd(
     if len(attempts) > 1 or record.retries:
         out.write("\nattempts:\n")
         for a in attempts:
-            retry = "retried" if a["retry"] else a["reason"]
+            retry = ("retried" if a["reason"] in ("retryable", "") else a["reason"]) if a["retry"] else a["reason"]
             code = "-" if a["exit_code"] is None else str(a["exit_code"])
             out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
     if ranks:
@@ -160,8 +166,9 @@ def status_cmd(
         out.write("\n" + "\n".join(summary) + "\n")
     cause = record.root_cause_dict()
     if cause:
-        where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
-        out.write(f"\nroot cause: {where}: {cause.get('message')}\n")
+        where = f"rank {cause['rank']} on node {cause.get('node_rank')}: " if "rank" in cause else (
+            f"node {cause['node_rank']}: " if cause.get("node_rank") is not None else "")
+        out.write(f"\nroot cause: {where}{cause.get('message')}\n")
         if cause.get("host"):
             out.write(f"  host: {cause['host']}\n")
         detail = cause.get("traceback") or cause.get("log_tail")
