@@ -107,7 +107,7 @@ def status_cmd(
     if as_json:
         scheduler = query.scheduler_job(record)
         dump_json({**record.to_dict(), "ranks": [asdict(r) for r in ranks], "attempts": query.attempt_history(record),
-                   "scheduler": scheduler.to_dict() if scheduler else None}, sys.stdout)
+                   "scheduler": scheduler.to_dict() if scheduler else None, "health": query.health(record)}, sys.stdout)
         return
     out = sys.stdout
     code = "" if record.exit_code is None else f"  (exit {record.exit_code})"
@@ -144,6 +144,8 @@ def status_cmd(
     if spec.state_uri:
         synced = ago(record.state_synced_at) if record.state_synced_at else "never"
         out.write(f"state     {spec.state_uri}  (last upload: {synced})\n")
+    for line in query.health(record)["lines"]:  # progress and ETA, the slow rank, the stop clocks
+        out.write(f"{line['label']:<9} {line['text']}\n")
     attempts = query.attempt_history(record)
     if len(attempts) > 1 or record.retries:
         out.write("\nattempts:\n")
@@ -224,6 +226,7 @@ def logs_cmd(
 def wait_cmd(
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name (or a sweep)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", callback=seconds, help="Give up after this many seconds (exit 124)."),
+    progress: bool = typer.Option(False, "--progress", "-p", help="Say the job's progress and ETA on stderr as it goes."),
 ) -> None:
     """Block until the job ends; exit with the job's exit code. A sweep: 0 when it succeeded
     (with at least one trial that did), 1 when it failed."""
@@ -234,9 +237,40 @@ def wait_cmd(
     if sweep is not None:
         sweepcmds.wait(sweep, timeout)
 
-    record = jobs.wait(job, timeout=timeout)
+    record = jobs.wait(job, timeout=timeout, watch=_progress_printer() if progress else None)
+    if progress and sys.stderr.isatty():
+        sys.stderr.write("\n")  # below the line redrawn in place
     typer.echo(f"{record.id} {record.state.value}" + ("" if record.exit_code is None else f" (exit {record.exit_code})"), err=True)
     raise typer.Exit(record.exit_code if record.exit_code is not None else 1)
+
+
+def _progress_printer():  # type: ignore[no-untyped-def]
+    """``wait --progress``: at a terminal one line redrawn in place; otherwise a line whenever the
+    progress moved, at most every ``EVERY`` seconds."""
+    import time
+
+    from .. import query
+
+    every = 1.0 if sys.stderr.isatty() else 10.0
+    last: dict[str, object] = {"at": 0.0, "text": ""}
+
+    def show(record) -> None:  # type: ignore[no-untyped-def]
+        now = time.monotonic()
+        if now - float(last["at"]) < every:  # type: ignore[arg-type]
+            return
+        last["at"] = now
+        seen = query.health(record)
+        words = (seen["progress"] or {}).get("words") or "no progress printed yet"
+        if seen["straggler"]:
+            words += f"; {seen['straggler']['short']}"
+        text = f"{record.id} {record.state.value}: {words}"
+        if text == last["text"]:
+            return
+        last["text"] = text
+        sys.stderr.write(("\r\x1b[2K" + text) if sys.stderr.isatty() else text + "\n")
+        sys.stderr.flush()
+
+    return show
 
 
 def stop_cmd(

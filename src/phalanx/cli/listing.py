@@ -16,8 +16,8 @@ import typer
 
 from .render import ago, duration
 
-PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "COMMAND")
-WIDE = ("BACKEND", "GPU-H", "CPU-H", "COST", "TAGS")
+PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "PROGRESS", "COMMAND")
+WIDE = ("BACKEND", "GPU-H", "CPU-H", "COST", "TAGS", "HEALTH")
 
 
 def ps_cmd(
@@ -31,7 +31,8 @@ def ps_cmd(
     sort: Optional[str] = typer.Option(None, "--sort", help="created (default), name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
-    wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost and tags."),
+    wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost, tags and health "
+                              "(the slow rank of a running job, what stopped an ended one)."),
     trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only the ids (e.g. for phalanx rm)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -127,7 +128,7 @@ def _merge(records: Iterator[Any], sweeps: list[Any], limit: int | None, by_time
 
 
 def _render(store: Any, shown: Sequence[Any], columns: Sequence[Any], wide: bool, as_json: bool, everything: bool) -> None:
-    from ..lists import job_rows, short_command, sweep_progress
+    from ..lists import job_health, job_rows, short_command, sweep_progress
     from ..store import JobRecord
     from .render import dump_json, job_rows as state_rows
 
@@ -144,23 +145,26 @@ def _render(store: Any, shown: Sequence[Any], columns: Sequence[Any], wide: bool
     table: list[list[str]] = []
     for record in shown:
         if isinstance(record, JobRecord):
-            base = list(state_rows([record])[0][:-1])
-            row = rows.get(record.id, {})
+            row = rows.get(record.id) or job_health(record)
+            base = [*state_rows([record])[0][:-1], row.get("progress") or "-"]
             extra = [_num((row.get("columns") or {}).get(c.label)) for c in columns]
             if wide:
                 extra += [record.backend, _hours(row.get("gpu_hours")), _hours(row.get("cpu_hours")), _money(row.get("cost")),
-                          ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-"]
+                          ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-", row.get("health") or "-"]
             command = short_command(record.command)
         else:
-            progress = sweep_progress(store, record)["text"]
-            base = [record.id, record.name, record.state.value, record.topology, ago(record.created_at), duration(record.duration)]
+            progress = sweep_progress(store, record)
+            share = f"{100 * record.finished / record.total:.0f}%" if record.total else "-"
+            eta = f" ETA {_eta(progress['eta'])}" if progress.get("eta") is not None else ""
+            base = [record.id, record.name, record.state.value, record.topology, ago(record.created_at),
+                    duration(record.duration), share + eta]
             extra = ["-" for _ in columns]
             if wide:
                 from ..store.listing import usage_sum
 
                 used = usage_sum(store, sweep_id=record.id)
-                extra += ["-", _hours(used["gpu_hours"]), _hours(used["cpu_hours"]), _money(used["cost"]), "-"]
-            command = f"[sweep {progress}] {short_command(record.command)}"
+                extra += ["-", _hours(used["gpu_hours"]), _hours(used["cpu_hours"]), _money(used["cost"]), "-", "-"]
+            command = f"[sweep {progress['text']}] {short_command(record.command)}"
         table.append([*base, *extra, command])
     _fit(table, headers, sys.stdout)
 
@@ -186,6 +190,12 @@ def _fit(rows: list[list[str]], headers: Sequence[str], out: TextIO) -> None:
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+
+
+def _eta(seconds: float) -> str:
+    from ..health.progress import human
+
+    return human(seconds)
 
 
 def _num(value: Any) -> str:

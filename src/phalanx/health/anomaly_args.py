@@ -82,7 +82,7 @@ def apply(template: str, args: Sequence[str]) -> tuple[str, ...]:
         result = _evaluate(_parse(match.group(1), template).body, value)
         return f"{result:.6g}" if isinstance(result, float) else str(result)
 
-    words = tuple(_FIELD.sub(field, word) for word in shlex.split(template))
+    words = tuple(shlex.split(_FIELD.sub(field, template)))  # expressions may hold spaces
     return merge_args(tuple(args), words)
 
 

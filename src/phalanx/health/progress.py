@@ -308,6 +308,8 @@ class ProgressTracker:
             first = self.history[0][0]
             window = min(600.0, max(30.0, (t1 - first) / 3))
             t0, f0 = next(((t, f) for t, f in self.history if t >= t1 - window), self.history[0])
+            if t0 >= t1:  # readings far apart: the one before the last
+                t0, f0 = self.history[-2]
             if t1 > t0 and f1 > f0:
                 rate = (f1 - f0) / (t1 - t0)
                 eta = (1.0 - share) / rate

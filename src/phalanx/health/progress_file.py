@@ -64,3 +64,39 @@ def read(path: Path) -> Health:
 
 def write(path: Path, health: Health) -> None:
     write_atomic(path, json.dumps(health.to_dict(), sort_keys=True) + "\n")
+
+
+def view(health: Health, running: bool, now: float) -> dict[str, Any]:
+    """What status, ps and the dashboard show: the parts as data, each with its words. A job that
+    no longer runs shows its last progress (no ETA) and its anomaly, not a straggler."""
+    from .progress import human
+
+    out: dict[str, Any] = {"attempt": health.attempt, "updated": health.updated or None, "progress": None,
+                           "straggler": None, "anomaly": None, "limits": dict(health.limits), "lines": []}
+    lines: list[tuple[str, str]] = []
+    p = health.progress
+    if p is not None:
+        eta = p.eta_at(now) if running else None
+        share = f" ({100 * p.fraction:.0f}%{' of the epoch' if p.of_epoch else ''})" if p.fraction is not None else ""
+        when = f", ETA {human(eta)}" if eta is not None else ""
+        out["progress"] = {**p.to_dict(), "eta_now": eta, "short": p.short(now, running),
+                           "words": f"{p.text}{share}{when}"}
+        lines.append(("progress", out["progress"]["words"]))
+    if health.straggler is not None and running:
+        out["straggler"] = {**health.straggler.to_dict(), "short": health.straggler.short()}
+        lines.append(("straggler", health.straggler.message()))
+    if health.anomaly is not None:
+        out["anomaly"] = health.anomaly.to_dict()
+        lines.append(("anomaly", health.anomaly.message()))
+    limits = health.limits
+    if running and limits:
+        parts = []
+        if "max_duration" in limits:
+            parts.append(f"ran {human(float(limits.get('ran') or 0))} of --max-duration {human(float(limits['max_duration']))}")
+        if "idle_timeout" in limits:
+            parts.append(f"idle {human(float(limits.get('idle_for') or 0))} of --idle-timeout "
+                         f"{human(float(limits['idle_timeout']))}")
+        if parts:
+            lines.append(("limits", "; ".join(parts)))
+    out["lines"] = [{"label": label, "text": text} for label, text in lines]
+    return out

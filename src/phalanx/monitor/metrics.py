@@ -169,7 +169,7 @@ class MetricsCollector:
                  observer: Observer | None = None) -> None:
         self.paths = paths
         self.observer = observer
-        self._nonfinite: list[NonFinite] = []
+        self._nonfinite: dict[str, NonFinite] = {}  # the first of each name in one read
         self._rank = 0  # the rank being read (for NonFinite)
         self.attempt = attempt
         self.auto = auto
@@ -214,8 +214,8 @@ class MetricsCollector:
                 self._append(rank, state, encode_block(round(now, 3), block))
                 total += count
             if self.observer is not None and (count or self._nonfinite):
-                self.observer.values(rank, block, self._nonfinite, now)
-            self._nonfinite = []
+                self.observer.values(rank, block, list(self._nonfinite.values()), now)
+            self._nonfinite = {}
         self.records += total
         return total
 
@@ -330,8 +330,8 @@ class MetricsCollector:
                 except ValueError:
                     continue
                 if value - value:  # nan or inf: not a measurement, but divergence to report
-                    if len(self._nonfinite) < 100:
-                        self._nonfinite.append(NonFinite(self._rank, name, number, step, epoch))
+                    if name not in self._nonfinite and len(self._nonfinite) < 100:
+                        self._nonfinite[name] = NonFinite(self._rank, name, number, step, epoch)
                     continue
                 col = block.get(name)
                 if col is None:
@@ -402,8 +402,8 @@ class MetricsCollector:
             for name, raw in pairs:
                 value = _finite(raw) if isinstance(raw, (int, float)) else None
                 if value is None or not isinstance(name, str):
-                    if isinstance(raw, float) and isinstance(name, str) and raw - raw and len(self._nonfinite) < 100:
-                        self._nonfinite.append(NonFinite(self._rank, name, repr(raw), step, epoch))
+                    if isinstance(raw, float) and isinstance(name, str) and raw - raw and name not in self._nonfinite:
+                        self._nonfinite[name] = NonFinite(self._rank, name, repr(raw), step, epoch)
                     continue
                 col = block.get(name) or block.setdefault(name, Columns())
                 col.seq.append(count)

@@ -70,6 +70,7 @@ def job_detail(record: JobRecord) -> dict[str, Any]:
     data["ranks"] = [asdict(r) for r in query.rank_statuses(record)]
     data["attempts"] = attempts_timeline(record)
     data["hints"] = hints(recent_resources(paths, record.attempt), recent_metrics(paths, record.attempt))
+    data["health"] = query.health(record)  # progress and ETA, the slow rank, the anomaly, the stop clocks
     data["terminal"] = is_terminal(record.state)
     data["actions"] = actions(record)
     data["usage"] = job_usage(record).to_dict()
