@@ -61,9 +61,15 @@ def test_progress_and_eta_of_a_real_tqdm_bar_in_status_ps_wait_and_the_notificat
         assert f"progress  {progress['text'].split('/')[0]}" in text or "progress  " in text and "ETA" in text
         ps = phalanx("ps", check=True).stdout.splitlines()
         assert "PROGRESS" in ps[0] and "% ETA " in next(line for line in ps if line.startswith(job))
+        from tests.web.test_api import client  # the dashboard's API, in process, on this home
+
+        row = next(j for j in client().get("/api/jobs").json() if j["id"] == job)
+        assert "% ETA " in row["progress"] and 0 < row["fraction"] < 1
         waited = phalanx("wait", job, "--progress", timeout=120)
         assert waited.returncode == 0 and f"{job} RUNNING: " in waited.stderr and "/200 (" in waited.stderr
         assert phalanx("status", job, check=True).stdout.count("progress  200/200 (100%)") == 1
+        page = client().get(f"/api/jobs/{job}").json()
+        assert page["health"]["progress"]["words"] == "200/200 (100%)" and page["health"]["lines"][0]["label"] == "progress"
         _wait_for(lambda: hook.received, 30, "the notification")
         event = hook.received[-1]["body"]["phalanx"]
         assert event["kind"] == "succeeded" and event["detail"].startswith("200/200 (100%) in ")

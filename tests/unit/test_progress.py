@@ -11,6 +11,7 @@ import pytest
 from tqdm import tqdm
 
 from phalanx.core.grammar import progress_regex
+from phalanx.core.paths import JobPaths
 from phalanx.core.optiontypes import BadValue
 from phalanx.health.progress import Estimate, ProgressTracker, epochs_from_args, human, last_step
 
@@ -147,7 +148,6 @@ def test_last_step_and_human():
 
 def test_progress_through_the_collector_reading_a_real_log(tmp_path):
     """The guard hears the output as the metrics collector reads it (partial lines, \\r)."""
-    from phalanx.core.paths import JobPaths
     from phalanx.monitor.metrics import MetricsCollector
 
     paths = JobPaths(tmp_path)
@@ -173,3 +173,26 @@ def test_progress_through_the_collector_reading_a_real_log(tmp_path):
     collector.poll(final=True)
     assert first is not None and tracker.estimate(0.0).text == "150/200"
     assert collector.records > 0  # the bar's postfix is a metric too
+
+
+def test_a_sweeps_eta_counts_its_running_trials_progress(tmp_path):
+    import time
+    from types import SimpleNamespace
+
+    from phalanx.core.state import JobState
+    from phalanx.health.progress_file import Health, write
+    from phalanx.lists import sweep_eta
+
+    def trial(n: int, state: JobState, fraction: float | None) -> SimpleNamespace:
+        paths = JobPaths(tmp_path / f"t{n}")
+        if fraction is not None:
+            write(paths.health, Health(0, 1.0, Estimate(f"step {fraction}", fraction, None, None, 1.0, 0)))
+        return SimpleNamespace(state=state, paths=paths)
+
+    trials = [trial(0, JobState.SUCCEEDED, 1.0), trial(1, JobState.SUCCEEDED, None), trial(2, JobState.RUNNING, 0.5),
+              trial(3, JobState.RUNNING, 0.5), trial(4, JobState.PENDING, None)]
+    store = SimpleNamespace(trials=lambda sweep_id: trials)
+    sweep = SimpleNamespace(id="s", total=6, finished=2, started_at=time.time() - 300)
+    # 3 trials' worth done in 300 s: the 3 left take 300 s more
+    assert sweep_eta(store, sweep) == pytest.approx(300, rel=0.02)
+    assert sweep_eta(store, SimpleNamespace(id="s", total=6, finished=0, started_at=None)) is None
