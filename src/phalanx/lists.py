@@ -183,9 +183,9 @@ def job_row(record: JobRecord, metrics: dict[str, dict[str, Any]] | None = None,
 def job_health(record: JobRecord) -> dict[str, Any]:
     """A list row's progress (``47% ETA 12m``) and health note (the straggler while it runs, or
     what stopped it), from the job's ``health.json``."""
-    from .query import health
+    from .health.progress_file import shown
 
-    seen = health(record)
+    seen = shown(record.paths.health, not is_terminal(record.state))
     progress = seen["progress"]
     note = (seen["straggler"] or {}).get("short") or ((seen["anomaly"] or {}).get("message") if is_terminal(record.state)
                                                        else None)
@@ -261,14 +261,14 @@ def sweep_eta(store: Store, sweep: Any) -> float | None:
     running trial has done (its progress), over the time since the sweep started."""
     import time
 
-    from .query import health
+    from .health.progress_file import shown
 
     if not sweep.total or sweep.started_at is None:
         return None
     done = float(sweep.finished)
     for trial in store.trials(sweep.id):
         if not is_terminal(trial.state):
-            fraction = (health(trial)["progress"] or {}).get("fraction")
+            fraction = (shown(trial.paths.health, True)["progress"] or {}).get("fraction")
             done += float(fraction or 0.0)
     elapsed = time.time() - float(sweep.started_at)
     if done <= 0 or elapsed <= 0:

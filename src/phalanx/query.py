@@ -280,11 +280,9 @@ def scheduler_job(record: JobRecord) -> SchedulerRecord | None:
 def health(record: JobRecord) -> dict[str, Any]:
     """The job's progress and ETA, its straggler (while it runs), the anomaly that stopped it and
     its stop clocks, as its supervisor last wrote them (``health.json``), with their words."""
-    import time
+    from .health.progress_file import shown
 
-    from .health.progress_file import read, view
-
-    return view(read(record.paths.health), not is_terminal(record.state), time.time())
+    return shown(record.paths.health, not is_terminal(record.state))
 
 
 def platform_state(record: JobRecord) -> str | None:

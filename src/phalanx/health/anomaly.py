@@ -79,12 +79,9 @@ class Anomaly:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Anomaly | None":
-        if not isinstance(data, dict):
-            return None
-        try:
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except TypeError:
-            return None
+        from .progress import from_fields
+
+        return from_fields(cls, data)
 
 
 class AnomalyWatch:

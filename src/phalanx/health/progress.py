@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 # A line worth parsing: a count N/M or a tqdm percentage (C-speed prefilter over whole chunks).
@@ -82,12 +82,7 @@ class Estimate:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Estimate | None":
-        if not isinstance(data, dict):
-            return None
-        try:
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        except TypeError:
-            return None
+        return from_fields(cls, data)
 
     def eta_at(self, now: float) -> float | None:
         """Seconds left as of ``now`` (the estimate counted down since it was made)."""
@@ -101,6 +96,20 @@ class Estimate:
             head = f"{self.text.split(' ·')[0]} {head}"
         eta = self.eta_at(now) if running else None
         return head + (f" ETA {human(eta)}" if eta is not None else "")
+
+
+T = TypeVar("T")
+
+
+def from_fields(cls: type[T], data: Any) -> T | None:
+    """A dataclass from the fields of ``data`` it knows (a newer writer's extra keys are left
+    out); None when ``data`` is no mapping or lacks a field without a default."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return cls(**{k: data[k] for k in getattr(cls, "__dataclass_fields__") if k in data})
+    except TypeError:
+        return None
 
 
 def human(seconds: float) -> str:

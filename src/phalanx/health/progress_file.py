@@ -66,6 +66,13 @@ def write(path: Path, health: Health) -> None:
     write_atomic(path, json.dumps(health.to_dict(), sort_keys=True) + "\n")
 
 
+def shown(path: Path, running: bool) -> dict[str, Any]:
+    """``view`` of the health file at ``path`` as of now."""
+    import time
+
+    return view(read(path), running, time.time())
+
+
 def view(health: Health, running: bool, now: float) -> dict[str, Any]:
     """What status, ps and the dashboard show: the parts as data, each with its words. A job that
     no longer runs shows its last progress (no ETA) and its anomaly, not a straggler."""

@@ -135,9 +135,10 @@ class Guard:
                                                           "message": idle.reason(idle_for, self.gpus)})
 
     def _read_samples(self) -> None:
-        from ..monitor.resources import recent_resources
-
-        for sample in recent_resources(self.paths, self.attempt, 1 << 14):
+        recent = _recent_resources()
+        if recent is None:
+            return
+        for sample in recent(self.paths, self.attempt, 1 << 14):
             node, at = int(sample.get("node_rank", 0)), float(sample.get("time", 0.0))
             if at <= self._seen.get(node, 0.0):
                 continue
@@ -149,12 +150,12 @@ class Guard:
     def _judge_stragglers(self) -> None:
         from ..health.straggler import find
         from ..monitor.report import recent_metrics
-        from ..monitor.resources import recent_resources
 
-        if self.spec.resources.world_size < 2:
+        recent = _recent_resources()
+        if self.spec.resources.world_size < 2 or recent is None:
             return
         try:
-            found = find(recent_resources(self.paths, self.attempt), recent_metrics(self.paths, self.attempt))
+            found = find(recent(self.paths, self.attempt), recent_metrics(self.paths, self.attempt))
         except (OSError, ValueError):
             return
         if found is not None and self.straggler is not None and found.ranks == self.straggler.ranks:
@@ -190,6 +191,16 @@ class Guard:
 
     def anomaly(self) -> Anomaly | None:
         return self.watch.found
+
+
+def _recent_resources() -> Callable[..., list[dict[str, Any]]] | None:
+    """``monitor.resources.recent_resources``; None where psutil is missing (a Kubernetes
+    supervisor pod): no samples are read there, and no straggler or idle job is judged."""
+    try:
+        from ..monitor.resources import recent_resources
+    except ImportError:
+        return None
+    return recent_resources
 
 
 def _with_where(found: Straggler, where: str | None) -> Straggler:
