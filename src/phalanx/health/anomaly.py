@@ -112,7 +112,8 @@ class AnomalyWatch:
                 continue
             recent = self._recent.setdefault((rank, name), deque(maxlen=WINDOW))
             for value, step, epoch in zip(columns.values, columns.steps, columns.epochs):
-                if len(recent) >= MIN_VALUES:
+                # the median is at least the minimum: most values need no median at all
+                if len(recent) >= MIN_VALUES and value > factor * min(recent):
                     mid = median(recent)
                     if mid > 0 and value > factor * mid:
                         self.found = Anomaly("spike", name, f"{value:.6g}", None if step == NONE else step, rank, now,

@@ -29,11 +29,11 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-# A line worth parsing: a count N/M or a tqdm percentage (C-speed prefilter over whole chunks).
-_CANDIDATE = re.compile(r"[^\n]*(?:\d\s*/\s*\d|\d%\|)[^\n]*")
+# What makes a line worth parsing: a count N/M or a tqdm percentage (found at C speed in whole chunks).
+_CANDIDATE = re.compile(r"\d\s*/\s*\d|\d%\|")
 _SI = r"[\d.]+[kMGT]?"
 _TQDM = re.compile(r"(?P<label>.*?)(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>" + _SI + r")/(?P<total>" + _SI + r")")
 _RICH = re.compile(r"\bEpoch\s+(?P<e>\d+)/(?P<last>\d+)\s+[━╸╺╾╼─\s]*\s(?P<n>\d+)/(?P<total>\d+)\b")
@@ -48,6 +48,7 @@ _LAST_STEP = re.compile(rb"\b(?:global_step|step|iteration|iter)[\s:=#\[]*(\d+)"
 _EPOCH_ARGS = ("--max_epochs", "--max-epochs", "--epochs", "--num_train_epochs", "--num-train-epochs",
                "--trainer.max_epochs", "--n_epochs", "--n-epochs")
 CANDIDATES_PER_CHUNK = 64  # the latest lines worth parsing in one read of a rank's output
+TAIL = 1 << 18  # of a flood, only its end is read for progress (the newest is what counts)
 HISTORY = 512
 
 
@@ -129,6 +130,18 @@ def _si(text: str) -> float:
     return float(text[:-1] if scale != 1.0 else text) * scale
 
 
+def _candidates(text: str) -> Iterator[str]:
+    """The lines of ``text`` that hold a count or a bar (the regex engine skims the rest)."""
+    after = -1  # the end of the last line taken: a second match in it adds nothing
+    for m in _CANDIDATE.finditer(text):
+        if m.start() < after:
+            continue
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        after = len(text) if end < 0 else end
+        yield text[start:after]
+
+
 def epochs_from_args(args: Sequence[str]) -> int | None:
     """The number of epochs the script's arguments ask for (``--max_epochs 3``, ``--epochs=3``)."""
     for i, word in enumerate(args):
@@ -177,7 +190,7 @@ class ProgressTracker:
         if self.user is not None:
             lines.extend(text.split("\n")[-4 * CANDIDATES_PER_CHUNK:])
         else:
-            lines.extend(m.group(0) for m in _CANDIDATE.finditer(text))
+            lines.extend(_candidates(text[-TAIL:]))
         reading = None
         for line in lines:
             found = self._read(line)
