@@ -196,3 +196,22 @@ def test_a_sweeps_eta_counts_its_running_trials_progress(tmp_path):
     # 3 trials' worth done in 300 s: the 3 left take 300 s more
     assert sweep_eta(store, sweep) == pytest.approx(300, rel=0.02)
     assert sweep_eta(store, SimpleNamespace(id="s", total=6, finished=0, started_at=None)) is None
+
+
+def test_no_output_makes_the_tracker_fail():
+    """Whatever a script prints (the supervisor reads it all), progress is read or not, never an error."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(["epoch", "Epoch", " ", "0", "12", "3.5.6", "/", "%|", "|", "k", "step", "[", "]", ":",
+                              "━", "\n", "Validation", "1.2.3k", "9" * 30, "\x1b[2K", "it/s", "Epoch 0/"])
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(pieces, max_size=16).map("".join), st.sampled_from([None, r"(\d+) of (\d+)", r"(?P<percent>[\d.]+)%"]))
+    def feed(text: str, pattern: str | None) -> None:
+        tracker = ProgressTracker(pattern, epochs=3)
+        tracker.feed(0, text, 1.0)
+        tracker.feed(0, text, 2.0)
+        tracker.estimate(2.0)
+
+    feed()

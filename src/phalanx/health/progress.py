@@ -126,8 +126,12 @@ def human(seconds: float) -> str:
 
 
 def _si(text: str) -> float:
+    """tqdm's unit_scale counts (``1.2k``); junk (``1.2.3``) is -1, which no bar reads as progress."""
     scale = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}.get(text[-1:], 1.0)
-    return float(text[:-1] if scale != 1.0 else text) * scale
+    try:
+        return float(text[:-1] if scale != 1.0 else text) * scale
+    except ValueError:
+        return -1.0
 
 
 def _candidates(text: str) -> Iterator[str]:
@@ -257,7 +261,7 @@ class ProgressTracker:
         if _SECONDARY.search(label):
             return None
         n, total = _si(m["n"]), _si(m["total"])
-        if total <= 0:
+        if total <= 0 or n < 0:
             return None
         counted = _EPOCH.search(label)
         if counted:  # tqdm(desc=f"Epoch {e}/{epochs}")

@@ -57,6 +57,7 @@ class Guard:
         self.watch = AnomalyWatch(rules_of(spec, objective))
         self.ran = ran_before  # seconds the job's nodes ran, this attempt included as it goes
         self.verdict: Verdict | None = None
+        self.errors = 0
         self.straggler: Straggler | None = None
         self.gpus = False
         self.last_busy = time.time()
@@ -73,12 +74,24 @@ class Guard:
     # -- the metrics collector's observer --------------------------------------------------------------
 
     def output(self, rank: int, text: str, now: float) -> None:
-        if self.tracker.feed(rank, text, now):
-            self._dirty = True
+        try:
+            if self.tracker.feed(rank, text, now):
+                self._dirty = True
+        except Exception as exc:  # noqa: BLE001 - a judge's slip must never take the supervisor down
+            self._slipped("reading progress", exc)
 
     def values(self, rank: int, block: dict[str, Any], nonfinite: list[Any], now: float) -> None:
-        if self.watch.found is None and (self.watch.nonfinite(nonfinite, now) or self.watch.values(rank, block, now)):
-            self._dirty = True
+        try:
+            if self.watch.found is None and (self.watch.nonfinite(nonfinite, now) or self.watch.values(rank, block, now)):
+                self._dirty = True
+        except Exception as exc:  # noqa: BLE001
+            self._slipped("watching the metrics", exc)
+
+    def _slipped(self, doing: str, exc: Exception) -> None:
+        """Health is an aid: a failure in it is one warning (the first), never the job's end."""
+        self.errors += 1
+        if self.errors == 1:
+            self.say(f"warning: {doing} failed: {type(exc).__name__}: {exc}")
 
     # -- each tick --------------------------------------------------------------------------------------
 
@@ -99,7 +112,10 @@ class Guard:
                 self.say(f"{verdict.cause['message']}: stopping the job")
         if mono - self._judged >= STRAGGLER_EVERY:
             self._judged = mono
-            self._judge_stragglers()
+            try:
+                self._judge_stragglers()
+            except Exception as exc:  # noqa: BLE001
+                self._slipped("judging the ranks' pace", exc)
         if self._dirty and mono - self._written >= WRITE_EVERY:
             self.write(now)
         return verdict
@@ -125,7 +141,10 @@ class Guard:
             return None
         if now - self._sampled >= min(self.spec.sample_interval, 5.0) / 2:
             self._sampled = now
-            self._read_samples()
+            try:
+                self._read_samples()
+            except Exception as exc:  # noqa: BLE001
+                self._slipped("reading the resource samples", exc)
         if not self.gpus:
             self.last_busy = max(self.last_busy, last_output)
         idle_for = now - self.last_busy
@@ -154,10 +173,7 @@ class Guard:
         recent = _recent_resources()
         if self.spec.resources.world_size < 2 or recent is None:
             return
-        try:
-            found = find(recent(self.paths, self.attempt), recent_metrics(self.paths, self.attempt))
-        except (OSError, ValueError):
-            return
+        found = find(recent(self.paths, self.attempt), recent_metrics(self.paths, self.attempt))
         if found is not None and self.straggler is not None and found.ranks == self.straggler.ranks:
             found = _with_where(found, self.straggler.where)
         elif found is not None:

@@ -256,7 +256,10 @@ class JobRun:
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
         if retry and outcome.kind is OutcomeKind.DIVERGED:
-            reason = self._roll_back(attempt)
+            try:
+                reason = self._roll_back(attempt)
+            except Exception as exc:  # noqa: BLE001 - never retry on a state that may hold the bad numbers
+                retry, reason = False, f"could not roll back: {type(exc).__name__}: {exc}"
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
         endings.attempt_over(self, plan.attempt, outcome, retry, reason)  # a retry's notification
         if retry:

@@ -99,6 +99,12 @@ class Keeper:
             self.taken += 1
 
     def _run(self) -> None:
+        try:
+            self._keep()
+        except Exception as exc:  # noqa: BLE001 - versions are an aid: the job goes on without them
+            self.say(f"warning: keeping versions of the state directory stopped: {type(exc).__name__}: {exc}")
+
+    def _keep(self) -> None:
         from ..monitor.watch import Watch
 
         with Watch(fallback=0.25) as watch:
