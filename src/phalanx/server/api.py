@@ -155,7 +155,12 @@ class _Pipe:
 
 async def wait(request: Request) -> Response:
     ref, given = _ref(request), await body(request, schema.WAIT)
-    return streamed(request, lambda face, sink: face.wait(ref, timeout=given.get("timeout")))
+
+    def work(face: LocalFace, sink: Sink) -> Any:
+        heard = (lambda seen: sink.send({"progress": seen})) if given.get("progress") else None
+        return face.wait(ref, timeout=given.get("timeout"), progress=heard)
+
+    return streamed(request, work)
 
 
 async def stop(request: Request) -> Response:
