@@ -17,6 +17,7 @@ from .core.paths import HomePaths, read_json
 from .core.state import JobState, is_terminal
 from .errors import UsageError
 from .store import JobRecord, Store
+from .store import open_store as open_store_at
 from .supervise.liveness import effective
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def home() -> HomePaths:
 
 
 def open_store() -> Store:
-    return Store(home().db)
+    return open_store_at(home().db)
 
 
 # -- jobs and sweeps ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, JobSpec
 from ..core.state import JobState, is_terminal
 from ..launch.procs import ChildWatcher
-from ..store import JobRecord, Store
+from ..store import JobRecord, Store, open_store
 from ..store.sweeps import SweepRecord
 from ..supervise import endings, liveness
 from ..supervise.job import JobRun
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
-    store = Store(home.db)
+    store = open_store(home.db)
 
     def say(text: str) -> None:
         print(f"phalanx: {text}", flush=True)
