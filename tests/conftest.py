@@ -174,17 +174,10 @@ def pg_server():
         server.stop()
 
 
-def need_pg(server):
-    """The server, or skip (fail in CI) with the reason there is none."""
-    if isinstance(server, str):
-        if os.environ.get("PHALANX_REQUIRE_PG") == "1":
-            pytest.fail(server)
-        pytest.skip(server)
-    return server
-
-
 @pytest.fixture
 def pg(pg_server):
+    from tests.pgserver import need_pg
+
     return need_pg(pg_server)
 
 
@@ -195,6 +188,8 @@ def store_at(request, tmp_path, pg_server):
     if request.param == "sqlite":
         yield tmp_path / "p.db"
         return
+    from tests.pgserver import need_pg
+
     url = need_pg(pg_server).create_schema(pg_server.db)
     yield url
     from phalanx.store import postgres

@@ -49,6 +49,18 @@ def unavailable() -> str | None:
     return None
 
 
+def need_pg(server: "PgServer | str") -> "PgServer":
+    """The session's server (conftest's ``pg_server``), or skip saying why there is none (fail
+    instead where CI says it must run: ``PHALANX_REQUIRE_PG=1``)."""
+    import pytest
+
+    if isinstance(server, str):
+        if os.environ.get("PHALANX_REQUIRE_PG") == "1":
+            pytest.fail(server)
+        pytest.skip(server)
+    return server
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
