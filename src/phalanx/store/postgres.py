@@ -31,7 +31,7 @@ import threading
 import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import MissingDependency, StoreError, StoreUnavailable
 from .engine import Params, StoreConflict
@@ -81,7 +81,7 @@ def redact(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}@{hosts}" if user else hosts
     query = "&".join(p for p in parts.query.split("&") if p and p.split("=", 1)[0].lower() != "password")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def secrets_of(url: str) -> list[str]:
@@ -239,7 +239,9 @@ class PgEngine:
                             checked = True
                         time.sleep(min(1.0, 0.05 + random.random() * 0.25))
                         continue
-                raise self._error(exc, kind) from (None if kind != "other" else exc)
+                if kind == "other":
+                    raise
+                raise self._error(exc, kind) from None
 
     def _wait(self, since: float | None) -> float:
         """How long to wait for a pooled connection: what is left of the retry time."""
