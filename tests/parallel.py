@@ -39,6 +39,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "s3_server": ("tests/cluster/test_channels_s3.py", "tests/cluster/test_sagemaker_fakeplane.py",
                   "tests/cluster/test_sagemaker_moto.py", "tests/cluster/test_state_s3.py"),
     "demo": ("tests/web/test_api.py", "tests/web/test_browser.py"),
+    # a private PostgreSQL (tests/pgserver.py): the store's tests on its second engine
+    "pg_server": ("tests/unit/test_store.py", "tests/unit/test_store_plans.py", "tests/unit/test_store_engines.py",
+                  "tests/unit/test_store_concurrency.py", "tests/local/test_pgstore_cli.py"),
 }
 SHARED = ("ray_cluster", "slurm_cluster", "ssh_hosts", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}
@@ -50,6 +53,7 @@ WEIGHT: dict[str, float] = {
     "tests/cluster/test_slurm.py": 300, "tests/cluster/test_ssh.py": 230, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
     "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
     "tests/terminal/test_ctrl_c.py": 180, "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
+    "pg_server": 150,
 }
 
 

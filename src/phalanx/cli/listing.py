@@ -28,6 +28,8 @@ def ps_cmd(
     tag: List[str] = typer.Option([], "--tag", help="Only jobs with this tag, KEY=VALUE or KEY (repeatable: all must hold)."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 2h, 3d, 2025-03-01."),
     search: Optional[str] = typer.Option(None, "--search", "-s", help="Only jobs whose id, name or command contains this."),
+    user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
+    mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
     sort: Optional[str] = typer.Option(None, "--sort", help="created (default), name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
@@ -52,10 +54,14 @@ def ps_cmd(
     from ..query import refresh_hosted
 
     refresh_hosted(store, backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
+    if mine:
+        if user is not None and user != config.user():
+            raise UsageError(f"--mine (you are {config.user()}) and --user {user} contradict", "give one of them")
+        user = config.user()
     query = build_query(states=state, name=name, backend=backend, tags=tag, since=since, search=search, sort=sort,
-                        columns=columns)
+                        columns=columns, user=user)
     check_metrics(store, query.columns, query.sort)
-    filtered = bool(state or name or backend or tag or since or search or sort or columns)
+    filtered = bool(state or name or backend or tag or since or search or sort or columns or user)
     everything = all_jobs or filtered
     if limit is None and everything:
         limit = int(config.get("ps_limit"))

@@ -138,9 +138,20 @@ class _Tx:
         return self.conn.execute(_q(sql), params).rowcount
 
     def executemany(self, sql: str, rows: Iterable[Params]) -> int:
-        with self.conn.cursor() as cur:
-            cur.executemany(_q(sql), rows)
-            return cur.rowcount
+        """An ``INSERT ... VALUES (?, ...)`` of many rows as one statement (one round trip,
+        and no pipeline whose aborted state psycopg would log when a retry mends it)."""
+        data = list(rows)
+        head, values, marks = sql.rpartition(" VALUES ")
+        if not data:
+            return 0
+        if not values or not marks.startswith("(") or not head.lstrip().upper().startswith("INSERT"):
+            return sum(self.execute(sql, row) for row in data)
+        done = 0
+        for first in range(0, len(data), 1000):
+            chunk = data[first:first + 1000]
+            statement = f"{head} VALUES {', '.join(marks for _ in chunk)}"
+            done += self.execute(statement, [value for row in chunk for value in row])
+        return done
 
     def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         return self.conn.execute(_q(sql), params).fetchall()
@@ -163,6 +174,7 @@ class PgEngine:
         self._secrets = secrets_of(url)
         self.retry_for = float(config.get("store_retry") if retry_for is None else retry_for)
         self.users = 0
+        self.retries = 0  # transactions and statements run again (a team server's metrics may show it)
         self._migrated = False
         options = {k.lower() for k, _ in parse_qsl(urlsplit(url).query)}
         self._kwargs: dict[str, Any] = {"autocommit": True}
@@ -172,14 +184,15 @@ class PgEngine:
             self._kwargs["application_name"] = "phalanx"
         # The pool says what went wrong in its log; phalanx says it in its errors (the server
         # may still send that log somewhere): no "error connecting" lines on a CLI's stderr.
-        logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+        logging.getLogger("psycopg").addHandler(logging.NullHandler())
         first = self._first_contact(psycopg)
         try:
             self._migrate(first)
         finally:
             first.close()
         self.pool = ConnectionPool(url, kwargs=self._kwargs, min_size=1, max_size=max(1, pool_size), open=True,
-                                   name="phalanx-store", reconnect_timeout=max(self.retry_for, 60.0))
+                                   configure=_serializable, name="phalanx-store",
+                                   reconnect_timeout=max(self.retry_for, 60.0))
 
     def _first_contact(self, psycopg: Any) -> "psycopg.Connection[Any]":
         """A connection of its own, so that a wrong password, database or host is told in
@@ -214,8 +227,7 @@ class PgEngine:
                 with self.pool.connection(timeout=self._wait(since)) as conn:
                     if not transaction:
                         return fn(conn)
-                    with conn.transaction():
-                        conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                    with conn.transaction():  # BEGIN ISOLATION LEVEL SERIALIZABLE (``_serializable``)
                         result = fn(_Tx(conn))
                         ran = True
                     return result
@@ -229,11 +241,13 @@ class PgEngine:
                     undo()
                 if retry and kind == "busy" and busy < BUSY_TRIES:
                     busy += 1
+                    self.retries += 1
                     time.sleep(random.uniform(0, min(0.2, 0.002 * 2 ** min(busy, 7))))
                     continue
                 if retry and kind == "gone":
                     since = since or time.monotonic()
                     if time.monotonic() - since < self.retry_for:
+                        self.retries += 1
                         if not checked:  # the other idle connections died with this one: replace them
                             self._check()
                             checked = True
@@ -370,6 +384,14 @@ class PgEngine:
         pool = getattr(self, "pool", None)
         if pool is not None and not pool.closed:
             pool.close(timeout=2.0)
+
+
+def _serializable(conn: "psycopg.Connection[Any]") -> None:
+    """A new pooled connection: its transactions (``atomic``) begin SERIALIZABLE; its
+    autocommit statements stay READ COMMITTED (a compare-and-set re-checks, never fails)."""
+    import psycopg
+
+    conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
 
 
 def _kind(exc: Exception) -> str:
