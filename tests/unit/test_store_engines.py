@@ -216,3 +216,17 @@ def test_a_restarted_database_is_ridden_out_and_one_that_stays_away_is_named(own
     assert own_pg._start()
     store.engine.retry_for = 60.0
     assert store.count() == 2, "back when the database is"
+
+
+def test_help_and_ps_on_sqlite_never_import_the_postgres_driver(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom phalanx.cli.main import main\n"
+            "for argv in (['phalanx', '--help'], ['phalanx', 'ps'], ['phalanx', 'ps', '--all', '--mine']):\n"
+            "    sys.argv = argv\n"
+            "    try:\n        main()\n    except SystemExit as exc:\n        assert not exc.code, (argv, exc.code)\n"
+            "loaded = [m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool', 'phalanx.store.postgres')]\n"
+            "assert not loaded and 'phalanx.store.postgres' not in sys.modules, loaded\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PHALANX_STORE"}
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env={**env, "PHALANX_HOME": str(tmp_path)})

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
-from .engine import Engine, Tx, open_engine
+from .engine import Engine, Tx
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .records import COLUMNS, JobRecord, Page, from_row
 
@@ -242,6 +242,26 @@ class Store:
     def count(self) -> int:
         row = self.engine.row("SELECT COUNT(*) FROM jobs")
         return int(row[0]) if row else 0
+
+
+def is_url(where: str | Path) -> bool:
+    return isinstance(where, str) and where.split(":", 1)[0].lower() in ("postgresql", "postgres")
+
+
+def open_engine(where: str | Path, **options: Any) -> Engine:
+    """SQLite for a path (or ``sqlite:///path``), PostgreSQL for a ``postgresql://`` URL."""
+    if is_url(where):
+        from .postgres import connect
+
+        return connect(str(where), **options)
+    if isinstance(where, str) and where.startswith("sqlite://"):
+        where = where[len("sqlite://"):]
+    if isinstance(where, str) and "://" in where:
+        raise StoreError(f"unknown job store '{where.split('://', 1)[0]}://...'",
+                         "use a path, sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE")
+    from .sqlite import SqliteEngine
+
+    return SqliteEngine(Path(where).expanduser())
 
 
 def _listing(active_only: bool, trials: bool) -> tuple[list[str], list[Any]]:

@@ -23,7 +23,6 @@ a write is committed when the call returns. What the engines guarantee alike:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
 from ..errors import StoreError
@@ -82,23 +81,3 @@ class Engine(Protocol):
         """Bring the schema up to this phalanx's migrations (once per engine)."""
 
     def close(self) -> None: ...
-
-
-def is_url(where: str | Path) -> bool:
-    return isinstance(where, str) and where.split(":", 1)[0].lower() in ("postgresql", "postgres")
-
-
-def open_engine(where: str | Path, **options: Any) -> Engine:
-    """SQLite for a path (or ``sqlite:///path``), PostgreSQL for a ``postgresql://`` URL."""
-    if is_url(where):
-        from .postgres import connect
-
-        return connect(str(where), **options)
-    if isinstance(where, str) and where.startswith("sqlite://"):
-        where = where[len("sqlite://"):]
-    if isinstance(where, str) and "://" in where:
-        raise StoreError(f"unknown job store '{where.split('://', 1)[0]}://...'",
-                         "use a path, sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE")
-    from .sqlite import SqliteEngine
-
-    return SqliteEngine(Path(where).expanduser())
