@@ -41,7 +41,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "demo": ("tests/web/test_api.py", "tests/web/test_browser.py"),
     # a private PostgreSQL (tests/pgserver.py): the store's tests on its second engine
     "pg_server": ("tests/unit/test_store.py", "tests/unit/test_store_plans.py", "tests/unit/test_store_engines.py",
-                  "tests/unit/test_store_concurrency.py", "tests/local/test_pgstore_cli.py"),
+                  "tests/unit/test_store_concurrency.py", "tests/unit/test_store_listing.py",
+                  "tests/local/test_pgstore_cli.py"),
 }
 SHARED = ("ray_cluster", "slurm_cluster", "ssh_hosts", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}

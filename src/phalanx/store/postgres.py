@@ -31,10 +31,11 @@ import threading
 import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from ..errors import MissingDependency, StoreError, StoreUnavailable
-from .engine import Params, StoreConflict
+from ..errors import MissingDependency, StoreError
+from .engine import Params
+from .pgfaults import describe, kind_of as _kind, redact, secrets_of
 
 if TYPE_CHECKING:
     import psycopg
@@ -43,8 +44,6 @@ T = TypeVar("T")
 BUSY_TRIES = 50
 CONNECT_TIMEOUT = 10  # seconds, unless the URL or PGCONNECT_TIMEOUT says otherwise
 MIGRATE_LOCK = 0x7068616C616E78  # "phalanx": the advisory lock migrations take
-GONE = ("57P01", "57P02", "57P03")  # admin shutdown, crash shutdown, cannot connect now
-_AUTH = ("authentication failed", "no password supplied", "pg_hba.conf", "role \"")
 
 _ENGINES: dict[tuple[int, str], "PgEngine"] = {}
 _ENGINES_LOCK = threading.Lock()
@@ -70,31 +69,6 @@ def dispose_all(url: str | None = None) -> None:
         engines = [_ENGINES.pop(key) for key in gone]
     for engine in engines:
         engine.dispose()
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (in the user part or a ``password=`` parameter)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}@{hosts}" if user else hosts
-    query = "&".join(p for p in parts.query.split("&") if p and p.split("=", 1)[0].lower() != "password")
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-
-
-def secrets_of(url: str) -> list[str]:
-    """Every spelling of the passwords this store may use, to scrub from any message."""
-    found = []
-    netloc = urlsplit(url).netloc
-    if "@" in netloc:
-        userinfo = netloc.rpartition("@")[0]
-        if ":" in userinfo:
-            found.append(userinfo.split(":", 1)[1])
-    found += [v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if k.lower() == "password"]
-    found.append(os.environ.get("PGPASSWORD", ""))
-    return sorted({s for raw in found for s in (raw, unquote(raw)) if s}, key=len, reverse=True)
 
 
 @lru_cache(maxsize=1024)
@@ -351,25 +325,7 @@ class PgEngine:
         return text
 
     def _error(self, exc: Exception, kind: str) -> Exception:
-        said = self.scrub(" ".join(str(exc).split()))
-        if kind == "gone":
-            return StoreUnavailable(f"cannot reach the job store {self.where}: {said}",
-                                    f"check that PostgreSQL runs there and is reachable (phalanx retried for "
-                                    f"{self.retry_for:g} s; setting store_retry)")
-        if kind == "unknown host":
-            return StoreError(f"cannot reach the job store {self.where}: {said}", "check the host name in the URL")
-        if kind == "auth":
-            return StoreError(f"the job store {self.where} refused the login: {said}",
-                              "check the user and password: in the URL, PGPASSWORD, a passfile (~/.pgpass, "
-                              "PGPASSFILE) or a service (PGSERVICE)")
-        if kind == "no database":
-            return StoreError(f"the job store {self.where} does not exist: {said}",
-                              "create it (createdb NAME) or fix the database name in the URL")
-        if kind == "busy":
-            return StoreError(f"the job store {self.where} stayed busy: {said}", "try again")
-        if kind == "conflict":
-            return StoreConflict(f"{said} in the job store {self.where}", "this id is taken")
-        return exc
+        return describe(exc, kind, self.where, self.retry_for, self.scrub)
 
     def close(self) -> None:
         """Release this store's share of the pool; the last one closes it."""
@@ -392,29 +348,3 @@ def _serializable(conn: "psycopg.Connection[Any]") -> None:
     import psycopg
 
     conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-
-
-def _kind(exc: Exception) -> str:
-    """What a psycopg error means for a retry: busy, gone, auth, no database, conflict or other."""
-    import psycopg
-    from psycopg_pool import PoolTimeout
-
-    state = getattr(exc, "sqlstate", None) or ""
-    said = str(exc)
-    if state in ("40001", "40P01"):
-        return "busy"
-    # libpq reports a refused connection without a SQLSTATE: its words tell which refusal.
-    if state.startswith("28") or (not state and any(w in said for w in _AUTH)):
-        return "auth"
-    if state == "3D000" or (not state and "database" in said and "does not exist" in said):
-        return "no database"
-    if not state and ("failed to resolve host" in said or "could not translate host name" in said):
-        return "unknown host"
-    if isinstance(exc, psycopg.IntegrityError):
-        return "conflict"
-    if isinstance(exc, PoolTimeout) or (isinstance(exc, psycopg.OperationalError)
-                                        and (not state or state.startswith("08") or state in GONE)):
-        return "gone"
-    if isinstance(exc, psycopg.InterfaceError) and "closed" in str(exc):
-        return "gone"
-    return "other"
