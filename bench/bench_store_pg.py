@@ -1,7 +1,7 @@
 """The job store on PostgreSQL against the same store on SQLite, in the same run, at 1,000 /
 100,000 / 1,000,000 jobs: are PostgreSQL's reads as flat as SQLite's, and what do its writes cost?
 
-    .venv/bin/python bench/bench_store_pg.py [--sizes 1000,100000,1000000] [--repeats 15] [--json OUT]
+    .venv/bin/python bench/bench_store_pg.py [--sizes 1000,100000,1000000] [--repeats 31] [--json OUT]
 
 A private PostgreSQL (tests/pgserver.py) with its default durability (``fsync`` and
 ``synchronous_commit`` on: every commit waits for the disk) on a unix socket, and SQLite as
@@ -12,10 +12,11 @@ may lose the last commits, never corrupt the store.
 
 Both stores are filled through the store's own API (``Store.insert_jobs``: one COPY on
 PostgreSQL, one ``executemany`` on SQLite) with the same rows (``bench_store.rows``' jobs,
-each with a user: 50 users, and one rare one; every tenth job a trial); PostgreSQL's then
+each with a user: 10 users, and one with about 20 jobs at every size; every tenth job a trial); PostgreSQL's then
 VACUUM ANALYZEd, as autovacuum would soon after such a load.
 
-Measured per size and engine (median of ``--repeats`` after a warm-up), through the calls
+Measured per size and engine (median of ``--repeats`` after a warm-up, every call of both
+engines taken in turn so that the machine's other load weighs on each alike), through the calls
 ``phalanx ps`` and ``status`` make:
 
 - fill: rows per second of the bulk insert;
@@ -53,22 +54,27 @@ DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", 
            "max_connections": "100"}
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        began = time.perf_counter()
+def timed(fns: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, float]:
+    """Median seconds of each call, the calls taken in turn (A, B, A, B, ...) so that what else
+    runs on the machine weighs on each alike; one warm-up each."""
+    for fn in fns.values():
         fn()
-        samples.append(time.perf_counter() - began)
-    return statistics.median(samples)
+    samples: dict[Any, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            began = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - began)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def jobs(n: int, home: Path) -> list[dict[str, Any]]:
     from bench_store import rows
 
     made, _ = rows(n, home)
-    for i, job in enumerate(made):
-        job["user_name"] = "rare" if i % 10_000 == 17 else f"user{i % 50}"
+    every = max(1, n // 20)
+    for i, job in enumerate(made):  # 10 users, and one with about 20 jobs at every size
+        job["user_name"] = "rare" if i % every == 7 else f"user{i % 10}"
     return made
 
 
@@ -85,10 +91,11 @@ def fill(where: str | Path, rows: list[dict[str, Any]]) -> tuple[Any, float]:
         # now so it does not run during the timings. SQLite's planner runs without statistics,
         # as phalanx leaves it (an ANALYZE there changes its plans).
         store.engine.write("VACUUM ANALYZE")
+        store.engine.write("CHECKPOINT")
     return store, len(rows) / took
 
 
-def ops(store: Any, rows: list[dict[str, Any]], repeats: int) -> dict[str, float]:
+def ops(store: Any, rows: list[dict[str, Any]]) -> dict[str, Callable[[], Any]]:
     from phalanx.core.state import JobState
     from phalanx.store.listing import Filter, Sort, count_jobs, page_jobs
 
@@ -121,7 +128,7 @@ def ops(store: Any, rows: list[dict[str, Any]], repeats: int) -> dict[str, float
         "transition (refused CAS)": lambda: store.transition(running, JobState.RUNNING),
         "submit (id + row)": submit,
     }
-    return {name: timed(fn, repeats) for name, fn in table.items()}
+    return table
 
 
 def main() -> None:
@@ -129,7 +136,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,100000,1000000")
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     why = unavailable()
@@ -146,16 +153,20 @@ def main() -> None:
             db = server.create_database(f"bench_{n}")
             pg, pg_fill = fill(server.socket_url(db), rows)
             lite, lite_fill = fill(work / f"sqlite-{n}.db", rows)
-            found = {"postgresql": ops(pg, rows, args.repeats), "sqlite": ops(lite, rows, args.repeats)}
-            relaxed = server.socket_url(db, "options=-c%20synchronous_commit%3Doff")
             from phalanx.store import Store
 
-            loose = Store(relaxed)
+            loose = Store(server.socket_url(db, "options=-c%20synchronous_commit%3Doff"))
+            calls = {"postgresql": ops(pg, rows), "sqlite": ops(lite, rows)}
+            both = {(engine, op): fn for op in calls["sqlite"] for engine, fn in
+                    (("postgresql", calls["postgresql"][op]), ("sqlite", calls["sqlite"][op]))}
+            both[("loose", "submit")] = submitter(loose)
+            took = timed(both, args.repeats)
+            found = {engine: {op: took[(engine, op)] for op in calls["sqlite"]} for engine in calls}
             results.append({"jobs": n, "what": "fill (rows/s, bulk)", "postgresql": pg_fill, "sqlite": lite_fill})
             for op in found["postgresql"]:
                 results.append({"jobs": n, "what": op, "postgresql": found["postgresql"][op], "sqlite": found["sqlite"][op]})
             results.append({"jobs": n, "what": "submit (id + row), PG synchronous_commit=off",
-                            "postgresql": ops_submit(loose, args.repeats), "sqlite": found["sqlite"]["submit (id + row)"]})
+                            "postgresql": took[("loose", "submit")], "sqlite": found["sqlite"]["submit (id + row)"]})
             plans = {op: " / ".join(pg.engine.explain(sql, params)) for op, (sql, params) in probe(pg).items()}
             results.append({"jobs": n, "what": "plans", "postgresql": plans, "sqlite": None})
             postgres.dispose_all()
@@ -165,7 +176,7 @@ def main() -> None:
     report(results, args)
 
 
-def ops_submit(store: Any, repeats: int) -> float:
+def submitter(store: Any) -> Callable[[], None]:
     counter = iter(range(10**9))
 
     def submit() -> None:
@@ -173,7 +184,7 @@ def ops_submit(store: Any, repeats: int) -> float:
         store.insert_job(id=job_id, name=f"loose-{next(counter)}", backend="local", nnodes=1, nproc_per_node=1,
                          command="t.py", job_dir=f"/tmp/{job_id}", spec_json="{}", state="SUCCEEDED")
 
-    return timed(submit, repeats)
+    return submit
 
 
 def probe(store: Any) -> dict[str, tuple[str, Any]]:

@@ -209,6 +209,16 @@ def test_a_restarted_database_is_ridden_out_and_one_that_stays_away_is_named(own
     _insert(store, "b0000002", then=lambda: None, undo=lambda: None)
     assert {r.id for r in store.list()} == {"b0000001", "b0000002"}
 
+    import threading
+
+    outage = threading.Thread(target=own_pg.stop_for, args=(3.0,))
+    outage.start()
+    while own_pg.pid() is not None:  # down now: the next calls wait for it to come back
+        time.sleep(0.05)
+    assert store.transition("b0000002", JobState.RUNNING), "a write during a 3 s outage waits and is made"
+    assert store.get("b0000002").state is JobState.RUNNING
+    outage.join()
+
     store.engine.retry_for = 1.0
     own_pg._run("pg_ctl", "-D", str(own_pg.data), "-m", "fast", "-w", "stop")
     with pytest.raises(StoreUnavailable, match=f"cannot reach the job store postgresql://phx@127.0.0.1:{own_pg.port}/{db}"):
