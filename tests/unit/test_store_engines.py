@@ -240,3 +240,20 @@ def test_help_and_ps_on_sqlite_never_import_the_postgres_driver(tmp_path):
             "assert not loaded and 'phalanx.store.postgres' not in sys.modules, loaded\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != "PHALANX_STORE"}
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env={**env, "PHALANX_HOME": str(tmp_path)})
+
+
+def test_the_store_setting_picks_the_store_from_the_environment_or_the_config_file(tmp_path, monkeypatch):
+    from phalanx.store import open_store
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PHALANX_HOME", str(home))
+    monkeypatch.delenv("PHALANX_STORE", raising=False)
+    assert open_store(home / "phalanx.db").where == str(home / "phalanx.db"), "unset: the home's file"
+    (home / "config.yaml").write_text(f"store: {tmp_path / 'team.db'}\n")
+    _insert(open_store(home / "phalanx.db"), "c0000001")
+    assert Store(tmp_path / "team.db").get("c0000001") and not (home / "phalanx.db").exists()
+    monkeypatch.setenv("PHALANX_STORE", f"sqlite://{tmp_path / 'env.db'}")
+    assert open_store(home / "phalanx.db").where == str(tmp_path / "env.db"), "the environment beats the file"
+    monkeypatch.setenv("PHALANX_STORE", "mysql://x@y/z")
+    with pytest.raises(StoreError, match="unknown job store 'mysql://...'"):
+        open_store(home / "phalanx.db")

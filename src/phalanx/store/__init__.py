@@ -17,7 +17,7 @@ def open_store(default: Path) -> Store:
     # The environment first, and the config file only when there is one: opening the default
     # store costs what it did before there was a choice (``bench/bench_store.py``).
     where = os.environ.get("PHALANX_STORE")
-    if where is None and (default.parent / "config.yaml").exists():
+    if where is None and os.path.exists(os.path.join(os.path.dirname(default), "config.yaml")):
         from .. import config
 
         where = str(config.get("store") or "")

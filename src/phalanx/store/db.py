@@ -23,6 +23,7 @@ from ..errors import JobNotFound, StoreError
 from .engine import Engine, Tx
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .records import COLUMNS, JobRecord, Page, from_row
+from .sqlite import SqliteEngine
 
 if TYPE_CHECKING:
     import sqlite3
@@ -256,11 +257,11 @@ def open_engine(where: str | Path, **options: Any) -> Engine:
         return connect(str(where), **options)
     if isinstance(where, str) and where.startswith("sqlite://"):
         where = where[len("sqlite://"):]
-    if isinstance(where, str) and "://" in where:
+    if isinstance(where, Path):
+        return SqliteEngine(where)
+    if "://" in where:
         raise StoreError(f"unknown job store '{where.split('://', 1)[0]}://...'",
                          "use a path, sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE")
-    from .sqlite import SqliteEngine
-
     return SqliteEngine(Path(where).expanduser())
 
 

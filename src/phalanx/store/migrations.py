@@ -118,16 +118,15 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX job_metrics_max ON job_metrics (name, max, id);
     """,
     # 6: the team (issue 22, and the projects of issue 27): who submitted each job and sweep
-    # (NULL: before users were recorded) and its project; listings filtered by either walk an
-    # index in the listing's order, as `ps` does without them.
+    # (NULL: before users were recorded) and its project. `ps --user` walks jobs_user in the
+    # listing's order, as `ps` walks jobs_top. One index only: every connection parses the
+    # schema when it opens, so each index costs every command a little (sweeps are few; an
+    # index by project comes with the listings that filter by it).
     """
     ALTER TABLE jobs ADD COLUMN user_name TEXT;
     ALTER TABLE jobs ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
     ALTER TABLE sweeps ADD COLUMN user_name TEXT;
     ALTER TABLE sweeps ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
     CREATE INDEX jobs_user ON jobs (user_name, created_at, id) WHERE sweep_id IS NULL;
-    CREATE INDEX jobs_project ON jobs (project, created_at, id) WHERE sweep_id IS NULL;
-    CREATE INDEX sweeps_user ON sweeps (user_name, created_at, id);
-    CREATE INDEX sweeps_project ON sweeps (project, created_at, id);
     """,
 )

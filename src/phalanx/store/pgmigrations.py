@@ -132,8 +132,5 @@ PG_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE sweeps ADD COLUMN user_name {T};
     ALTER TABLE sweeps ADD COLUMN project {T} NOT NULL DEFAULT 'default';
     CREATE INDEX jobs_user ON jobs (user_name, created_at, id) WHERE sweep_id IS NULL;
-    CREATE INDEX jobs_project ON jobs (project, created_at, id) WHERE sweep_id IS NULL;
-    CREATE INDEX sweeps_user ON sweeps (user_name, created_at, id);
-    CREATE INDEX sweeps_project ON sweeps (project, created_at, id);
     """,
 )

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from ..errors import StoreError
 from .engine import Params, StoreConflict
+from .migrations import MIGRATIONS
 
 T = TypeVar("T")
 
@@ -163,8 +164,7 @@ class SqliteEngine:
 
     def migrate(self) -> None:
         """Run the migrations this file has not had; ``PRAGMA user_version`` counts them."""
-        from .migrations import MIGRATIONS as migrations
-
+        migrations = MIGRATIONS
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         if version > len(migrations):
             raise StoreError(
