@@ -51,7 +51,8 @@ _ENGINES_LOCK = threading.Lock()
 
 def connect(url: str, retry_for: float | None = None, pool_size: int = 4) -> "PgEngine":
     """The engine for ``url`` in this process (shared: one pool per URL; ``close`` releases it
-    when the last store using it closes, and exit closes them all)."""
+    when the last store using it closes, and exit closes them all). ``retry_for`` and
+    ``pool_size`` are the first opener's: a server opens its store first."""
     key = (os.getpid(), url)
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
