@@ -257,3 +257,29 @@ def test_the_store_setting_picks_the_store_from_the_environment_or_the_config_fi
     monkeypatch.setenv("PHALANX_STORE", "mysql://x@y/z")
     with pytest.raises(StoreError, match="unknown job store 'mysql://...'"):
         open_store(home / "phalanx.db")
+
+
+def test_a_submit_whose_connection_is_cut_before_its_commit_is_made_once_with_its_directory(pg, tmp_path):
+    """The job's directory moves into place inside the row's transaction (``insert_job(then=)``);
+    when the connection dies before the commit, the move is undone and the whole is tried again."""
+    import os
+
+    url = pg.create_schema(pg.db)
+    store = Store(url)
+    staged, final = tmp_path / "staging" / "d0000001", tmp_path / "jobs" / "d0000001"
+    staged.mkdir(parents=True)
+    final.parent.mkdir()
+    moves = []
+
+    def then():
+        os.rename(staged, final)
+        moves.append(final.exists())
+        if len(moves) == 1:  # cut this transaction's connection: its commit cannot be made
+            cut = pg.admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE state = 'idle in transaction' AND query LIKE 'INSERT INTO jobs%'", pg.db)
+            assert cut == [(True,)], cut
+
+    _insert(store, "d0000001", then=then, undo=lambda: os.rename(final, staged))
+    assert moves == [True, True], "moved, moved back when the commit failed, moved again"
+    assert final.is_dir() and not staged.exists()
+    assert store.get("d0000001").state is JobState.PENDING and store.count() == 1
