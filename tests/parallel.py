@@ -54,7 +54,7 @@ WEIGHT: dict[str, float] = {
     "tests/cluster/test_slurm.py": 300, "tests/cluster/test_ssh.py": 230, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
     "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
     "tests/terminal/test_ctrl_c.py": 180, "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
-    "pg_server": 150,
+    "pg_server": 300,
 }
 
 
