@@ -51,7 +51,7 @@ def client(where: str, prefixes: list[str], requests: int, start_at: float) -> N
 
 
 def storm(where: str, prefixes: list[str], clients: int, requests: int) -> dict[str, Any]:
-    start_at = time.time() + 5 + clients * 0.2
+    start_at = time.time() + 10 + clients * 0.6  # every client connected and warm before it (2 busy cores)
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); sys.path.insert(0, {str(ROOT / 'src')!r}); "
             f"from bench_store_clients import client; client({where!r}, {prefixes!r}, {requests}, {start_at})")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(clients)]
@@ -87,7 +87,10 @@ def main() -> None:
     server = PgServer({**DURABLE, "max_connections": str(args.clients + 20)})
     try:
         rows = jobs(args.jobs, work / "home")
-        prefixes = [r["id"][:6] for r in rows[:: max(1, len(rows) // 50)]][:50]
+        from collections import Counter
+
+        stems = Counter(r["id"][:6] for r in rows)
+        prefixes = [r["id"][:6] for r in rows[:: max(1, len(rows) // 60)] if stems[r["id"][:6]] == 1][:50]
         db = server.create_database("clients")
         wheres = {"postgresql": server.socket_url(db), "sqlite": str(work / "p.db")}
         for where in wheres.values():
