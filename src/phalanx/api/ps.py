@@ -29,6 +29,8 @@ class PsRequest:
     limit: int | None = None
     wide: bool = False
     people: bool = True  # rows for a table: each job's progress and health read (a file per job)
+    user: str | None = None  # only what this user submitted
+    mine: bool = False  # only what the asker submitted
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,18 +56,25 @@ class PsListing:
     wide: bool
 
 
-def ps(store: Store, request: PsRequest, default_limit: int) -> PsListing:
-    """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter."""
+def ps(store: Store, request: PsRequest, default_limit: int, me: str) -> PsListing:
+    """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter.
+    ``me``: who asks (``--mine``)."""
     from .query import refresh_hosted
 
     if request.limit is not None and request.limit < 1:
         raise UsageError(f"invalid --limit {request.limit}", "give a number of rows of at least 1, e.g. --limit 20")
+    user = request.user
+    if request.mine:
+        if user is not None and user != me:
+            raise UsageError(f"--mine (you are {me}) and --user {user} contradict", "give one of them")
+        user = me
     refresh_hosted(store, request.backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=request.states, name=request.name, backend=request.backend, tags=request.tags,
-                        since=request.since, search=request.search, sort=request.sort, columns=request.columns)
+                        since=request.since, search=request.search, sort=request.sort, columns=request.columns,
+                        user=user)
     check_metrics(store, query.columns, query.sort)
     filtered = bool(request.states or request.name or request.backend or request.tags or request.since
-                    or request.search or request.sort or request.columns)
+                    or request.search or request.sort or request.columns or user)
     everything = request.all or filtered
     limit = request.limit if request.limit is not None else (default_limit if everything else None)
     if not request.states and not everything:

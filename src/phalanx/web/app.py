@@ -148,7 +148,9 @@ def api_meta(request: Request) -> Response:
 
 
 def api_job(request: Request) -> Response:
-    return _json(jobview.job_detail(_record(request), Principal.here()))
+    from .. import config
+
+    return _json(jobview.job_detail(_record(request), Principal.here(config.user())))
 
 
 def api_metrics(request: Request) -> Response:
