@@ -74,7 +74,9 @@ class LocalFace:
     """The face on this machine's store (``$PHALANX_HOME``, or the store ``PHALANX_STORE`` names)."""
 
     def __init__(self, principal: Principal | None = None) -> None:
-        self.principal = principal or Principal.here()
+        from .. import config
+
+        self.principal = principal or Principal.here(config.user())
 
     @property
     def _submitter(self) -> str | None:
@@ -142,7 +144,7 @@ class LocalFace:
         from .. import config
         from .ps import ps
 
-        return ps(self._store(), request, int(config.get("ps_limit")), asker=self.principal.user)
+        return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user)
 
     def trials(self, ref: str) -> dict[str, Any]:
         from .sweepview import trial_list

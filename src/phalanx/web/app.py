@@ -55,7 +55,9 @@ def _int(request: Request, name: str, default: int | None = None) -> int | None:
 def principal(request: Request) -> Principal:
     """Who asks: the user a team server logged in (``server/auth.py``), else the person at this
     machine (``phalanx ui``: its guard lets nobody else in)."""
-    return (request.scope.get("state") or {}).get("principal") or Principal.here()
+    from .. import config
+
+    return (request.scope.get("state") or {}).get("principal") or Principal.here(config.user())
 
 
 def _face(request: Request) -> LocalFace:
