@@ -42,7 +42,7 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     """The whole view of ``record`` (as it stands now: ``query.get_job``'s) for ``principal``."""
     from ..monitor.accounting import job_usage
     from ..monitor.hints import hints
-    from ..monitor.report import recent_metrics, status_summary_lines
+    from ..monitor.report import recent_metrics, resource_summary, status_summary_lines
     from ..monitor.resources import recent_resources
     from ..store.listing import tags_of
     from ..supervise.liveness import elsewhere
@@ -75,9 +75,39 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
                         if spec.get(k) not in (None, [], "") and spec.get(k) != _SETTING_DEFAULTS.get(k)}
     view["trackers"] = query.trackers(record)
     view["actions"] = actions(record, principal)
+    view.update(failure_facts(record, view["ranks"]))
+    view["resources_summary"] = resource_summary(record.paths)
+    view["metrics_note"] = metrics_note(record, view["terminal"])
     if record.sweep_id:
         view["sweep"] = {"id": record.sweep_id, "trial": record.trial, "params": view.get("params")}
     return view
+
+
+def failure_facts(record: JobRecord, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the latest attempt failed, for a reader (``failure.py``): the root-cause rank (the
+    log panel opens on it), the ranks that only lost their peer (each marked in ``ranks`` and
+    folded under one line), and the root cause's error as Python prints it (type and message)."""
+    from ..supervise.outcome import error_text
+    from .failure import failure
+
+    failed = failure(record)
+    cause = record.root_cause_dict()
+    lost = {p.rank: p.to_dict() for p in failed.peer_lost} if failed is not None else {}
+    for rank in ranks:
+        rank["peer_lost"] = rank["rank"] in lost
+    return {"root_cause_rank": failed.rank if failed is not None else None, "peer_lost": list(lost.values()),
+            "root_cause_error": error_text(cause) if cause else None}
+
+
+def metrics_note(record: JobRecord, ended: bool) -> str | None:
+    """What to say where a job's metrics would be, when it has none (None when it has some)."""
+    from ..monitor.readback import metric_file
+
+    paths = record.paths
+    if any(metric_file(paths, a, r) is not None for a in paths.attempts() for r in paths.ranks(a)):
+        return None
+    how = "print name=value pairs (loss=0.42) or declare one with --metric NAME=REGEX"
+    return f"no metrics were reported: {how}" if ended else f"no metrics yet: {how}"
 
 
 def _supervisor(record: JobRecord, away: bool) -> dict[str, Any] | None:
