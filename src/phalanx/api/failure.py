@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..core.contracts import RankError, read_node_result, read_rank_error
@@ -84,11 +85,12 @@ class Failure:
 
     def headline(self) -> str:
         """The one line ``logs`` says before the logs."""
-        what = error_text(self.cause)
+        head = f"rank {self.rank} failed first ({error_text(self.cause)}): its log comes first"
+        if not self.peer_lost:
+            return head
+        many = len(self.peer_lost) > 1
         lost = ", ".join(str(p.rank) for p in self.peer_lost)
-        then = f"; rank{'s' if len(self.peer_lost) > 1 else ''} {lost} lost {'their' if len(self.peer_lost) > 1 else 'its'} " \
-               f"peer after it (folded)" if self.peer_lost else ""
-        return f"rank {self.rank} failed first ({what}): its log comes first{then}"
+        return f"{head}; rank{'s' if many else ''} {lost} lost {'their' if many else 'its'} peer after it (folded)"
 
 
 def failure(record: JobRecord, attempt: int | None = None) -> Failure | None:
@@ -170,7 +172,7 @@ def _error(paths: JobPaths, attempt: int, rank: int) -> RankError | None:
         return None
 
 
-def _tail(log: Any) -> tuple[int, bytes]:
+def _tail(log: Path) -> tuple[int, bytes]:
     """The end of a log (its last :data:`TAIL_BYTES`, from a line start) and where it begins."""
     try:
         with open(log, "rb") as fh:

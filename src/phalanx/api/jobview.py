@@ -4,7 +4,9 @@ store and the job directory and writes nothing.
 
 Everything in the view is JSON (a server sends it as it is): the record, the ranks of the latest
 attempt, the attempts with their outcomes, where the supervisor and the scheduler's job are,
-usage, the metric summary and hints, the root cause, and what the asker may do with the job.
+usage, the metric summary and hints (or why there are no metrics), the resources of a job too
+short to chart in one row per node, the root cause with its rank and error and the ranks that only
+lost their peer (``failure.py``), the tracker runs, and what the asker may do with the job.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     view["trackers"] = query.trackers(record)
     view["actions"] = actions(record, principal)
     view.update(failure_facts(record, view["ranks"]))
-    view["resources_summary"] = resource_summary(record.paths)
+    view["resources_summary"] = resource_summary(record.paths) if view["terminal"] else None  # a running job's charts fill in
     view["metrics_note"] = metrics_note(record, view["terminal"])
     if record.sweep_id:
         view["sweep"] = {"id": record.sweep_id, "trial": record.trial, "params": view.get("params")}

@@ -150,7 +150,7 @@ _SMALL_FILE = 1 << 16  # a samples file larger than this holds more than CHART_S
 
 
 def resource_summary(paths: JobPaths) -> dict[str, Any] | None:
-    """A job too short to chart (no node has :data:`CHART_SAMPLES` samples, every attempt
+    """A job that was too short to chart (no node has :data:`CHART_SAMPLES` samples, every attempt
     counted) in one row per node: its samples, the peaks of CPU and memory (the node's, its
     largest rank's), of GPU use, and what it read and wrote. None when some node has enough
     samples for charts, or no node has any."""

@@ -322,7 +322,7 @@
       try {
         detail = await get(`/api/jobs/${job}`);
       } catch (e) { return; }
-      if (detail.metrics_note && !overlays.size) $("metrics").replaceChildren(el("p", { class: "muted", text: detail.metrics_note }));
+      if (detail.metrics_note && !$("metrics").querySelector("[data-chart]")) $("metrics").replaceChildren(el("p", { class: "muted", text: detail.metrics_note }));
       renderHead(detail); parts.renderCause(detail); renderHints(detail); renderTopology(detail); renderAttempts(detail);
       markRendered("rendered");
       $("live").classList.toggle("on", !detail.terminal);
