@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..core.contracts import SchedulerRecord
     from ..core.spec import JobSpec
     from ..store.sweeps import SweepRecord
+    from .failure import Failure
 
 
 def home() -> HomePaths:
@@ -279,12 +280,12 @@ def log_paths(record: JobRecord, attempt: int | None = None, rank: int | None = 
 def follow_logs(
     record: JobRecord, emit: Callable[[str], None], attempt: int | None = None, rank: int | None = None,
     follow: bool = False, poll: float = 0.2, offsets: dict[int, int] | None = None,
-    failed: Any = None,
+    failed: Failure | None = None,
 ) -> JobRecord:
     """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
     keep emitting new lines until the job ends (woken by the files changing, not polling
     them). ``offsets``: where each rank's log is read from (``logs --tail/--since``).
-    ``failed``: how the attempt failed (``failure.Failure``): its root-cause rank comes first,
+    ``failed``: how the attempt failed (``failure.failure``): its root-cause rank comes first,
     the traces of the ranks that lost their peer are folded. Returns the latest record."""
     from ..monitor.tail import follow_job
 
