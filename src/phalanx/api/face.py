@@ -183,9 +183,17 @@ class LocalFace:
                               refresh=lambda sweep_id: query.find_sweep(sweep_id, store))
             return
         record = self._job(ref)
-        offsets = query.log_offsets(record, attempt, rank, tail, since, events or (lambda text: None)) \
-            if (tail is not None or since) else None
-        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets)
+        say = events or (lambda text: None)
+        offsets = query.log_offsets(record, attempt, rank, tail, since, say) if (tail is not None or since) else None
+        failed = None
+        if rank is None and record.nnodes * record.nproc_per_node > 1:  # one rank: nothing to put first or fold
+            from .failure import failure
+
+            query.log_paths(record, attempt)  # an attempt that does not exist: its own error first
+            failed = failure(record, attempt)
+            if failed is not None:
+                say(f"job {record.id}: {failed.headline()}")
+        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets, failed=failed)
 
     def metrics(self, ref: str, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]:
         from ..monitor.report import metrics_report
@@ -195,7 +203,10 @@ class LocalFace:
             from .sweepview import trial_table
 
             return {"kind": "sweep", "id": sweep.id, **trial_table(self._store(), sweep)}
-        return {"kind": "job", **metrics_report(self._job(ref), attempt=attempt, rank=rank)}
+        from ..core.state import is_terminal
+
+        record = self._job(ref)
+        return {"kind": "job", **metrics_report(record, attempt=attempt, rank=rank), "ended": is_terminal(record.state)}
 
     def metric_records(self, ref: str, emit: Emit, attempt: int | None = None, rank: int | None = None) -> int:
         from ..monitor.report import export_metrics

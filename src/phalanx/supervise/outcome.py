@@ -31,7 +31,15 @@ class Outcome:
         """One line for ``attempts.jsonl`` and the supervisor's messages."""
         cause = self.cause or {}
         where = f"rank {cause['rank']}: " if "rank" in cause else ""
-        return f"{where}{cause.get('message', self.kind.value)}"
+        return f"{where}{error_text(cause) or self.kind.value}"
+
+
+def error_text(cause: dict[str, Any]) -> str:
+    """``KeyError: 'batch_size'``: a root cause's exception type and message, as Python prints
+    them (the message alone, such as a signal's, when there is no type)."""
+    message = str(cause.get("message") or "").strip()
+    kind = cause.get("type")
+    return f"{kind}: {message}" if kind and message else str(kind or message)
 
 
 def failed(message: str, attempt: int | None = None) -> Outcome:
