@@ -13,7 +13,8 @@ from ..core.paths import JobPaths, write_atomic
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from .outcome import Outcome, decide
-from .watch import Watch, dump_stacks, end_stragglers
+from ..monitor.report import stray_lines
+from .watch import Watch, dump_stacks, end_left_strays, end_stragglers
 
 Events = Callable[[str], None]
 
@@ -82,9 +83,10 @@ class AttemptRun:
         self.say(f"SIGTERM sent to every rank; SIGKILL in {ESCALATE_S + self.margin:g}s (Ctrl-C again: now)")
 
     def wait_hint(self) -> float:
-        if self.kill_at is None:
-            return Watch.EVERY
-        return max(0.0, min(Watch.EVERY, self.kill_at - time.monotonic()))
+        hints = [h for h in (handle.wait_hint() for handle in self.handles) if h is not None]
+        if self.kill_at is not None:
+            hints.append(self.kill_at - time.monotonic())
+        return max(0.0, min([Watch.EVERY, *hints]))
 
     def tick(self) -> Outcome | None:
         """Advance; the outcome once every node has ended (metrics collected, samplers stopped)."""
@@ -93,9 +95,12 @@ class AttemptRun:
             self.watch.collect()
         if all(r is not None for r in results):
             end_stragglers(self.paths, self.plan.attempt)  # no rank outlives the attempt it belongs to
+            ended = end_left_strays(self.paths, self.plan.attempt, self.plan.job_id, [r for r in results if r is not None])
+            for line in stray_lines([s for r in ended for s in r.strays]):
+                self.say(line)
             self.watch.collect(final=True)
             self.watch.close()
-            return decide(self.paths, self.plan.attempt, [r for r in results if r is not None], self.stop_reason,
+            return decide(self.paths, self.plan.attempt, ended, self.stop_reason,
                           self.stop_signal, self.stalled_for, self.spec.stall_timeout, self.failed_first)
         if self.kill_at is None and any(r is not None and r.exitcode != 0 for r in results):
             self.failed_first = [n for n, r in enumerate(results) if r is not None and r.exitcode != 0]
