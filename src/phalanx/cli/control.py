@@ -237,9 +237,12 @@ def stop_cmd(
     timeout: Optional[float] = typer.Option(
         None, "--timeout", callback=seconds, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
         "The upload of outputs and state that follows is waited for in full."),
+    now: bool = typer.Option(False, "--now", "--force", help="Skip the grace period (also of a stop under way): "
+                             "SIGTERM, then SIGKILL at once."),
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
-    with all its running trials."""
+    with all its running trials. Stopping a job that is stopping already changes nothing
+    (its ranks keep their grace period) unless --now."""
     from .. import jobs, query
 
     sweep = query.find_sweep(job)
@@ -247,7 +250,7 @@ def stop_cmd(
         sweep = jobs.stop_sweep(sweep, timeout=timeout)
         typer.echo(f"{sweep.id} {sweep.state.value}")
         return
-    record = jobs.stop(job, timeout=timeout, events=event)
+    record = jobs.stop(job, timeout=timeout, events=event, now=now)
     typer.echo(f"{record.id} {record.state.value}")
 
 

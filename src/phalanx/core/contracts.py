@@ -280,6 +280,36 @@ def read_node_result(path: Path) -> NodeResult | None:
     return None if data is None else NodeResult.from_dict(data, str(path))
 
 
+# -- stop.json ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A user's ``phalanx stop`` (CLI, dashboard): when it asked, and whether the grace period is
+    skipped (``--now``). Written by the stop that marked the job STOPPING (or asks ``--now``)
+    before it signals the supervisor; read by the supervisor on that signal and by a later stop."""
+
+    at: float
+    now: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, "at": self.at, "now": self.now}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "stop.json") -> "StopRequest":
+        r = _Reader(data, where)
+        return cls(r.number("at"), r.flag("now"))
+
+
+def write_stop_request(path: Path, request: StopRequest) -> None:
+    write_json(path, request.to_dict())
+
+
+def read_stop_request(path: Path) -> StopRequest | None:
+    data = _load(path)
+    return None if data is None else StopRequest.from_dict(data, str(path))
+
+
 # -- attempts.jsonl -----------------------------------------------------------------------------
 
 

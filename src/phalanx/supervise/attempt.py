@@ -49,9 +49,9 @@ class AttemptRun:
         # whether the attempt was taken by a scheduler; the others got the supervisor's SIGTERM.
         self.failed_first: list[int] | None = None
 
-    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
         """Every node gets ``signum`` (SIGINT stays SIGINT, anything else is SIGTERM) and the
-        grace period; a second call kills at once.
+        grace period (none with ``now``: SIGKILL follows); a second call kills at once.
 
         SIGINT is a person's Ctrl-C and is python's Ctrl-C: the ranks get that one SIGINT (their
         ``except KeyboardInterrupt:`` runs) and the grace period to end as they choose; the
@@ -69,8 +69,10 @@ class AttemptRun:
         self.stop_reason, self.stop_signal = reason, signum
         for h in self.handles:
             h.signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-        self.kill_at = time.monotonic() + self.plan.grace + self.margin
-        if signum == signal.SIGINT:
+        self.kill_at = time.monotonic() + (0.0 if now else self.plan.grace + self.margin)
+        if now:
+            self.say("stopping now: SIGKILL follows SIGTERM without the grace period")
+        elif signum == signal.SIGINT:
             self.say(f"interrupted: SIGINT sent to every rank; waiting up to {self.plan.grace:g}s for them to end "
                      "(Ctrl-C again: SIGTERM, then SIGKILL)")
 

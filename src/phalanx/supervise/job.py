@@ -72,7 +72,8 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
             if len(watcher.stop_requests) > seen:
                 signum = watcher.stop_requests[seen]
                 seen = len(watcher.stop_requests)
-                run.stop(stop_reason(store, record.id, signum), signum)
+                reason = stop_reason(store, record.id, signum)
+                run.stop(reason, signum, now=reason is StopReason.CANCELLED and asked_now(record, signum))
             run.tick()
             if not run.done:
                 watcher.wait(run.wait_hint())
@@ -85,6 +86,20 @@ def stop_reason(store: Store, job_id: str, signum: int) -> StopReason:
     if signum == signal.SIGINT or store.get(job_id).state is JobState.STOPPING:
         return StopReason.CANCELLED
     return StopReason.PREEMPTED
+
+
+def asked_now(record: JobRecord, signum: int) -> bool:
+    """Whether the ``phalanx stop`` behind this signal asked to skip the grace period (``--now``)."""
+    from ..core.contracts import read_stop_request
+    from ..errors import ContractError
+
+    if signum == signal.SIGINT:
+        return False
+    try:
+        asked = read_stop_request(record.paths.stop_request)
+    except ContractError:
+        return False
+    return asked is not None and asked.now
 
 
 class JobRun:
@@ -184,13 +199,14 @@ class JobRun:
             self.paths.rank_metrics(left.plan.attempt, rank).unlink(missing_ok=True)
         self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say)
 
-    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
-        """Stop the current attempt: cancelled, preempted or pruned. A second call kills."""
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
+        """Stop the current attempt: cancelled, preempted or pruned. A second call, or ``now``
+        (``phalanx stop --now``), kills without the grace period."""
         if self.done or self.attempt is None:
             return
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
             self.store.transition(self.record.id, JobState.STOPPING)
-        self.attempt.stop(reason, signum)
+        self.attempt.stop(reason, signum, now)
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
