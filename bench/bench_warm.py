@@ -1,6 +1,7 @@
 """Warm starts against cold ones and against what a user would run instead, measured in one run.
 
     .venv/bin/python bench/bench_warm.py [--repeats N] [--sweep-repeats N] [--groups run1,run2,...] [--json OUT]
+                                         [--compare-src OTHER/src]
 
 Groups (each group's last command is its baseline; ratio = median / median of the baseline):
 
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -61,7 +63,8 @@ def sweep(trial: str, n: int, *extra: str) -> dict[str, list[str] | str]:
 
 
 def run_once(command: list[str] | dict, env: dict[str, str]) -> float:
-    argv, stdin = (command["argv"], command["stdin"]) if isinstance(command, dict) else (command, None)
+    argv, stdin = (command["argv"], command.get("stdin")) if isinstance(command, dict) else (command, None)
+    env = {**env, **command.get("env", {})} if isinstance(command, dict) else env
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, env=env, input=(stdin or "").encode(), capture_output=True)
     elapsed = time.perf_counter() - start
@@ -154,6 +157,18 @@ def memory(env: dict[str, str], pool_dir: str, scratch: Path) -> dict:
     return result
 
 
+def compare(src: Path | None) -> "Callable[[list[str]], dict]":
+    """With ``--compare-src``: the same warm command of the other checkout's phalanx and of this
+    one, each as ``python -m phalanx`` with ``PYTHONPATH`` naming its sources (so the two differ in
+    nothing else; each has pools of its own, as their environments differ), put first in a group so
+    that both trees run in the same rounds. The other checkout is byte-compiled like this one."""
+    if src is None:
+        return lambda argv: {}
+    compileall.compile_dir(str(src / "phalanx"), quiet=1)
+    return lambda argv: {"warm, compared src": {"argv": argv, "env": {"PYTHONPATH": str(src.resolve())}},
+                         "warm, this src": {"argv": argv, "env": {"PYTHONPATH": str(ROOT / "src")}}}
+
+
 def table(results: list[dict]) -> str:
     lines = [f"{'group':<8} {'command':<28} {'median s':>9} {'min s':>7} {'ratio':>6}"]
     lines += [f"{r['group']:<8} {r['command']:<28} {r['median_s']:>9.3f} {r['min_s']:>7.3f} {r['ratio']:>6.2f}"
@@ -184,6 +199,9 @@ def main() -> None:
     parser.add_argument("--sweep-repeats", type=int, default=2, help="timed rounds of the sweep groups (default 2)")
     parser.add_argument("--groups", default="run1,run2,sweep16,sweep64,light64,memory")
     parser.add_argument("--json", type=Path, help="also write every sample here")
+    parser.add_argument("--compare-src", type=Path, metavar="SRC",
+                        help="run1/run2 also time the phalanx whose sources are in SRC (another checkout's src/), "
+                             "warm, in the same rounds: a change's cost, measured in one run")
     args = parser.parse_args()
     groups = args.groups.split(",")
     compileall.compile_dir(str(ROOT / "src" / "phalanx"), quiet=1)  # see bench_core.py
@@ -195,12 +213,15 @@ def main() -> None:
         results: list[dict] = []
         mem = None
         try:
+            other = compare(args.compare_src)
             if "run1" in groups:
-                results += measure("run1", {"phalanx warm": [PHALANX, "run", HELLO],
+                results += measure("run1", {**other([PY, "-m", "phalanx", "run", HELLO]),
+                                            "phalanx warm": [PHALANX, "run", HELLO],
                                             "phalanx --cold": [PHALANX, "run", "--cold", HELLO],
                                             "python hello.py": [PY, HELLO]}, env, args.repeats, settle=5)
             if "run2" in groups:
                 results += measure("run2", {
+                    **other([PY, "-m", "phalanx", "run", "-n", "2", HELLO]),
                     "phalanx warm": [PHALANX, "run", "-n", "2", HELLO],
                     "phalanx --cold": [PHALANX, "run", "--cold", "-n", "2", HELLO],
                     "torchrun --standalone -n 2": [*TORCHRUN, "--standalone", "--nproc-per-node", "2", HELLO],

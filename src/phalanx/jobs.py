@@ -122,10 +122,11 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Events | None) -> tuple[JobRecord, int]:
     from .launch.console import lend
-    from .monitor.tail import Stop, follow_attempts
+    from .monitor.tail import Stop
     from .supervise.job import supervise
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
+    closed = threading.Event()  # the streamer's reader went away (`phalanx run -n 2 gen.py | head -1`)
     streamer = None
     # A lone process started here gets the terminal (stdin; its output relayed as it comes);
     # the ranks of other jobs are streamed from their logs (rank 0 writing to a terminal of its own).
@@ -133,11 +134,11 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
     if out is not None and not (console is not None and get_backend(plan.backend).lends_console(plan)):
         prefix = record.nnodes * record.nproc_per_node > 1
         streamer = threading.Thread(
-            target=follow_attempts, args=(record.paths, plan.attempt, ranks, prefix, out, done), daemon=True
+            target=_stream, args=(record.paths, plan.attempt, ranks, prefix, out, done, closed), daemon=True
         )
         streamer.start()
     try:
-        code = supervise(store, home(), record, plan, events=events, console=console)
+        code = supervise(store, home(), record, plan, events=events, console=console, output_closed=closed)
     finally:
         done.set()
         if streamer:
@@ -145,6 +146,24 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
         if console:
             console.close()
     return store.get(record.id), code
+
+
+def _stream(paths: Any, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
+            closed: threading.Event) -> None:
+    """The ranks' output to ``out`` until ``done``. When ``out``'s reader goes away, ``closed`` is
+    set and the supervisor ends the job as python's broken pipe would (``supervise``)."""
+    from .launch.procs import wake
+    from .monitor.tail import follow_attempts
+
+    try:
+        follow_attempts(paths, attempt, ranks, prefix, out, done)
+    except BrokenPipeError:
+        try:  # nothing reaches the reader any more, not even Python's last flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        closed.set()
+        wake()
 
 
 def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -57,9 +58,11 @@ Events = Callable[[str], None]
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
-              console: Console | None = None) -> int:
+              console: Console | None = None, output_closed: threading.Event | None = None) -> int:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
-    the terminal a lone process is lent (a foreground run).
+    the terminal a lone process is lent (a foreground run). ``output_closed``: set when the
+    reader of the ranks' streamed output went away; the job then ends as python's broken pipe
+    would end it (the ranks are stopped; FAILED, exit 1, never retried: ``outcome.output_closed``).
 
     Blocking; main thread only (it handles signals).
     """
@@ -68,7 +71,11 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
     with ChildWatcher() as watcher:
         run.start()
         seen = 0
+        closing = False
         while not run.done:
+            if output_closed is not None and output_closed.is_set() and not closing:
+                closing = True
+                run.stop(StopReason.CANCELLED, signal.SIGPIPE)
             if len(watcher.stop_requests) > seen:
                 signum = watcher.stop_requests[seen]
                 seen = len(watcher.stop_requests)
