@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -123,13 +124,17 @@ def end_strays(paths: JobPaths, attempt: int, node_rank: int, job_id: str, grace
 
     ranks = node_ranks(paths, attempt, node_rank)
     dirs = {rank: str(paths.rank_dir(attempt, rank)) for rank in ranks}
-    with ExitStack() as stack:
-        watcher = watcher or stack.enter_context(ChildWatcher())
-        seen = len(watcher.stop_requests)
-        ending = strays.Ending(job_id, attempt, dirs, grace, strays.sessions(ranks))
-        while (done := ending.poll()) is None:
-            watcher.wait(ending.wait_hint())
-            if len(watcher.stop_requests) > seen:
-                done = ending.kill_now()
-                break
+    try:
+        with ExitStack() as stack:
+            watcher = watcher or stack.enter_context(ChildWatcher())
+            seen = len(watcher.stop_requests)
+            ending = strays.Ending(job_id, attempt, dirs, grace, strays.sessions(ranks))
+            while (done := ending.poll()) is None:
+                watcher.wait(ending.wait_hint())
+                if len(watcher.stop_requests) > seen:
+                    done = ending.kill_now()
+                    break
+    except OSError as exc:  # the node's report matters more than this
+        print(f"phalanx agent: could not end what the ranks left running: {exc}", file=sys.stderr, flush=True)
+        return []
     return [s.to_dict() for s in done]

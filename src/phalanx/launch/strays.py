@@ -54,26 +54,34 @@ def cgroup_dir() -> str | None:
         return None
     try:
         with open("/proc/self/cgroup", "rb") as fh:
-            lines = fh.read().decode("utf-8", "surrogateescape").splitlines()
+            cgroup = fh.read().decode("utf-8", "surrogateescape")
         with open("/proc/self/mountinfo", "rb") as fh:
-            mounts = fh.read().decode("utf-8", "surrogateescape").splitlines()
+            mounts = fh.read().decode("utf-8", "surrogateescape")
     except OSError:
         return None
-    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    directory = locate(cgroup, mounts)
+    if directory and os.access(directory, os.W_OK) and os.access(os.path.join(directory, "cgroup.procs"), os.W_OK):
+        return directory
+    return None
+
+
+def locate(cgroup: str, mountinfo: str) -> str | None:
+    """Where the cgroup v2 line of ``/proc/self/cgroup`` (``0::PATH``) is mounted, given
+    ``/proc/self/mountinfo``: a cgroup2 mount whose root holds PATH (a container's or a cgroup
+    namespace's mount shows a subtree). None without a cgroup v2 line or mount."""
+    path = next((line[3:] for line in cgroup.splitlines() if line.startswith("0::")), None)
     if path is None or path.endswith(" (deleted)"):
         return None
-    for mount in mounts:
+    for mount in mountinfo.splitlines():
         before, _, after = mount.partition(" - ")
         fields = before.split()
         if not after.startswith("cgroup2 ") or len(fields) < 5:
             continue
         root, point = _unescape(fields[3]), _unescape(fields[4])
-        if root != "/" and not (path + "/").startswith(root.rstrip("/") + "/"):
-            continue
-        relative = path[len(root.rstrip("/")):] if root != "/" else path
-        directory = point.rstrip("/") + relative
-        if os.access(directory, os.W_OK) and os.access(os.path.join(directory, "cgroup.procs"), os.W_OK):
-            return directory
+        if root == "/":
+            return point.rstrip("/") + path
+        if (path + "/").startswith(root.rstrip("/") + "/"):
+            return point.rstrip("/") + path[len(root.rstrip("/")):]
     return None
 
 
@@ -146,17 +154,21 @@ class Ending:
         elif not self._members():
             self._finish()
 
-    def _members(self) -> dict[tuple[int, int], int]:
-        """The strays alive now: (pid, start time) -> rank."""
+    def _members(self, scan: bool = True) -> dict[tuple[int, int], int]:
+        """The strays alive now: (pid, start time) -> rank. Without ``scan``, of those found by
+        their environment only the ones known already (reading every process's environment
+        each time the grace period is polled would cost more than it finds)."""
         alive: dict[tuple[int, int], int] = {}
         for rank, leaf in self.leaves.items():
             for pid in _cgroup_pids(leaf):
                 start = _start_time(pid)
                 if start is not None and pid not in self.exclude:
                     alive[(pid, start)] = rank
-        if self.cookies:
+        if self.cookies and scan:
             for pid, start, rank in _marked(self.cookies, self.exclude):
                 alive[(pid, start)] = rank
+        elif self.cookies:
+            alive.update({key: s.rank for key, s in self.found.items() if _start_time(key[0]) == key[1]})
         return alive
 
     def poll(self) -> list[Stray] | None:
@@ -167,8 +179,10 @@ class Ending:
         if self.result is not None:
             return self.result
         now = time.monotonic()
-        alive = self._members()
-        if not alive:
+        alive = self._members(scan=self.kill_at is None)
+        if not alive and self.kill_at is not None and self.cookies and self._members():
+            self.kill_now()  # a last look at every process found what a stray started meanwhile
+        elif not alive:
             self._finish()
         elif self.kill_at is None and now >= self.settle_until:
             for key, rank in alive.items():  # what outlived its rank by a moment: a stray
