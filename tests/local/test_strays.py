@@ -73,9 +73,9 @@ def _job_id(home: Path) -> str:
 
 
 @pytest.fixture
-def warm_env(phx_home, tmp_path):
-    directory = tmp_path / "pools"
-    directory.mkdir(mode=0o700)
+def warm_env(phx_home, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("pools")  # short: a socket's path has at most 107 bytes
+    directory.chmod(0o700)
     yield {"PHALANX_WARM": "1", "PHALANX_WARM_DIR": str(directory)}
     from phalanx.launch import warm
 
