@@ -202,3 +202,29 @@ def test_a_job_run_from_a_rank_is_ended_with_that_rank(phx_home, tmp_path):
         assert _gone([pid])
     finally:
         _kill([pid])
+
+
+def test_rank_cgroups_left_by_a_killed_job_are_removed_by_the_next(phx_home, tmp_path):
+    """A job whose supervisor and agents were all SIGKILLed leaves its ranks' (empty) cgroups;
+    the next attempt's end removes them, and never one that still holds a process."""
+    from phalanx.launch import strays
+
+    directory = strays.cgroup_dir()
+    if directory is None:
+        pytest.skip("no writable cgroup v2 here: ranks are marked by their environment")
+    empty, busy = Path(directory, strays.leaf_name("deadbeef", 0, 0)), Path(directory, strays.leaf_name("deadbeef", 0, 1))
+    empty.mkdir()
+    busy.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", f"open({str(busy / 'cgroup.procs')!r}, 'w').write('0');"
+                               "import time; time.sleep(600)"])
+    try:
+        _wait_for(lambda: (busy / "cgroup.procs").read_text().split() == [str(holder.pid)], what="the holder")
+        script = tmp_path / "nothing.py"
+        script.write_text("")
+        phalanx("run", "--cold", str(script), check=True)
+        assert not empty.exists() and busy.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        _wait_for(lambda: not (busy / "cgroup.procs").read_text().split(), what="the holder to go")
+        busy.rmdir()

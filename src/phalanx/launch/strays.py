@@ -103,25 +103,36 @@ def enlist() -> None:
     if directory is None or job is None:
         return
     leaf = os.path.join(directory, leaf_name(job, int(attempt), int(os.environ.get("RANK", "0") or 0)))
+    for _ in range(2):  # an empty leaf may be swept away between mkdir and the move (``sweep``): again
+        try:
+            os.mkdir(leaf)
+        except FileExistsError:  # torchrun restarted this rank in place: its first run's strays are there too
+            pass
+        except OSError:
+            return
+        try:
+            fd = os.open(os.path.join(leaf, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+            return
+        except FileNotFoundError:
+            continue
+        except OSError:  # a hierarchy that takes no process here (controllers enabled): the environment then
+            _remove(leaf)
+            return
+
+
+def sweep(directory: str) -> None:
+    """Remove every empty rank cgroup in ``directory``: those of attempts whose agent and
+    supervisor were killed before they could (a cgroup holding a process cannot be removed)."""
     try:
-        os.mkdir(leaf)
-        made = True
-    except FileExistsError:  # torchrun restarted this rank in place: its first run's strays are there too
-        made = False
+        names = [n for n in os.listdir(directory) if n.startswith(PREFIX)]
     except OSError:
         return
-    try:
-        fd = os.open(os.path.join(leaf, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
-    except OSError:  # a hierarchy that takes no process here (controllers enabled): the environment then
-        if made:
-            try:
-                os.rmdir(leaf)
-            except OSError:
-                pass
+    for name in names:
+        _remove(os.path.join(directory, name))
 
 
 class Ending:
@@ -139,7 +150,7 @@ class Ending:
         self.grace = grace
         self.sessions = dict(sessions or {})
         self.exclude = {os.getpid(), *exclude}
-        directory = cgroup_dir()
+        self.directory = directory = cgroup_dir()
         leaves = {r: os.path.join(directory, leaf_name(job_id, attempt, r)) for r in rank_dirs} if directory else {}
         self.leaves = {r: path for r, path in leaves.items() if os.path.isdir(path)}
         # Ranks without a cgroup of their own are found by their environment.
@@ -149,9 +160,7 @@ class Ending:
         self.kill_at: float | None = None
         self.found: dict[tuple[int, int], Stray] = {}  # (pid, start time) -> what it was
         self.result: list[Stray] | None = None
-        if not self.leaves and not self.cookies:
-            self.result = []
-        elif not self._members():
+        if not self._members():
             self._finish()
 
     def _members(self, scan: bool = True) -> dict[tuple[int, int], int]:
@@ -222,8 +231,8 @@ class Ending:
         return self.result
 
     def _finish(self) -> None:
-        for leaf in self.leaves.values():
-            _remove(leaf)
+        if self.directory is not None:
+            sweep(self.directory)  # this attempt's cgroups, and any empty ones earlier attempts left
         self.result = [stray for _key, stray in sorted(self.found.items())]
 
 
