@@ -266,7 +266,7 @@ def test_a_sweep_runs_its_trials_as_slurm_jobs(slurm_env, tmp_path):
     assert all(Path(j["job_dir"], "attempt_0", "scheduler.json").exists() for j in jobs)
 
 
-def test_a_warm_pool_never_outlives_the_allocation_that_started_it(slurm_env, tmp_path, monkeypatch):
+def test_a_warm_pool_never_outlives_the_allocation_that_started_it(slurm_env, tmp_path, tmp_path_factory, monkeypatch):
     """``phalanx run`` (local, warm) inside a batch job starts a warm pool there; SLURM's process
     tracking (here proctrack/linuxproc) does not see the daemonized pool, so the pool itself ends
     once the allocation's slurmstepd has gone, and its log says so."""
@@ -274,8 +274,8 @@ def test_a_warm_pool_never_outlives_the_allocation_that_started_it(slurm_env, tm
 
     from phalanx.launch import warm
 
-    pools = tmp_path / "pools"
-    pools.mkdir(mode=0o700)
+    pools = tmp_path_factory.mktemp("pools")  # short: a socket's path has at most 107 bytes
+    pools.chmod(0o700)
     monkeypatch.setenv("PHALANX_WARM", "1")
     monkeypatch.setenv("PHALANX_WARM_DIR", str(pools))
     hello = tmp_path / "hello.py"
