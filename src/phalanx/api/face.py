@@ -54,7 +54,8 @@ class Face(Protocol):
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def wait(self, ref: str, timeout: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]: ...
@@ -266,14 +267,17 @@ class LocalFace:
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}
 
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]:
+        """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
+        is stopping already keeps its grace period unless ``now``."""
         from . import jobs
         from .query import find_sweep
 
         sweep = find_sweep(ref)
         if sweep is not None:
             return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
-        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events))}
+        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events, now=now))}
 
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
