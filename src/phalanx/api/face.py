@@ -61,7 +61,8 @@ class Face(Protocol):
     def interrupt(self, ref: str) -> dict[str, Any]: ...
     def wait(self, ref: str, timeout: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]: ...
@@ -312,7 +313,10 @@ class LocalFace:
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}
 
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]:
+        """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
+        is stopping already keeps its grace period unless ``now``."""
         from . import jobs
         from .query import find_sweep
 
@@ -322,7 +326,7 @@ class LocalFace:
             return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
         record = self._job(ref)
         self.check_may_act("job", record.id, record.user_name, "stop")
-        return {"kind": "job", **_job_dict(jobs.stop(record.id, timeout=timeout, events=events))}
+        return {"kind": "job", **_job_dict(jobs.stop(record.id, timeout=timeout, events=events, now=now))}
 
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..core.contracts import Stray
 from ..core.paths import JobPaths
 from .readback import metric_file, rank_series, recent_records, step_values, summarize_series
 
@@ -119,6 +120,39 @@ def status_summary_lines(record: Any) -> list[str]:
         lines.extend(" " * 10 + p for p in parts[1:])
     for hint in hints(recent_resources(paths, attempt), recent_metrics(paths, attempt)):
         lines.append(f"hint      {hint}")
+    attempts = paths.attempts()
+    for number in attempts:
+        for line in stray_lines(ended_strays(paths, number)):
+            lines.append(f"leftover  {f'attempt {number}: ' if len(attempts) > 1 else ''}{line}")
+    return lines
+
+
+def ended_strays(paths: JobPaths, attempt: int) -> list[Stray]:
+    """What the ranks of ``attempt`` left running and had to be ended (every node's result)."""
+    from ..core.contracts import read_node_result
+    from ..errors import ContractError
+
+    found: list[Stray] = []
+    for node in paths.nodes(attempt):
+        try:
+            result = read_node_result(paths.node_result(attempt, node))
+        except ContractError:
+            continue
+        found += result.strays if result is not None else ()
+    return found
+
+
+def stray_lines(strays: Sequence[Stray]) -> list[str]:
+    """One line per rank: "ended 1 leftover process of rank 0: pid 1234 `python daemon_helper` (setsid)"."""
+    lines = []
+    for rank in sorted({s.rank for s in strays}):
+        mine = [s for s in strays if s.rank == rank]
+        described = []
+        for s in mine:
+            notes = [n for n in (s.how, "SIGKILL after the grace period" if s.killed else None) if n]
+            described.append(f"pid {s.pid} `{s.command}`" + (f" ({'; '.join(notes)})" if notes else ""))
+        noun = "process" if len(mine) == 1 else "processes"
+        lines.append(f"ended {len(mine)} leftover {noun} of rank {rank}: {', '.join(described)}")
     return lines
 
 
