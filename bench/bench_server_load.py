@@ -36,8 +36,9 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -235,6 +236,31 @@ def wait_ended(store: str, timeout: float) -> int:
         time.sleep(1)
 
 
+@contextmanager
+def team(settings: dict[str, str], prefix: str) -> Iterator[tuple[Any, Path, list[subprocess.Popen]]]:
+    """A private PostgreSQL (``tests/pgserver.py``), a work directory, and a list the caller puts
+    its servers in: all of them stopped and removed afterwards."""
+    from tests import pgserver
+
+    why = pgserver.unavailable()
+    if why:
+        raise SystemExit(f"no PostgreSQL here: {why}")
+    pg = pgserver.PgServer(settings)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    servers: list[subprocess.Popen] = []
+    try:
+        yield pg, work, servers
+    finally:
+        for proc in servers:
+            proc.terminate()
+            proc.wait(30)
+        from phalanx.store import postgres as engine
+
+        engine.dispose_all()
+        pg.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=50)
@@ -243,19 +269,12 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from tests import pgserver
-
-    why = pgserver.unavailable()
-    if why:
-        raise SystemExit(f"no PostgreSQL here: {why}")
-    pg = pgserver.PgServer(DURABLE)
-    work = Path(tempfile.mkdtemp(prefix="phx-load-"))
-    proc = None
-    try:
+    with team(DURABLE, "phx-load-") as (pg, work, servers):
         env, store = server_env(work, pg)
         tokens = add_users(env, store, max(1, (args.clients + 9) // 10))
         os.environ["PGPASSWORD"] = pg.password  # the audit's own connection
         proc, url = start_server(env, store, work, work / "server.err")
+        servers.append(proc)
         result = load(url, tokens, work, args.clients, args.submits, args.ps_clients, args.procs)
         left = wait_ended(store, 600)
         counts = audit(store, result["ids"])
@@ -270,15 +289,6 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         if args.json:
             args.json.write_text(json.dumps(report, indent=2))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        from phalanx.store import postgres as engine
-
-        engine.dispose_all()
-        pg.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

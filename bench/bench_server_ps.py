@@ -30,10 +30,8 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench_server_load import DURABLE, add_users, pct, start_server  # noqa: E402
+from bench_server_load import DURABLE, add_users, pct, start_server, team  # noqa: E402
 
 KINDS = ("ps", "ps --all")
 # the load's WAL kept small (a shared disk); reads do not touch it
@@ -148,15 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     from bench_store_pg import jobs
 
-    from tests import pgserver
-
-    why = pgserver.unavailable()
-    if why:
-        raise SystemExit(f"no PostgreSQL here: {why}")
-    pg = pgserver.PgServer(SETTINGS)
-    work = Path(tempfile.mkdtemp(prefix="phx-ps-"))
-    proc = None
-    try:
+    with team(SETTINGS, "phx-ps-") as (pg, work, servers):
         base = {k: v for k, v in os.environ.items() if not k.startswith("PHALANX_")}
         server_home, local_home = work / "server-home", work / "laptop-home"
         env = {**base, "PHALANX_HOME": str(server_home), "HOME": str(work), "OMP_NUM_THREADS": "1", "PGPASSWORD": pg.password}
@@ -172,6 +162,7 @@ def main() -> None:
         print(f"filled both stores with {args.jobs} jobs in {time.perf_counter() - began:.0f}s "
               f"({pg_rate:.0f} and {sqlite_rate:.0f} rows/s)", file=sys.stderr)
         proc, url = start_server(env, store, work, work / "server.err")
+        servers.append(proc)
         results: dict[str, dict[str, list[float]]] = {}
         for side in ("server", "local"):
             results[f"{side} alone"] = {k: [] for k in KINDS}
@@ -210,15 +201,6 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         if args.json:
             args.json.write_text(json.dumps(report, indent=2))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        from phalanx.store import postgres as engine
-
-        engine.dispose_all()
-        pg.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
