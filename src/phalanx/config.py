@@ -51,6 +51,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
             "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
+    # Secrets (issue 27): where this user's secrets are kept (docs/secrets.md)
+    Setting("secrets_file", "", str, "This user's secrets file (mode 0600; default $XDG_CONFIG_HOME/phalanx/secrets.json, "
+            "~/.config/phalanx/secrets.json): outside the phalanx home on purpose."),
+    Setting("secrets_store", "auto", str, "Where secret values go: auto (the OS keyring when one is usable, else the "
+            "secrets file), file or keyring."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 

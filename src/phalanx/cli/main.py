@@ -75,6 +75,7 @@ def _register_subcommands() -> None:
     from .manage import register as register_manage
     from .observe import register as register_observe
     from .pool import pool_app
+    from .secret import secret_app
     from .sweep import sweep_app
 
     register_control(app)
@@ -83,6 +84,7 @@ def _register_subcommands() -> None:
     register_data(app)
     register_manage(app)
     app.add_typer(pool_app, name="pool")
+    app.add_typer(secret_app, name="secret")
 
 
 _register_subcommands()

@@ -3,7 +3,9 @@
 It makes an unmodified script observable and safe to stop, then gets out of the way:
 
 - stdout and stderr go to this rank's own ``output.log`` (fd-level, so C extensions and
-  child processes land there too), never through a launcher's tee;
+  child processes land there too), never through a launcher's tee; with secrets in its
+  environment (``--secret``; ``PHALANX_SECRET_VARS`` names them) through a forked relay that
+  masks their values (``phalanx.secrets.mask``), and ``error.json`` holds them masked too;
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
@@ -46,6 +48,9 @@ USER_METRICS = "user_metrics.jsonl"
 TORCH_ERROR_JSON = "torchelastic_error.json"
 
 MODES = ("--script", "--module", "--exec")
+SECRET_VARS = "PHALANX_SECRET_VARS"  # phalanx.secrets.mask.VARS_ENV, not imported: workers start faster
+_SECRETS: "list[bytes]" = []  # the values to mask, read before the script could change the environment
+_RELAY: "list[int]" = []  # the pid of the relay writing this rank's log, waited for at exit
 USAGE = "python -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
 
 
@@ -74,6 +79,8 @@ def _redirect_output(rank_dir: str) -> None:
         fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if tty and _rank() == 0:
             fd = _terminal_into(fd, tty)
+        elif _SECRETS:
+            fd = _masked_into(fd)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)
@@ -116,22 +123,69 @@ def _terminal_into(log_fd: int, size: str) -> int:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
     except (OSError, ValueError, ImportError):
         return log_fd
-    if os.fork() == 0:  # the relay: no threads exist yet, nothing of the script has run
-        os.close(slave)
+    _start_relay(master, log_fd, slave)
+    return slave
+
+
+def _masked_into(log_fd: int) -> int:
+    """A pipe whose reading end a forked relay copies into the log with the secrets' values
+    masked; returns its writing end for fd 1 and 2 (the log itself where no pipe can be had)."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return log_fd
+    _start_relay(read, log_fd, write)
+    return write
+
+
+def _start_relay(source: int, log_fd: int, theirs: int) -> None:
+    """Fork the process that copies ``source`` into ``log_fd`` until every holder of its other
+    end (``theirs``: the worker and any child it starts) has closed it. No threads exist yet and
+    nothing of the script has run."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(theirs)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(signum, signal.SIG_IGN)  # a stop is the worker's business; the relay drains
+        masker = None
+        if _SECRETS:
+            from phalanx.secrets.mask import Masker
+
+            masker = Masker(_SECRETS)
         while True:
             try:
-                data = os.read(master, 65536)
+                data = os.read(source, 65536)
             except OSError:  # EIO: the terminal's other end is closed everywhere
                 data = b""
+            out = (masker.feed(data) if data else masker.flush()) if masker is not None else data
+            while out:
+                out = out[os.write(log_fd, out):]
             if not data:
                 os._exit(0)
-            while data:
-                data = data[os.write(log_fd, data):]
-    os.close(master)
+    _RELAY.append(pid)
+    os.close(source)
     os.close(log_fd)
-    return slave
+
+
+def _drain_relay() -> None:
+    """At exit: close this rank's ends of its relay and give it a moment to write what is left,
+    so the log is whole when the agent reads it (a child of the script that keeps the streams
+    open keeps the relay going: it ends with that child)."""
+    if not _RELAY:
+        return
+    for fd in (1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(_RELAY[0], os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped by the script itself
+            return
+        time.sleep(0.005)
 
 
 def _install_stack_dumps() -> None:
@@ -167,7 +221,8 @@ def _print_exception(exc: BaseException) -> str:
 
 
 def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
-    text = _print_exception(exc)
+    text = _masked(_print_exception(exc))
+    message = _masked(str(exc))
     now = time.time()
     record = {
         "rank": _rank(),
@@ -177,7 +232,7 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
         "pid": os.getpid(),
         "exitcode": 1,
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": message,
         "traceback": text,
         "timestamp": now,
     }
@@ -188,12 +243,20 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
         # torchelastic's error-file format, so ChildFailedError carries the real cause.
         payload = {
             "message": {
-                "message": f"{type(exc).__name__}: {exc}",
+                "message": f"{type(exc).__name__}: {message}",
                 "extraInfo": {"py_callstack": text, "timestamp": str(int(now))},
             }
         }
         with open(torch_file, "w") as fh:
             json.dump(payload, fh)
+
+
+def _masked(text: str) -> str:
+    if not _SECRETS:
+        return text
+    from phalanx.secrets.mask import mask_text
+
+    return mask_text(text, _SECRETS)
 
 
 def _run(mode: str, target: str, args: list[str], frozen: list[str], jax_init: bool = False) -> None:
@@ -287,6 +350,7 @@ def _exit(code: int) -> NoReturn:
         ctypes.CDLL(None).fflush(None)  # output C extensions printf'ed into stdio's buffer
     except (ImportError, OSError, AttributeError):
         pass
+    _drain_relay()
     os._exit(code)
 
 
@@ -313,6 +377,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"usage: {USAGE}\n")
         raise SystemExit(2)
     mode, target, args = argv[0], argv[1], argv[2:]
+    if os.environ.get(SECRET_VARS):
+        from phalanx.secrets.mask import secret_values
+
+        _SECRETS[:] = secret_values(os.environ)
     rank_dir = _rank_dir()
     if rank_dir:
         _redirect_output(rank_dir)

@@ -11,6 +11,10 @@ clock, the failure's last lines), so it lends the process:
   processing off (no ``\\r\\n`` for ``\\n`` in the log). A relay thread copies every byte, as it
   comes and partial lines too, to phalanx's stdout or stderr and appends it to the log.
 
+With secrets (``--secret``) the relay masks their values in what it copies, to the terminal and
+to the log alike, a value split across writes too (``phalanx.secrets.mask``): output that ends in
+the first characters of a value waits for the next bytes (or the end) to show it is not one.
+
 The process is told (``PHALANX_STDIO=relay``, which the bootstrap removes before the script
 starts) not to point its output at the log itself. It stays in a session of its own: Ctrl-C
 reaches phalanx, which passes one SIGINT on (``supervise/attempt.py``).
@@ -23,6 +27,9 @@ import select
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
+
+from ..secrets.mask import Masker
 
 RELAY_ENV = "PHALANX_STDIO"
 RELAY = "relay"
@@ -48,9 +55,10 @@ class Console:
             return None
         return size.columns, size.lines
 
-    def open(self, log: Path) -> Streams:
-        """The streams for one process, whose output is also appended to ``log``."""
-        streams = Streams(self, log)
+    def open(self, log: Path, secrets: list[str] | None = None) -> Streams:
+        """The streams for one process, whose output is also appended to ``log``; the values of
+        ``secrets`` masked in both."""
+        streams = Streams(self, log, [os.fsencode(v) for v in secrets or ()])
         self._relays.append(streams)
         return streams
 
@@ -64,11 +72,13 @@ class Console:
 class Streams:
     """One process's stdin, stdout and stderr: ``child`` to hand to ``Popen``, then ``started()``."""
 
-    def __init__(self, console: Console, log: Path) -> None:
+    def __init__(self, console: Console, log: Path, secrets: list[bytes] | None = None) -> None:
         self.log = log
         pairs = [_pair(target) for target in (console.stdout_fd, console.stderr_fd)]
         self.child = (console.stdin_fd, pairs[0][1], pairs[1][1])
         self._reads = {pairs[0][0]: console.stdout_fd, pairs[1][0]: console.stderr_fd}
+        # One masker per stream: a value split between stdout and stderr is no value on either.
+        self._maskers = {fd: Masker(secrets or []) for fd in self._reads}
         self._thread: threading.Thread | None = None
         self._stop = (-1, -1)
         # A write to the log that failed (the disk is full): the relay goes on to the terminal
@@ -109,26 +119,34 @@ class Streams:
                 while open_fds:
                     ready, _, _ = select.select([*open_fds, self._stop[0]], [], [])
                     if self._stop[0] in ready:
+                        for fd in open_fds:  # what a masker held back: no more bytes come
+                            self._copy(open_fds[fd], log, self._maskers[fd].flush())
                         return
                     for fd in ready:
                         try:
                             data = os.read(fd, READ_SIZE)
                         except OSError:  # EIO: the pseudo-terminal's other end is closed everywhere
                             data = b""
+                        masker = self._maskers[fd]
+                        self._copy(open_fds[fd], log, masker.feed(data) if data else masker.flush())
                         if not data:
                             _close(fd)
                             open_fds.pop(fd)
-                            continue
-                        _write_all(open_fds[fd], data)
-                        if self.log_error is None:
-                            try:
-                                log.write(data)
-                            except OSError as exc:
-                                exc.filename = exc.filename or str(self.log)
-                                self.log_error = exc
         finally:
             for fd in open_fds:
                 _close(fd)
+
+    def _copy(self, target: int, log: Any, data: bytes) -> None:
+        """``data`` to the terminal (or phalanx's stream) and into the log."""
+        if not data:
+            return
+        _write_all(target, data)
+        if self.log_error is None:
+            try:
+                log.write(data)
+            except OSError as exc:
+                exc.filename = exc.filename or str(self.log)
+                self.log_error = exc
 
 
 def lend(out: object) -> Console | None:
