@@ -208,6 +208,15 @@ class Backend(abc.ABC):
     # (``phalanx.secrets.local``); a team server's supervisor sets the store of the job's owner.
     secret_store: Any = None
 
+    def check_secrets(self, spec: JobSpec, online: bool = True) -> None:
+        """Every secret ``spec`` names exists and may be read, before the job is recorded (the
+        values are dropped at once). Default: in ``secret_store`` (this user's own). ``online``
+        False (``--dry-run``): only what needs no cluster or cloud. Raises SecretError (exit 2)."""
+        if spec.secrets:
+            from ..secrets.resolve import check
+
+            check(spec.secrets, self.secret_store)
+
     def secret_env(self, node: NodePlan) -> dict[str, str]:
         """The values of ``node``'s secrets (``NodePlan.secrets``: variable -> secret name), read
         now, for ``start`` to hand to the node's ranks and nothing else. Called at every start, so

@@ -195,6 +195,9 @@ def notify_targets(text: str) -> tuple[str, ...]:
 # A secret's name (``phalanx secret set NAME``): a team server also knows PROJECT/NAME.
 SECRET_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 SECRET_SCOPED = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# What --secret VAR=NAME may name: a local or a server's secret, or (sagemaker --secrets-from aws) a
+# secret's name or ARN in AWS Secrets Manager; each store then says whether it holds it.
+SECRET_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@/:-]{0,2047}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -209,7 +212,8 @@ def secret_ref(text: str) -> tuple[str, str]:
                        "with a digit)", hint or f"{var!r} is not one")
     if var.startswith("PHALANX_"):
         raise BadValue("a variable outside PHALANX_*, which phalanx sets itself", f"{var!r} is one of those")
-    if not (SECRET_NAME.match(name) or SECRET_SCOPED.match(name)):
-        raise BadValue("VAR=SECRET, SECRET a secret's name (letters, digits and _.-, or PROJECT/NAME)",
+    if not SECRET_REF.match(name):
+        raise BadValue("VAR=SECRET, SECRET a secret's name (letters, digits and _.-; PROJECT/NAME; a name or ARN of "
+                       "AWS Secrets Manager)",
                        f"{name!r} is not one")
     return var, name

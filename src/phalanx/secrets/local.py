@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import SecretError
-from .base import SCOPED, SecretInfo, SecretStore, check_name, check_value
+from .base import NAME, SCOPED, SecretInfo, SecretStore, check_name, check_value
 
 VERSION = 1
 SERVICE = "phalanx"  # the keyring's service name; each secret's name is its user name there
@@ -105,6 +105,13 @@ class LocalStore(SecretStore):
         return old is None
 
     def get(self, name: str) -> str:
+        if SCOPED.match(name):
+            raise SecretError(f"'{name}' names a project's secret, which lives on a team server; none is in use here",
+                              "give the name of a secret of your own: phalanx secret list")
+        if not NAME.match(name):
+            raise SecretError(f"'{name}' cannot name a secret of this machine (letters, digits and _.-)",
+                              "names with / or : belong to AWS Secrets Manager: on the sagemaker backend add "
+                              "--secrets-from aws")
         entry = self._read()["secrets"].get(name)
         if entry is None:
             raise self.missing(name)

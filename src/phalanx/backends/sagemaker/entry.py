@@ -15,6 +15,10 @@ library too.
    small files the supervisor needs (the node's result, each rank's error and start record) as
    ``[phalanx] {"file": KIND, ...}`` lines. ``watch`` on the supervisor's side parses them back
    into the job directory (``parse_line``).
+With secrets (``--secret VAR=NAME --secrets-from aws``), before the agent starts, each NAME is read
+from AWS Secrets Manager with the training job's role (boto3, which AWS's framework images have)
+and handed to the agent's environment only; a secret that cannot be read fails the node, naming it.
+
 4. On failure writes ``/opt/ml/output/failure`` (SageMaker's FailureReason: the failing rank and
    its error) and exits with the node's exit code.
 
@@ -211,14 +215,46 @@ def prepare(root: str) -> tuple[dict[str, Any], str, int, list[str]]:
     return launch, str(launch_path), node_rank, hosts
 
 
+def fetch_secrets(node: "dict[str, Any]") -> "dict[str, str]":
+    """The node's secrets (``VAR: NAME``) read from AWS Secrets Manager, in the node env's region.
+    Raises ValueError naming the secret that could not be read (never a value)."""
+    refs = node.get("secrets") or {}
+    env = node.get("env") or {}
+    if not refs:
+        return {}
+    if env.get("PHALANX_SECRETS_FROM") != "aws":
+        raise ValueError("the plan names secrets but no place to read them from (--secrets-from aws)")
+    try:
+        import boto3
+    except ImportError:
+        raise ValueError("reading secrets from AWS Secrets Manager needs boto3 in the training image "
+                         "(AWS's framework images have it)") from None
+    client = boto3.client("secretsmanager", region_name=env.get("PHALANX_SECRETS_REGION") or None)
+    values: "dict[str, str]" = {}
+    for var, name in sorted(refs.items()):
+        try:
+            answer = client.get_secret_value(SecretId=name)
+        except Exception as exc:  # noqa: BLE001 - botocore's ClientError, a network error: said with the name
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+            raise ValueError(f"cannot read secret '{name}' (for {var}) from AWS Secrets Manager: {code}; the training "
+                             "job's role needs secretsmanager:GetSecretValue on it") from None
+        value = answer.get("SecretString")
+        if value is None:
+            value = bytes(answer.get("SecretBinary") or b"").decode("utf-8", "surrogateescape")
+        values[var] = value
+    return values
+
+
 def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> int:
     launch, path, node_rank, hosts = prepare(root)
+    secrets = fetch_secrets(launch["nodes"][node_rank])
     paths, attempt = JobPaths(Path(launch["job_dir"])), int(launch["attempt"])
     streamer = Streamer(paths, attempt, out)
     streamer.emit(f"phalanx: node {node_rank} of {len(hosts)} ({hosts[node_rank]}), job {launch['job_id']} attempt {launch['attempt']}")
     # In the node's working directory (the unpacked code), as every backend starts its agents.
     agent = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=launch["nodes"][node_rank]["cwd"])
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=launch["nodes"][node_rank]["cwd"],
+                             env={**os.environ, **secrets})
 
     stopped = threading.Event()
 
