@@ -87,6 +87,32 @@ def home() -> Path:
     return path
 
 
+def secrets_file() -> Path:
+    """This user's secrets file (``phalanx.secrets.local``): the ``secrets_file`` setting, else under
+    the user's config directory (``$XDG_CONFIG_HOME``, default ``~/.config``). Here, below every
+    floor, because code snapshots and bundles must leave it out wherever it lies."""
+    given = str(get("secrets_file") or "")
+    if given:
+        return Path(given).expanduser().absolute()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base).absolute() / "phalanx" / "secrets.json"
+
+
+def secrets_filter() -> Callable[[Path], bool]:
+    """A test of whether a file is the secrets file, its lock or a copy being written
+    (``.secrets.json.N.tmp``): what code snapshots and bundles leave out. Reads the setting once."""
+    target = secrets_file()
+    folder = os.path.realpath(target.parent)
+    names = (target.name, f"{target.name}.lock")
+
+    def matches(path: Path) -> bool:
+        if path.name not in names and not path.name.startswith(f".{target.name}."):
+            return False
+        return os.path.realpath(path.parent) == folder
+
+    return matches
+
+
 def _check_home(path: Path, what: str) -> None:
     from .errors import UsageError
 

@@ -207,7 +207,7 @@ def secret_ref(text: str) -> tuple[str, str]:
     var, sep, name = text.strip().partition("=")
     var, name = var.strip(), name.strip() if sep else var.strip()
     if not _ENV.match(var):
-        hint = f"name the variable: --secret SOME_VAR={var}" if not sep and SECRET_NAME.match(var) else None
+        hint = f"name the variable: SOME_VAR={var}" if not sep and SECRET_NAME.match(var) else None
         raise BadValue("VAR or VAR=SECRET, VAR an environment variable name (letters, digits and _, not starting "
                        "with a digit)", hint or f"{var!r} is not one")
     if var.startswith("PHALANX_"):

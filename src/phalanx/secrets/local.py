@@ -29,15 +29,11 @@ SERVICE = "phalanx"  # the keyring's service name; each secret's name is its use
 
 
 def default_path() -> Path:
-    """Where this user's secrets file is: the ``secrets_file`` setting, else under the user's
-    config directory (``$XDG_CONFIG_HOME``, default ``~/.config``)."""
+    """Where this user's secrets file is (``config.secrets_file``: the ``secrets_file`` setting, else
+    under the user's config directory)."""
     from .. import config
 
-    given = str(config.get("secrets_file") or "")
-    if given:
-        return Path(given).expanduser().absolute()
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base).absolute() / "phalanx" / "secrets.json"
+    return config.secrets_file()
 
 
 def usable_keyring() -> Any:
@@ -140,8 +136,7 @@ class LocalStore(SecretStore):
             if entry is None:
                 return False
             self._write(data)
-        if entry.get("where") == "keyring":
-            self._forget_in_keyring(name)
+        self._forget_in_keyring(name)  # also a copy left there when the value moved to the file
         return True
 
     # -- the file ------------------------------------------------------------------------------
