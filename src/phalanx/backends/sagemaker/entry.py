@@ -16,8 +16,8 @@ library too.
    ``[phalanx] {"file": KIND, ...}`` lines. ``watch`` on the supervisor's side parses them back
    into the job directory (``parse_line``).
 With secrets (``--secret VAR=NAME --secrets-from aws``), before the agent starts, each NAME is read
-from AWS Secrets Manager with the training job's role (boto3, which AWS's framework images have)
-and handed to the agent's environment only; a secret that cannot be read fails the node, naming it.
+from AWS Secrets Manager with the training job's role (``awssecrets.py``) and handed to the agent's
+environment only; a secret that cannot be read fails the node, naming it.
 
 4. On failure writes ``/opt/ml/output/failure`` (SageMaker's FailureReason: the failing rank and
    its error) and exits with the node's exit code.
@@ -215,34 +215,21 @@ def prepare(root: str) -> tuple[dict[str, Any], str, int, list[str]]:
     return launch, str(launch_path), node_rank, hosts
 
 
-def fetch_secrets(node: "dict[str, Any]") -> "dict[str, str]":
-    """The node's secrets (``VAR: NAME``) read from AWS Secrets Manager, in the node env's region.
-    Raises ValueError naming the secret that could not be read (never a value)."""
+def fetch_secrets(node: "dict[str, Any]", environ: "dict[str, str] | None" = None) -> "dict[str, str]":
+    """The node's secrets (``VAR: NAME``) read from AWS Secrets Manager in the node env's region,
+    with this instance's credentials (``awssecrets``: standard library only). Raises ValueError
+    naming the secret that could not be read (never a value)."""
+    from phalanx.backends.sagemaker.awssecrets import get_secret_values
+
     refs = node.get("secrets") or {}
     env = node.get("env") or {}
     if not refs:
         return {}
     if env.get("PHALANX_SECRETS_FROM") != "aws":
         raise ValueError("the plan names secrets but no place to read them from (--secrets-from aws)")
-    try:
-        import boto3
-    except ImportError:
-        raise ValueError("reading secrets from AWS Secrets Manager needs boto3 in the training image "
-                         "(AWS's framework images have it)") from None
-    client = boto3.client("secretsmanager", region_name=env.get("PHALANX_SECRETS_REGION") or None)
-    values: "dict[str, str]" = {}
-    for var, name in sorted(refs.items()):
-        try:
-            answer = client.get_secret_value(SecretId=name)
-        except Exception as exc:  # noqa: BLE001 - botocore's ClientError, a network error: said with the name
-            code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
-            raise ValueError(f"cannot read secret '{name}' (for {var}) from AWS Secrets Manager: {code}; the training "
-                             "job's role needs secretsmanager:GetSecretValue on it") from None
-        value = answer.get("SecretString")
-        if value is None:
-            value = bytes(answer.get("SecretBinary") or b"").decode("utf-8", "surrogateescape")
-        values[var] = value
-    return values
+    source = dict(os.environ if environ is None else environ)
+    region = env.get("PHALANX_SECRETS_REGION") or source.get("AWS_REGION") or source.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return get_secret_values(refs, region, source)
 
 
 def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> int:
