@@ -5,7 +5,7 @@ It makes an unmodified script observable and safe to stop, then gets out of the 
 - stdout and stderr go to this rank's own ``output.log`` (fd-level, so C extensions and
   child processes land there too), never through a launcher's tee; with secrets in its
   environment (``--secret``; ``PHALANX_SECRET_VARS`` names them) through a forked relay that
-  masks their values (``phalanx.secrets.mask``), and ``error.json`` holds them masked too;
+  masks their values (``launch/relay.py``), and ``error.json`` holds them masked too;
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
@@ -50,7 +50,6 @@ TORCH_ERROR_JSON = "torchelastic_error.json"
 MODES = ("--script", "--module", "--exec")
 SECRET_VARS = "PHALANX_SECRET_VARS"  # phalanx.secrets.mask.VARS_ENV, not imported: workers start faster
 _SECRETS: "list[bytes]" = []  # the values to mask, read before the script could change the environment
-_RELAY: "list[int]" = []  # the pid of the relay writing this rank's log, waited for at exit
 USAGE = "python -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
 
 
@@ -77,10 +76,10 @@ def _redirect_output(rank_dir: str) -> None:
     tty = os.environ.pop("PHALANX_TTY", None)
     if os.environ.pop("PHALANX_STDIO", None) != "relay":
         fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if tty and _rank() == 0:
-            fd = _terminal_into(fd, tty)
-        elif _SECRETS:
-            fd = _masked_into(fd)
+        if (tty and _rank() == 0) or _SECRETS:
+            from phalanx.launch import relay  # only where it is needed: workers start faster without it
+
+            fd = relay.terminal_into(fd, tty, _SECRETS) if tty and _rank() == 0 else relay.masked_into(fd, _SECRETS)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)
@@ -102,90 +101,6 @@ def _redirect_output(rank_dir: str) -> None:
             "started": time.time(),
         },
     )
-
-
-def _terminal_into(log_fd: int, size: str) -> int:
-    """For rank 0 of a foreground run at a terminal (``PHALANX_TTY=COLSxROWS``): a pseudo-terminal
-    of that size whose output a forked relay appends to the log, so the script's ``isatty()`` is
-    True (colours, progress bars) as under torchrun. Returns the descriptor for fd 1 and 2 (the
-    log itself where no pseudo-terminal can be had). The relay ends when every holder of the
-    terminal has closed it (the worker and any child it started)."""
-    try:
-        import fcntl
-        import struct
-        import termios
-
-        master, slave = os.openpty()
-        attrs = termios.tcgetattr(slave)
-        attrs[1] &= ~termios.OPOST  # bytes into the log as written (no \r\n for \n)
-        termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        cols, _, rows = size.partition("x")
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
-    except (OSError, ValueError, ImportError):
-        return log_fd
-    _start_relay(master, log_fd, slave)
-    return slave
-
-
-def _masked_into(log_fd: int) -> int:
-    """A pipe whose reading end a forked relay copies into the log with the secrets' values
-    masked; returns its writing end for fd 1 and 2 (the log itself where no pipe can be had)."""
-    try:
-        read, write = os.pipe()
-    except OSError:
-        return log_fd
-    _start_relay(read, log_fd, write)
-    return write
-
-
-def _start_relay(source: int, log_fd: int, theirs: int) -> None:
-    """Fork the process that copies ``source`` into ``log_fd`` until every holder of its other
-    end (``theirs``: the worker and any child it starts) has closed it. No threads exist yet and
-    nothing of the script has run."""
-    pid = os.fork()
-    if pid == 0:
-        os.close(theirs)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-            signal.signal(signum, signal.SIG_IGN)  # a stop is the worker's business; the relay drains
-        masker = None
-        if _SECRETS:
-            from phalanx.secrets.mask import Masker
-
-            masker = Masker(_SECRETS)
-        while True:
-            try:
-                data = os.read(source, 65536)
-            except OSError:  # EIO: the terminal's other end is closed everywhere
-                data = b""
-            out = (masker.feed(data) if data else masker.flush()) if masker is not None else data
-            while out:
-                out = out[os.write(log_fd, out):]
-            if not data:
-                os._exit(0)
-    _RELAY.append(pid)
-    os.close(source)
-    os.close(log_fd)
-
-
-def _drain_relay() -> None:
-    """At exit: close this rank's ends of its relay and give it a moment to write what is left,
-    so the log is whole when the agent reads it (a child of the script that keeps the streams
-    open keeps the relay going: it ends with that child)."""
-    if not _RELAY:
-        return
-    for fd in (1, 2):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(_RELAY[0], os.WNOHANG)[0]:
-                return
-        except ChildProcessError:  # reaped by the script itself
-            return
-        time.sleep(0.005)
 
 
 def _install_stack_dumps() -> None:
@@ -350,7 +265,8 @@ def _exit(code: int) -> NoReturn:
         ctypes.CDLL(None).fflush(None)  # output C extensions printf'ed into stdio's buffer
     except (ImportError, OSError, AttributeError):
         pass
-    _drain_relay()
+    if "phalanx.launch.relay" in sys.modules:
+        sys.modules["phalanx.launch.relay"].drain()
     os._exit(code)
 
 

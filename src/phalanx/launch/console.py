@@ -34,7 +34,7 @@ from ..secrets.mask import Masker
 RELAY_ENV = "PHALANX_STDIO"
 RELAY = "relay"
 # For a job of several ranks at a terminal: rank 0's bootstrap gives itself a pseudo-terminal
-# of this size (COLSxROWS) and relays it into its log (bootstrap._terminal_into).
+# of this size (COLSxROWS) and relays it into its log (launch/relay.py).
 TTY_ENV = "PHALANX_TTY"
 READ_SIZE = 65536
 DRAIN_S = 2.0  # after the process ended: how long its streams may still drain (its children may hold them)
