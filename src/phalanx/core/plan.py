@@ -139,11 +139,6 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
-    @property
-    def secrets(self) -> dict[str, str]:
-        """Every node's secrets (variable -> secret name): the same on every node."""
-        return {k: v for node in self.nodes for k, v in node.secrets.items()}
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
         return cls(
