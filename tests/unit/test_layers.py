@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("errors",),
     ("core", "config"),  # the job model and the job-directory contract; settings
-    ("monitor", "storage", "store", "track", "secrets"),  # metrics and resources; data channels, state, outputs; SQLite; tracker exporters; secrets
+    ("monitor", "health", "storage", "store", "track", "secrets"),  # metrics and resources; progress, stragglers, anomalies; data channels, state, outputs; the store; tracker exporters; secrets (values never in a record)
     ("launch",),  # one node: agent, bootstrap, torchrun argv, host facts
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
@@ -28,7 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
 ]
 # Inside the face (``api``): views read and never act, verbs act, and ``face`` puts both behind one
 # object. A view may import neither a verb nor the face; every module of ``api`` is one of the three.
-VIEWS = {"query", "lists", "sweepview", "ps", "jobview"}
+VIEWS = {"query", "lists", "sweepview", "ps", "jobview", "failure"}
 VERBS = {"jobs", "cleanup"}
 FACES = {"face"}
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

@@ -20,11 +20,13 @@ from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
 from ..supervise.liveness import effective
+from ..store import open_store as open_store_at
 
 if TYPE_CHECKING:
     from ..core.contracts import SchedulerRecord
     from ..core.spec import JobSpec
     from ..store.sweeps import SweepRecord
+    from .failure import Failure
 
 
 def home() -> HomePaths:
@@ -32,7 +34,7 @@ def home() -> HomePaths:
 
 
 def open_store() -> Store:
-    return Store(home().db)
+    return open_store_at(home().db)
 
 
 # -- jobs and sweeps ----------------------------------------------------------------------------
@@ -281,11 +283,13 @@ def log_paths(record: JobRecord, attempt: int | None = None, rank: int | None = 
 def follow_logs(
     record: JobRecord, emit: Callable[[str], None], attempt: int | None = None, rank: int | None = None,
     follow: bool = False, poll: float = 0.2, offsets: dict[int, int] | None = None,
+    failed: Failure | None = None,
 ) -> JobRecord:
     """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
     keep emitting new lines until the job ends (woken by the files changing, not polling
     them). ``offsets``: where each rank's log is read from (``logs --tail/--since``).
-    Returns the latest record."""
+    ``failed``: how the attempt failed (``failure.failure``): its root-cause rank comes first,
+    the traces of the ranks that lost their peer are folded. Returns the latest record."""
     from ..monitor.tail import follow_job
 
     log_paths(record, attempt, rank)  # validates attempt and rank
@@ -299,7 +303,8 @@ def follow_logs(
 
     follow_job(record.paths, record.attempt if attempt is None else attempt, {rank} if rank is not None else None,
                rank is None and record.nnodes * record.nproc_per_node > 1, emit, refresh, follow, latest,
-               also=[home().db], interval=poll, offsets=offsets)
+               also=[home().db], interval=poll, offsets=offsets,
+               order=[failed.rank] if failed is not None else (), folds=failed.folds() if failed is not None else None)
     return record
 
 
@@ -336,6 +341,14 @@ def scheduler_job(record: JobRecord) -> SchedulerRecord | None:
     from ..core.contracts import read_scheduler
 
     return read_scheduler(record.paths.scheduler_job(record.attempt))
+
+
+def health(record: JobRecord) -> dict[str, Any]:
+    """The job's progress and ETA, its straggler (while it runs), the anomaly that stopped it and
+    its stop clocks, as its supervisor last wrote them (``health.json``), with their words."""
+    from ..health.progress_file import shown
+
+    return shown(record.paths.health, not is_terminal(record.state))
 
 
 def platform_state(record: JobRecord) -> str | None:

@@ -25,6 +25,7 @@ exception left: the k8s ``--in-cluster`` files, joined in ``backends/kubernetes/
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         trace.jsonl                   with PHALANX_TRACE=1: when each step of a start or restart happened
+        stop.json                     the latest ``phalanx stop``: when, and whether --now (the grace skipped)
         output/                       PHALANX_OUTPUT_DIR
         code/                         the code snapshot (at submit time): hard links into cache/code/objects
         code.json                     what the snapshot holds: files, bytes, digest, large files left out
@@ -227,6 +228,10 @@ class JobPaths:
         return self.root / "supervisor.log"
 
     @property
+    def stop_request(self) -> Path:
+        return self.root / "stop.json"
+
+    @property
     def attempts_log(self) -> Path:
         return self.root / "attempts.jsonl"
 
@@ -243,6 +248,18 @@ class JobPaths:
     @property
     def output_dir(self) -> Path:
         return self.root / "output"
+
+    @property
+    def health(self) -> Path:
+        """Progress and ETA, the straggler, the anomaly, the stop clocks: the supervisor's
+        ``health.json`` (``health/progress_file.py``), read by status, ps and the dashboard."""
+        return self.root / "health.json"
+
+    @property
+    def state_versions(self) -> Path:
+        """Versions of the state directory kept for rollbacks (``--keep-states``,
+        ``storage/versions.py``): ``v<n>/`` each, and ``versions.jsonl``."""
+        return self.root / "states"
 
     def shipped_input(self, name: str) -> Path:
         """A node's copy of input ``name`` where the backend ships inputs with the job (Ray);
@@ -288,8 +305,10 @@ class JobPaths:
 
     def not_logs(self) -> frozenset[str]:
         """Names at the top of the job directory that are not its records: the outputs (uploaded
-        on their own), the code snapshot and its manifest, the upload manifest."""
-        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts))
+        on their own), the code snapshot and its manifest, the upload manifest, the kept versions
+        of the state directory."""
+        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts,
+                                          self.state_versions))
 
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"

@@ -9,7 +9,10 @@ clock, the failure's last lines), so it lends the process:
 - stdout and stderr: a pseudo-terminal each where phalanx's own stream is a terminal (a pipe
   where it is not, as python's would be a file or a pipe), of the terminal's size, with output
   processing off (no ``\\r\\n`` for ``\\n`` in the log). A relay thread copies every byte, as it
-  comes and partial lines too, to phalanx's stdout or stderr and appends it to the log.
+  comes and partial lines too, to phalanx's stdout or stderr and appends it to the log. When the
+  reader of phalanx's stream goes (``phalanx run gen.py | head -1``), the relay closes that
+  pipe: the process's next write fails with EPIPE (BrokenPipeError) as python's would, and the
+  job ends as python does.
 
 With secrets (``--secret``) the relay masks their values in what it copies, to the terminal and
 to the log alike, a value split across writes too (``phalanx.secrets.mask``): output that ends in
@@ -128,25 +131,31 @@ class Streams:
                         except OSError:  # EIO: the pseudo-terminal's other end is closed everywhere
                             data = b""
                         masker = self._maskers[fd]
-                        self._copy(open_fds[fd], log, masker.feed(data) if data else masker.flush())
-                        if not data:
+                        reached = self._copy(open_fds[fd], log, masker.feed(data) if data else masker.flush())
+                        if not data or not reached:
+                            # The end of its output; or its reader is gone (`phalanx run gen.py |
+                            # head -1`): so is the process's, as under python: its next write
+                            # fails with EPIPE (BrokenPipeError). What it wrote after that reaches no one.
                             _close(fd)
                             open_fds.pop(fd)
         finally:
             for fd in open_fds:
                 _close(fd)
 
-    def _copy(self, target: int, log: Any, data: bytes) -> None:
-        """``data`` to the terminal (or phalanx's stream) and into the log."""
+    def _copy(self, target: int, log: Any, data: bytes) -> bool:
+        """``data`` to the terminal (or phalanx's stream) and into the log; False (and nothing
+        logged) when the stream's reader is gone (EPIPE, which only a pipe gives)."""
         if not data:
-            return
-        _write_all(target, data)
+            return True
+        if not _write_all(target, data):
+            return False
         if self.log_error is None:
             try:
                 log.write(data)
             except OSError as exc:
                 exc.filename = exc.filename or str(self.log)
                 self.log_error = exc
+        return True
 
 
 def lend(out: object) -> Console | None:
@@ -184,15 +193,20 @@ def _pair(target: int) -> tuple[int, int]:
     return master, slave
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write all of ``data``; False when ``fd``'s reader is gone (EPIPE). A terminal that went
+    away (EIO) is not that: the log still gets everything, as it does after a hang-up."""
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view):]
         except BlockingIOError:
             select.select([], [fd], [])
-        except OSError:  # the terminal went away (EPIPE, EIO): the log still gets everything
-            return
+        except BrokenPipeError:
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def _close(fd: int) -> None:
