@@ -42,6 +42,13 @@ sys.stdout.write("\rbar " + v + " 100%\n"); sys.stdout.flush()
 print("err:", v, file=sys.stderr, flush=True)
 subprocess.run([sys.executable, "-c", "import os; print('child:', os.environ['CANARY_TOKEN'], flush=True)"], check=True)
 if os.environ.get("FAIL_ATTEMPT") == os.environ.get("PHALANX_ATTEMPT"):
+    # Every rank has printed all of the above before any fails: a failed rank ends the others.
+    mark = os.path.join(os.environ["DONE_DIR"], os.environ["PHALANX_JOB_ID"] + "-" + os.environ["PHALANX_ATTEMPT"])
+    open(mark + "-" + os.environ.get("RANK", "0"), "w").close()
+    for _ in range(1200):
+        if len([f for f in os.listdir(os.environ["DONE_DIR"]) if f.startswith(os.path.basename(mark) + "-")]) >= int(os.environ.get("WORLD_SIZE", "1")):
+            break
+        time.sleep(0.05)
     raise RuntimeError("token rejected: " + v)
 '''
 
@@ -73,8 +80,11 @@ def test_the_canary_is_nowhere_but_in_the_ranks(phx_home, ssh_hosts, podnet, tmp
     try:
         lone = run("canary.py")  # foreground, the lent relay
         assert f"sha {DIGEST}" in lone.stdout and MASK in lone.stdout
-        run("-n", "2", "--max-retries", "1", "-e", "FAIL_ATTEMPT=0", "canary.py")  # a retry on the kept agents
-        run("-n", "2", "-e", "FAIL_ATTEMPT=0", "--notify", hook.url, "canary.py", code=1)  # a failure, notified
+        done = tmp_path / "done"
+        done.mkdir()
+        fail = ["-e", "FAIL_ATTEMPT=0", "-e", f"DONE_DIR={done}"]
+        run("-n", "2", "--max-retries", "1", *fail, "canary.py")  # a retry on the kept agents
+        run("-n", "2", *fail, "--notify", hook.url, "canary.py", code=1)  # a failure, notified
         detached = run("-d", "canary.py").stdout.strip()
         run("canary.py", "--lr", "[1, 2]")  # a sweep of two trials
         run(*ssh, "-n", "2x1", "canary.py", timeout=400)
