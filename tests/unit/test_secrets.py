@@ -50,6 +50,8 @@ def test_held_bytes_that_turn_out_not_to_be_a_value_come_out_at_once():
     assert masker.feed(b"X and more") == b"hf_ZqX and more"  # it was not: released with what follows
     assert masker.feed(b"hf_") == b""
     assert masker.flush() == b"hf_"  # the end of the stream releases the rest
+    assert masker.feed(b"cut off: " + VALUE[:-2]) == b"cut off: "
+    assert masker.flush() == MASK  # most of a value, cut off by the stream's end: masked
 
 
 def test_values_that_overlap_or_repeat():

@@ -16,6 +16,7 @@ import os
 
 MASK = b"********"
 VARS_ENV = "PHALANX_SECRET_VARS"
+HELD_MASKED = 5  # held bytes at the end of a stream from this many on are masked
 
 
 def secret_values(environ: "os._Environ[str] | dict[str, str]") -> list[bytes]:
@@ -56,9 +57,11 @@ class Masker:
         return bytes(out)
 
     def flush(self) -> bytes:
-        """What was held back, now that no more bytes come."""
+        """What was held back, now that no more bytes come: a value's first few bytes as written
+        (a public prefix such as ``hf_`` says nothing), a longer start of one masked (a process
+        killed while it printed a value must not leave most of it in the log)."""
         held, self._held = self._held, b""
-        return held
+        return MASK if len(held) >= HELD_MASKED else held
 
     def _could_start(self, rest: bytes) -> int:
         """The length of the longest end of ``rest`` that a value begins with (no value is in ``rest``)."""
