@@ -127,7 +127,14 @@ def log_events(get: Callable[[], JobRecord], rank: int, attempt: int | None, off
     gone = threading.Event()
 
     def send(item: Any) -> None:
-        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+        if loop.is_closed():  # the server is shutting down: nobody is left to read
+            return
+        put = queue.put(item)
+        try:
+            future = asyncio.run_coroutine_threadsafe(put, loop)
+        except RuntimeError:  # closed between the check and the call
+            put.close()
+            return
         while not gone.is_set():
             try:
                 future.result(timeout=1.0)
