@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("errors",),
     ("core", "config"),  # the job model and the job-directory contract; settings
-    ("monitor", "storage", "store"),  # metrics and resources; data channels, state, outputs; SQLite
+    ("monitor", "health", "storage", "store"),  # metrics and resources; gang health, the doctor; data channels, state, outputs; SQLite
     ("launch",),  # one node: agent, bootstrap, torchrun argv, host facts
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life

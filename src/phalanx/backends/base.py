@@ -190,6 +190,11 @@ class Backend(abc.ABC):
     # Seconds ``phalanx stop`` waits, beyond the grace period, for the ranks to end: a platform that
     # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
     stop_margin: float = 15.0
+    # How a retry avoids a node found bad (``JobSpec.left_out``, by the name in its node's
+    # ``NodeResult``: ``node_name`` or ``host``): "exclude" (the plan places no node there: ssh
+    # spare hosts, SLURM's --exclude, Kubernetes node anti-affinity), "new" (every attempt gets
+    # new machines: SageMaker, SkyPilot), or "" (it cannot: this machine, Ray).
+    leaves_out: str = ""
     # Set by a foreground ``phalanx run`` at a shell: the terminal a lone process may be lent
     # (``launch/console.py``: stdin, and stdout/stderr relayed as they come). Backends that
     # start no process here ignore it.

@@ -145,6 +145,7 @@ def status_cmd(
             retry = "retried" if a["retry"] else a["reason"]
             code = "-" if a["exit_code"] is None else str(a["exit_code"])
             out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  {a['message'][:70]}  [{retry}]\n")
+    out.writelines(_left_out_lines(attempts))
     if ranks:
         out.write("\n")
         rows = [
@@ -169,6 +170,13 @@ def status_cmd(
             out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")
         if cause.get("log"):
             out.write(f"log: {cause['log']}\n")
+
+
+def _left_out_lines(attempts: list[dict]) -> list[str]:  # type: ignore[type-arg]
+    """Which nodes an attempt's end pointed at, why, and whether the next attempt left them out."""
+    lines = [f"  {n['node']} after attempt {a['attempt']}: {n['why']} ({n.get('how', '')})\n"
+             for a in attempts for n in a.get("left_out", ())]
+    return ["\nnodes found bad:\n", *lines] if lines else []
 
 
 def _queued(record) -> str | None:  # type: ignore[no-untyped-def]

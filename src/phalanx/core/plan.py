@@ -53,9 +53,15 @@ class NodePlan:
     torchrun_argv: tuple[str, ...] | None = None
     worker_argv: tuple[str, ...] = ()  # with torchrun: what each worker runs
     processes: tuple[ProcessPlan, ...] = ()  # without torchrun
+    # Run on the node before any rank starts (``--health-check``); the node fails the attempt
+    # when it exits non-zero (``launch/nodecheck.py``). Empty: no check.
+    health_check: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.health_check:  # plans without a check read as they always did
+            del data["health_check"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "NodePlan":
@@ -72,6 +78,7 @@ class NodePlan:
             torchrun_argv=tuple(tr) if tr is not None else None,
             worker_argv=tuple(data.get("worker_argv", ())),
             processes=procs,
+            health_check=tuple(data.get("health_check", ())),
         )
 
 
@@ -159,6 +166,8 @@ class Plan:
             lines.append(f"\n[node {node.node_rank} @ {node.host}]")
             lines.append(f"cwd:      {node.cwd}")
             lines.append(f"agent:    {shlex.join(node.agent_argv)}")
+            if node.health_check:
+                lines.append(f"check:    {shlex.join(node.health_check)}")
             if node.torchrun_argv is not None:
                 lines.append(f"torchrun: torchrun {shlex.join([*node.torchrun_argv, *node.worker_argv])}")
             for proc in node.processes:

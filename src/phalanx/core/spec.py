@@ -230,6 +230,14 @@ class JobSpec:
     no_retry_on: tuple[str, ...] = DEFAULT_NO_RETRY  # log patterns that make a failure final
     retry_on_exit_codes: tuple[int, ...] = ()  # if set, only these exit codes are retried
     stall_timeout: float | None = None  # fail when no output/metric for this long
+    # Check each node before each attempt (launch/nodecheck.py): phalanx's node checks, or the
+    # user's shell line; a node that fails is left out of the retry where the backend can.
+    health_check: bool = False
+    health_check_cmd: str | None = None
+    # Nodes a retry leaves out (found bad by an earlier attempt; set by the supervisor, never
+    # by the user), by the name the backend knows them by: an ssh host, a SLURM node, a
+    # Kubernetes node. Each backend's plan honours it where it can (Backend.leaves_out).
+    left_out: tuple[str, ...] = ()
     state_uri: str | None = None  # fsspec URI the state directory is synced with
     metrics: tuple[MetricDef, ...] = ()
     auto_metrics: bool = True  # pick up name=value / name: value numbers too

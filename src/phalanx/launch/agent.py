@@ -40,8 +40,10 @@ from ..errors import ContractError
 from . import trace
 from .control import AgentLine
 from .exits import add_unnoticed_raises, died_at, failure_of, interrupted_code, rank_exits
+from .nodecheck import check_node, unchecked_result
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
-from .workers import Standbys, WorkerSource, supplied
+from .rendezvous import sized_waits, wait_for_host
+from .workers import BOOTSTRAP_ARGV, Standbys, WorkerSource, supplied
 
 
 def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None,
@@ -72,7 +74,9 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
             if watcher is not None and watcher.stop_requests:
                 signum = signal.Signals(watcher.stop_requests[0])
                 raise SignalException(f"stopped by {signum.name} before it started", signum)
-            with supplied(source, str(paths.agent_log(attempt, node.node_rank))):
+            if config.rdzv_backend == "c10d" and str(config.rdzv_configs.get("is_host", "")).lower() in ("false", "0"):
+                wait_for_host(config.rdzv_endpoint)  # node 0's new store: no connect before it listens
+            with supplied(source, str(paths.agent_log(attempt, node.node_rank))), sized_waits(config.max_nodes):
                 elastic_launch(config, cmd)(*cmd_args)
         finally:
             if saved is not None:
@@ -229,25 +233,34 @@ def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile
 
 
 def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = None,
-             source: WorkerSource | None = None) -> NodeResult:
+             source: WorkerSource | None = None, node_name_from: str | None = None) -> NodeResult:
     """Run one attempt of this node to its end and write its ``result.json``. ``watcher`` and
-    ``source``: set by a kept agent (more attempts follow in this process; workers ready ahead)."""
+    ``source``: set by a kept agent (more attempts follow in this process; workers ready ahead).
+    ``node_name_from``: the variable naming this node as its scheduler does, kept in the result."""
     paths = JobPaths(Path(data.job_dir))
     attempt = data.attempt
     started = time.time()
-    sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
-    steps = trace.follow_torch(paths, attempt=attempt, node=node.node_rank)
-    try:
-        if node.torchrun_argv is not None:
-            result = run_torchrun(node, paths, attempt, data.grace, watcher, source)
-        else:
-            result = run_direct(node, data.grace, paths, attempt, watcher, source)
-    finally:
-        trace.unfollow(steps)
-        if sampler is not None:
-            sampler.stop()
+    checked = check_node(node, watcher)
+    if checked is not None and not checked.ok:  # no rank starts on a node that failed its check
+        result = unchecked_result(checked)
+    else:
+        sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
+        steps = trace.follow_torch(paths, attempt=attempt, node=node.node_rank)
+        try:
+            if node.torchrun_argv is not None:
+                result = run_torchrun(node, paths, attempt, data.grace, watcher, source)
+            else:
+                result = run_direct(node, data.grace, paths, attempt, watcher, source)
+        finally:
+            trace.unfollow(steps)
+            if sampler is not None:
+                sampler.stop()
+        add_unnoticed_raises(result, paths, attempt, node.node_rank)
+        if checked is not None:
+            result["health"] = checked.to_dict()
     trace.mark(paths, "agent", "ended", attempt=attempt, node=node.node_rank)
-    add_unnoticed_raises(result, paths, attempt, node.node_rank)
+    if node_name_from and os.environ.get(node_name_from):
+        result["node_name"] = os.environ[node_name_from]  # as the scheduler names it (SLURM --exclude)
     result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time(), agent_pid=os.getpid())
     report = NodeResult.from_dict(result, f"node {node.node_rank}'s result")
     write_node_result(paths.node_result(attempt, node.node_rank), report)
@@ -295,9 +308,13 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
 
 
 def _local_workers(node: NodePlan) -> int:
-    """How many workers this node starts: its processes, or torchrun's --nproc-per-node."""
+    """How many of this node's workers a standby can become: its processes, or torchrun's
+    --nproc-per-node, when they start the bootstrap (a warm plan's workers are the warm pool's
+    stand-ins, which no standby becomes: starting standbys then only takes CPU from the retry)."""
     if node.torchrun_argv is None:
-        return len(node.processes)
+        return sum(1 for p in node.processes if tuple(p.argv[1:4]) == BOOTSTRAP_ARGV)
+    if tuple(node.torchrun_argv[-2:]) != ("--module", BOOTSTRAP_ARGV[-1]):
+        return 0
     for arg in node.torchrun_argv:
         if arg.startswith("--nproc-per-node="):
             value = arg.split("=", 1)[1]
@@ -341,6 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--launch", required=True, help="the node's launch.json")
     parser.add_argument("--node-rank-from", metavar="VAR",
                         help="environment variable holding this node's rank, filled into {node_rank} of --launch")
+    parser.add_argument("--node-name-from", metavar="VAR",
+                        help="environment variable naming this node as its scheduler does (kept in result.json)")
     parser.add_argument("--control", type=int, metavar="FD",
                         help="a line to the supervisor: keep running the attempts it names (launch/control.py)")
     args = parser.parse_args(argv)
@@ -350,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
         serve(args.control, args.launch, args.node_rank_from)
     node, data = _load(args.launch, args.node_rank_from)
     os.environ.update(node.env)
-    report = run_node(node, data)
+    report = run_node(node, data, node_name_from=args.node_name_from)
     sys.stdout.flush()
     os._exit(report.exitcode & 0xFF)
 

@@ -50,6 +50,7 @@ TTL = 3600  # seconds a finished workload stays when phalanx cannot delete it (s
 
 class KubernetesBackend(Backend):
     name = "k8s"
+    leaves_out = "exclude"  # see Backend.leaves_out
     options = options.OPTIONS
     local_slots = False  # the cluster places trials of a sweep
 

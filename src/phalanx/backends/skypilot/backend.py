@@ -40,6 +40,7 @@ from .task import WORKDIR, cluster_name, nodes, task_config
 
 class SkyPilotBackend(Backend):
     name = "skypilot"
+    leaves_out = "new"  # see Backend.leaves_out
     options = OPTIONS
     local_slots = False
 
