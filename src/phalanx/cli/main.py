@@ -12,6 +12,7 @@ import click
 import typer
 
 from ..errors import PhalanxError
+from .doctor import DoctorCommand
 from .runcmd import RunCommand
 
 app = typer.Typer(
@@ -47,6 +48,7 @@ def _root(
 
 # The options of `run` come from the option table (core/options.py, backends' options modules).
 app.command("run", cls=RunCommand, context_settings={"allow_interspersed_args": False})(lambda: None)
+app.command("doctor", cls=DoctorCommand)(lambda: None)
 
 
 @app.command("help")
