@@ -34,8 +34,8 @@ class Limits:
 
     min_disk_free: int = 2 * GIB  # in the job's working directory's filesystem
     min_shm_free: int = 256 * MIB  # /dev/shm: DataLoader workers and NCCL's shared memory
-    slow_device: float = 0.5  # a device below this fraction of the median device's matmul rate
-    slow_link: float = 0.5  # a link below this fraction of the median link's bandwidth
+    slow_device: float = 0.4  # a device below this fraction of the median device's matmul rate
+    slow_link: float = 0.3  # a link below this fraction of the median link's bandwidth
     max_clock_skew: float = 2.0  # seconds between a node's clock and node 0's
     warn_clock_skew: float = 0.25
 

@@ -165,7 +165,7 @@ class KubernetesBackend(Backend):
             nnodes=spec.resources.nnodes, nproc_per_node=spec.resources.nproc_per_node, image=str(opts["image"]),
             launch=launch, grace_seconds=int(math.ceil(spec.grace)) + POD_MARGIN, bundle_in_configmap=way.store is None,
             gpus_per_node=int(opts.get("gpus_per_node") or 0), memory=opts.get("memory"), queue=opts.get("queue"),
-            ttl_seconds=None if opts.get("keep_failed") else TTL, section=section,
+            ttl_seconds=None if opts.get("keep_failed") else TTL, section=section, avoid_nodes=spec.left_out,
         )
         context = {
             "kind": kind, "context": opts.get("context"), "namespace": opts.get("namespace"),
