@@ -264,3 +264,24 @@ def test_a_sweep_runs_its_trials_as_slurm_jobs(slurm_env, tmp_path):
     jobs = [_status(t["id"]) for t in trials]
     assert [(j["backend"], j["state"]) for j in jobs] == [("slurm", "SUCCEEDED")] * 2
     assert all(Path(j["job_dir"], "attempt_0", "scheduler.json").exists() for j in jobs)
+
+
+def test_a_node_that_fails_its_check_is_excluded_by_slurmctld_from_the_rerun(slurm_env, tmp_path):
+    """The check fails on whichever node SLURM gives the first attempt; the job runs again (no
+    --max-retries needed: nothing of it ran) as a batch job whose --exclude slurmctld applies."""
+    (tmp_path / "where.py").write_text("import os\nprint('ran on', os.environ['SLURMD_NODENAME'], flush=True)\n")
+    check = 'test "$PHALANX_ATTEMPT" != 0 || { echo "bad: disk: sick $SLURMD_NODENAME"; exit 4; }'
+    proc = phalanx("run", "--backend", "slurm", "--time", "10", "-n", "1x1", "--health-check-cmd", check, "where.py",
+                   timeout=300, cwd=tmp_path)
+    job = _only_job()
+    assert proc.returncode == 0 and job["state"] == "SUCCEEDED" and job["attempt"] == 1, proc.stdout + proc.stderr
+    (entry,) = _status(job["id"])["attempts"][0]["left_out"]
+    bad = entry["node"]
+    assert bad in ("n1", "n2") and entry["left_out"] and f"sick {bad}" in entry["why"]
+    first, second = (slurm_env.run("scontrol", "show", "job", "--oneliner", _slurm_job(job, a)).stdout for a in (0, 1))
+    assert f" NodeList={bad} " in first and "ExcNodeList=(null)" in first
+    assert f" ExcNodeList={bad} " in second and f" NodeList={bad} " not in second, second
+    good = {"n1": "n2", "n2": "n1"}[bad]
+    assert f"ran on {good}" in proc.stdout
+    shown = phalanx("status", job["id"], check=True).stdout
+    assert f"{bad} after attempt 0: failed its health check: exit 4: bad: disk: sick {bad} (left out of the next attempt)" in shown

@@ -112,6 +112,9 @@ def result(rank: int, code: int = 1, host: str = "", **details) -> NodeResult:
 def test_the_end_points_at_the_node_that_failed_its_check():
     results = [result(0, 143, "node1"), result(1, 1, "node2", health={"ok": False, "reason": "bad: disk: 12 MiB free"})]
     assert [(p.node_rank, p.why) for p in pointed(None, results)] == [(1, "failed its health check: bad: disk: 12 MiB free")]
+    # a check that the supervisor's stop ended (another node failed first) says nothing of its node
+    stopped = [result(0, 143, "node1", health={"ok": None, "stopped_by": "SIGTERM"}), results[1]]
+    assert [p.node_rank for p in pointed(None, stopped)] == [1]
 
 
 def test_machine_faults_in_the_root_cause_point_at_its_node_and_script_errors_do_not():

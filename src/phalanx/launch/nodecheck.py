@@ -42,8 +42,12 @@ class NodeCheck:
     report: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"ok": self.ok, "exitcode": self.exitcode, "seconds": round(self.seconds, 3)}
-        if not self.ok:
+        # A check a stop signal ended said nothing about the node: neither passed nor failed.
+        ok = None if self.stopped_by is not None else self.ok
+        data: dict[str, Any] = {"ok": ok, "exitcode": self.exitcode, "seconds": round(self.seconds, 3)}
+        if self.stopped_by is not None:
+            data["stopped_by"] = signal.Signals(self.stopped_by).name
+        elif not self.ok:
             data["reason"] = self.reason
         if self.report:
             data["report"] = self.report

@@ -254,7 +254,7 @@ class JobRun:
         plan = attempt.plan
         trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
         results = [r for r in (h.poll() for h in attempt.handles) if r is not None]
-        leave = leaveout.decide(self.backend.leaves_out, outcome.cause, results, self.left_out) \
+        leave = leaveout.decide(self.backend.leaves_out, outcome.cause, results, self.left_out, attempt.failed_first) \
             if outcome.kind is OutcomeKind.FAILED else leaveout.LeaveOut()
         if leave.check_only and leave.names and self.reruns < leaveout.FREE_RERUNS:
             self._rerun_without(leave, outcome, attempt.started, attempt.handles)

@@ -42,10 +42,11 @@ def node_name(result: NodeResult) -> str:
 
 
 def decide(leaves_out: str, cause: dict[str, Any] | None, results: Sequence[NodeResult],
-           already: Sequence[str] = ()) -> LeaveOut:
+           already: Sequence[str] = (), first: Sequence[int] | None = None) -> LeaveOut:
     """What the attempt ending with ``cause`` (its root cause) and ``results`` (in node order)
     points at; ``leaves_out``: the backend's ``Backend.leaves_out``; ``already``: nodes an
-    earlier attempt left out."""
+    earlier attempt left out; ``first``: the nodes that had failed when the supervisor stopped
+    the others (``AttemptRun.failed_first``; the others' ends are its stop's)."""
     entries, names = [], []
     for found in pointed(cause, results):
         name = node_name(results[found.node_rank])
@@ -54,7 +55,8 @@ def decide(leaves_out: str, cause: dict[str, Any] | None, results: Sequence[Node
                         "left_out": avoidable, "how": HOW.get(leaves_out if name else "", HOW[""])})
         if avoidable and name not in already and name not in names:
             names.append(name)
-    failed = [r for r in results if r.exitcode != 0 and not r.stopped_by]
+    failed = [results[n] for n in first if n < len(results)] if first else \
+        [r for r in results if r.exitcode != 0 and not r.stopped_by]
     check_only = bool(failed) and all(_failed_check(r) for r in failed) and not any(r.failures for r in results)
     return LeaveOut(tuple(entries), tuple(names), check_only)
 

@@ -123,7 +123,7 @@ def root_cause(paths: JobPaths, attempt: int, results: list[NodeResult],
     for node_rank in order:
         code = results[node_rank].exitcode
         health = results[node_rank].details.get("health")
-        if code != 0 and isinstance(health, dict) and health.get("ok") is False and health.get("reason") != "stopped":
+        if code != 0 and isinstance(health, dict) and health.get("ok") is False:
             log = paths.agent_log(attempt, node_rank)
             where = results[node_rank].details.get("node_name") or results[node_rank].host
             return {"attempt": attempt, "node_rank": node_rank, "exitcode": code, "host": where,
