@@ -61,13 +61,12 @@ def _with_skew(report: NodeReport, skew: float | None) -> NodeReport:
 
 def render(verdict: Verdict, names: Mapping[int, str], links_said: Mapping[str, Any]) -> str:
     """The table a person reads: one row per node, the link matrix, then what is wrong."""
-    rows = [("NODE", "HOST", "DEVICES", "MATMUL", "DISK FREE", "/dev/shm", "CLOCK", "VERDICT")]
+    rows: list[tuple[str, ...]] = [("NODE", "HOST", "DEVICES", "MATMUL", "DISK FREE", "/dev/shm", "CLOCK", "VERDICT")]
     reported = {n.node_rank: n for n in verdict.nodes}
     for node_rank in range(max(verdict.expected, len(reported))):
         node = reported.get(node_rank)
-        bad = any(f.severity == "bad" for f in verdict.about(node_rank))
-        warned = any(f.severity == "warn" for f in verdict.about(node_rank))
-        state = "BAD" if bad else "warn" if warned else "ok"
+        said = {f.severity for f in verdict.about(node_rank)}
+        state = "BAD" if "bad" in said else "warn" if "warn" in said else "ok"
         name = names.get(node_rank, "-")
         if node is None:
             rows.append((str(node_rank), name, "-", "-", "-", "-", "-", state))
@@ -120,7 +119,7 @@ def _matrix(verdict: Verdict, said: Mapping[str, Any]) -> list[str]:
     n = max(verdict.expected, 1)
     cell = {(link.a, link.b): link for link in verdict.links}
     header = f"links: all-reduce between two nodes ({said.get('backend', '?')}, {said.get('size_mb', '?')} MB: bandwidth; 4 bytes: latency)"
-    rows = [("", *(f"node {b}" for b in range(n)))]
+    rows: list[tuple[str, ...]] = [("", *(f"node {b}" for b in range(n)))]
     for a in range(n):
         row = [f"node {a}"]
         for b in range(n):
