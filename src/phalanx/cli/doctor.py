@@ -47,11 +47,8 @@ class DoctorCommand(RunCommand):
         self.callback = _callback
         self.help = DOCTOR_HELP
 
-    @property
-    def table(self) -> tuple[Option, ...]:
-        if self._table is None:
-            self._table = doctor_options()
-        return self._table
+    def options_table(self) -> tuple[Option, ...]:
+        return doctor_options()
 
     @property  # type: ignore[override]
     def params(self) -> list[click.Parameter]:

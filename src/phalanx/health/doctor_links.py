@@ -4,8 +4,8 @@ NIC, cable or switch port shows as the pairs of one node being slow.
 
 One process per node (the doctor's job starts the probe with ``--spawn self``: ``RANK`` is the
 node's rank, ``WORLD_SIZE`` the number of nodes, ``MASTER_ADDR:MASTER_PORT`` node 0's). The
-process group is NCCL's on GPUs (device 0 of each node), gloo's otherwise; the clocks are
-compared over gloo. Pairs run one at a time, the other nodes waiting at a barrier, so they do
+links run over NCCL between the nodes' first GPUs, over gloo without GPUs (or when nodes on one
+machine would share one GPU); the clocks are compared over gloo. Pairs run one at a time, the other nodes waiting at a barrier, so they do
 not share the network. With more than ``ALL_PAIRS_UP_TO`` nodes, each node is paired with its
 next and its opposite node only (2 pairs per node instead of N-1).
 
@@ -42,42 +42,55 @@ def run_links(report: NodeReport, link_mb: float, timeout: float) -> None:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = report.device_kind == "cuda"
-    backend = "nccl" if cuda else "gloo"
-    size_mb = link_mb or (64.0 if cuda else 8.0)
+    cuda = report.device_kind == "cuda" and dist.is_nccl_available()
     try:
-        if cuda:
-            torch.cuda.set_device(0)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        # One group for both: CPU tensors (the clocks, the bookkeeping) go over gloo, GPU tensors
+        # over NCCL, whose communicators are made at the first GPU collective, after the device
+        # is chosen below.
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001 - a node that cannot join is the finding
-        _say({"backend": backend, "node_rank": rank, "error": f"could not join the other nodes: {exc}"})
+        _say({"backend": "nccl" if cuda else "gloo", "node_rank": rank, "error": f"could not join the other nodes: {exc}"})
         return
     try:
-        clocks = dist.new_group(backend="gloo") if cuda else None
+        device = _device(report, cuda, rank, world, dist, torch)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        size_mb = link_mb or (64.0 if device.type == "cuda" else 8.0)
         chosen = pairs(world)
         groups = {pair: dist.new_group(list(pair)) for pair in chosen}
-        clock_pairs = {other: (groups.get((0, other)) if not cuda else None) or dist.new_group([0, other], backend="gloo")
-                       for other in range(1, world)}
+        clock_pairs = {other: groups.get((0, other)) or dist.new_group([0, other]) for other in range(1, world)}
         skews = {str(other): _skew(rank, other, clock_pairs[other], dist, torch) for other in range(1, world)}
-        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         links = []
         for a, b in chosen:
-            dist.barrier(group=clocks)
+            dist.barrier()
             if rank in (a, b):
                 links.append(_link(a, b, groups[(a, b)], device, size_mb, dist, torch))
         found: list[Any] = [None] * world
-        dist.all_gather_object(found, links, group=clocks)
+        dist.all_gather_object(found, links)
         if rank == 0:
             every = [link for per in found for link in per or () if link["a"] == link.get("measured_by")]
             skews["0"] = 0.0
             _say({"backend": backend, "node_rank": 0, "skews": skews, "links": every, "size_mb": size_mb})
     except Exception as exc:  # noqa: BLE001
-        _say({"backend": backend, "node_rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        _say({"backend": "nccl" if cuda else "gloo", "node_rank": rank, "error": f"{type(exc).__name__}: {exc}"})
     finally:
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _device(report: NodeReport, cuda: bool, rank: int, world: int, dist: Any, torch: Any) -> Any:
+    """The device this node's links run from: its first GPU, or (several nodes on one machine, as
+    the local backend runs them) the GPU of its place among them; the CPU when they would share one
+    GPU (NCCL refuses two ranks on one device) or there is none."""
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, report.hostname)
+    place = [r for r in range(world) if hosts[r] == report.hostname].index(rank)
+    sharing = hosts.count(report.hostname)
+    if not cuda or sharing > report.gpus_visible:
+        return torch.device("cpu")
+    torch.cuda.set_device(place)
+    return torch.device("cuda", place)
 
 
 def _skew(rank: int, other: int, group: Any, dist: Any, torch: Any) -> float | None:
