@@ -112,3 +112,16 @@ def test_a_rank_killed_by_sigbus_makes_the_retry_avoid_its_host(phx_home, three_
     (entry,) = _status(job["id"])["attempts"][0]["left_out"]
     assert entry["node"] == "node2" and "SIGBUS" in entry["why"]
     assert "leaving out node2 (a rank died of SIGBUS" in proc.stdout + proc.stderr
+
+
+def test_doctor_names_a_host_that_does_not_answer(phx_home, three_hosts, tmp_path):
+    from phalanx.backends.base import free_port
+
+    config = tmp_path / "ssh_config"  # the hosts, and "ghost": an address where no sshd listens
+    config.write_text(f"Include {three_hosts.config}\nHost ghost\n  HostName 127.0.0.9\n  Port {free_port('127.0.0.9')}\n")
+    proc = phalanx("doctor", "--backend", "ssh", "--ssh-config", str(config), "--hosts", "node1,ghost", "-n", "2x1",
+                   "--burn", "0.5", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "bad: node 1 (ghost): report: no report:" in proc.stdout and "refused" in proc.stdout, proc.stdout
+    assert "warn: node 0 (node1): report: not checked: the check could not start" in proc.stdout
+    assert "1 of 2 node(s) outside the healthy range: 1 (ghost); 0 healthy, 1 not checked" in proc.stdout

@@ -97,4 +97,4 @@ def _callback(burn: float = 2.0, **given: Any) -> None:
         sys.stdout.write(found.render())
         if not quiet:
             event(f"checked in {found.seconds:.1f}s (job {found.record.id})")
-    raise typer.Exit(0 if found.verdict.healthy else 1)
+    raise typer.Exit(0 if found.healthy else 1)

@@ -228,12 +228,16 @@ def _gpu_counters(nvml: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def judge(nodes: Sequence[NodeReport], links: Sequence[LinkReport], expected: int,
-          missing: Mapping[int, str] | None = None, limits: Limits = Limits()) -> Verdict:
+          missing: Mapping[int, str] | None = None, limits: Limits = Limits(),
+          unchecked: Mapping[int, str] | None = None) -> Verdict:
     """Every node on its own, then against the others. ``missing``: nodes that never reported,
-    with what is known of why (the node's exit, its agent's error)."""
+    with what is known of why (the node's exit, its agent's error); ``unchecked``: nodes nothing
+    is known of because the check could not start for another node's sake (a warning)."""
     findings: list[Finding] = []
     for node_rank, why in sorted((missing or {}).items()):
         findings.append(Finding(node_rank, "bad", "report", f"no report: {why}"))
+    for node_rank, why in sorted((unchecked or {}).items()):
+        findings.append(Finding(node_rank, "warn", "report", f"not checked: {why}"))
     for node in nodes:
         findings += judge_node(node, limits)
     findings += _slow_devices(nodes, limits)

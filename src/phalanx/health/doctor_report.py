@@ -32,9 +32,10 @@ def tagged(text: str, tag: str) -> list[dict[str, Any]]:
 
 
 def read(logs: Mapping[int, str], expected: int, missing_why: Mapping[int, str],
-         limits: Limits = Limits()) -> tuple[Verdict, dict[str, Any]]:
+         limits: Limits = Limits(), unchecked: Mapping[int, str] | None = None) -> tuple[Verdict, dict[str, Any]]:
     """The verdict over the rank logs (rank -> text; one rank per node), and what node 0 said of
-    the links (backend, size, or why they could not be measured)."""
+    the links (backend, size, or why they could not be measured). ``unchecked``: nodes that did
+    not report because the check never started for another node's sake."""
     reports: dict[int, NodeReport] = {}
     links_said: dict[str, Any] = {}
     for text in logs.values():
@@ -47,8 +48,9 @@ def read(logs: Mapping[int, str], expected: int, missing_why: Mapping[int, str],
     skews = {int(k): v for k, v in (links_said.get("skews") or {}).items() if isinstance(v, (int, float))}
     nodes = [_with_skew(r, skews.get(r.node_rank)) for _, r in sorted(reports.items())]
     links = [LinkReport.from_dict(d) for d in links_said.get("links") or ()]
-    missing = {n: missing_why.get(n, "the node printed no report") for n in range(expected) if n not in reports}
-    return judge(nodes, links, expected, missing, limits), links_said
+    missing = {n: missing_why.get(n, "the node printed no report") for n in range(expected)
+               if n not in reports and n not in (unchecked or {})}
+    return judge(nodes, links, expected, missing, limits, unchecked), links_said
 
 
 def _with_skew(report: NodeReport, skew: float | None) -> NodeReport:
@@ -85,13 +87,14 @@ def render(verdict: Verdict, names: Mapping[int, str], links_said: Mapping[str, 
         who = f"node {finding.node_rank} ({names.get(finding.node_rank, '?')})" if finding.node_rank is not None else "all"
         lines.append(f"{finding.severity}: {who}: {finding.check}: {finding.message}")
     healthy = len(reported) - len([n for n in verdict.bad_nodes if n in reported])
+    unchecked = verdict.expected - len(reported) - len([n for n in verdict.bad_nodes if n not in reported])
     lines.append("")
     if verdict.healthy:
         lines.append(f"all {verdict.expected} node(s) healthy")
     else:
         named = ", ".join(f"{n} ({names.get(n, '?')})" for n in verdict.bad_nodes)
         lines.append(f"{len(verdict.bad_nodes)} of {verdict.expected} node(s) outside the healthy range: {named}; "
-                     f"{healthy} healthy")
+                     f"{healthy} healthy" + (f", {unchecked} not checked" if unchecked > 0 else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -12,10 +12,10 @@ for the link matrix. The verdict is read back from the rank logs (``health/docto
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.contracts import read_node_result
+from ..core.contracts import read_attempts, read_node_result
 from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Spawn
 from ..health.checks import Limits, Verdict
@@ -38,13 +38,23 @@ class Diagnosis:
     names: dict[int, str]  # node rank -> host, as the backend knows it
     links: dict[str, Any]  # what node 0 said of the links
     seconds: float
+    # Hosts the backend could not use and replaced with spare ones (ssh: --hosts a,b,c -n 2x...):
+    # bad too, though the check ran on others.
+    replaced: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return self.verdict.healthy and not self.replaced
 
     def render(self) -> str:
-        return render(self.verdict, self.names, self.links)
+        text = render(self.verdict, self.names, self.links)
+        return text + "".join(f"bad: {host}: could not be used, a spare host was checked instead: {why}\n"
+                              for host, why in sorted(self.replaced.items()))
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.record.id, "seconds": round(self.seconds, 3), "names": {str(k): v for k, v in self.names.items()},
-                **self.verdict.to_dict(), "links_backend": self.links.get("backend"), "links_error": self.links.get("error")}
+                **self.verdict.to_dict(), "healthy": self.healthy, "replaced": self.replaced,
+                "links_backend": self.links.get("backend"), "links_error": self.links.get("error")}
 
 
 def doctor_spec(spec: JobSpec, burn: float = 2.0) -> JobSpec:
@@ -70,17 +80,27 @@ def diagnose(store: Store, home: HomePaths, spec: JobSpec, events: Callable[[str
     supervise(store, home, record, plan, events)
     record = store.get(record.id)
     verdict, links, names = judged(record, [n.host for n in plan.nodes], limits)
-    return Diagnosis(record, verdict, names, links, time.monotonic() - started)
+    unusable = {str(n["node"]): str(n["why"]) for a in read_attempts(record.paths.attempts_log) for n in a.left_out}
+    replaced = {host: why for host, why in unusable.items() if host not in names.values()}
+    return Diagnosis(record, verdict, names, links, time.monotonic() - started, replaced)
 
 
 def judged(record: JobRecord, planned_hosts: list[str], limits: Limits = Limits()) -> tuple[Verdict, dict[str, Any], dict[int, str]]:
     """The verdict over a finished doctor job's files, the links said, and each node's name."""
     paths, attempt = record.paths, record.attempt
-    names, why = {}, {}
+    # Hosts the backend could not use at all (ssh's preflight) are in the attempts log; then no
+    # node ran the check, and the others are "not checked", not bad.
+    unusable = {str(n["node"]): str(n["why"]) for a in read_attempts(paths.attempts_log) for n in a.left_out}
+    cause = record.root_cause_dict() or {}
+    names, why, unchecked = {}, {}, {}
     for node_rank, host in enumerate(planned_hosts):
         result = read_node_result(paths.node_result(attempt, node_rank))
         names[node_rank] = (node_name(result) if result is not None else "") or host
-        if result is None:
+        if result is None and names[node_rank] in unusable:
+            why[node_rank] = unusable[names[node_rank]]
+        elif result is None and unusable:
+            unchecked[node_rank] = f"the check could not start ({cause.get('message', 'see phalanx logs')})"
+        elif result is None:
             why[node_rank] = "the node never reported (see phalanx logs)"
         elif result.exitcode != 0:
             how = signal_name(result.exitcode) or f"exit {result.exitcode}"
@@ -91,5 +111,5 @@ def judged(record: JobRecord, planned_hosts: list[str], limits: Limits = Limits(
             logs[rank] = paths.rank_log(attempt, rank).read_text(errors="replace")
         except OSError:
             continue
-    verdict, links = read(logs, len(planned_hosts), why, limits)
+    verdict, links = read(logs, len(planned_hosts), why, limits, unchecked)
     return verdict, links, names
