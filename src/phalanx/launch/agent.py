@@ -43,7 +43,7 @@ from .exits import add_unnoticed_raises, died_at, failure_of, interrupted_code, 
 from .nodecheck import check_node, unchecked_result
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 from .rendezvous import sized_waits, wait_for_host
-from .workers import BOOTSTRAP_ARGV, Standbys, WorkerSource, supplied
+from .workers import KINDS, Standbys, WorkerSource, supplied
 
 
 def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None,
@@ -292,7 +292,9 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
                 # Failed, or stopped because another node failed: the supervisor may retry (never
                 # after a Ctrl-C). The next attempt's interpreters start now, while it decides and
                 # the new rendezvous runs; unused, they go when the agent does.
-                standbys.prepare(_local_workers(node))
+                count, kind = _local_workers(node)
+                if count:
+                    standbys.prepare(count, kind)
             sys.stdout.flush()
             sys.stderr.flush()
             following = line.next(watcher)
@@ -307,19 +309,20 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
     os._exit(code)
 
 
-def _local_workers(node: NodePlan) -> int:
-    """How many of this node's workers a standby can become: its processes, or torchrun's
-    --nproc-per-node, when they start the bootstrap (a warm plan's workers are the warm pool's
-    stand-ins, which no standby becomes: starting standbys then only takes CPU from the retry)."""
+def _local_workers(node: NodePlan) -> tuple[int, str]:
+    """How many workers this node starts, and of which kind a standby must be to become one:
+    "cold" (the bootstrap) or "warm" (a warm plan's workers are the warm pool's stand-ins);
+    (0, "") for workers no standby becomes (a command, another interpreter's)."""
     if node.torchrun_argv is None:
-        return sum(1 for p in node.processes if tuple(p.argv[1:4]) == BOOTSTRAP_ARGV)
-    if tuple(node.torchrun_argv[-2:]) != ("--module", BOOTSTRAP_ARGV[-1]):
-        return 0
+        kinds = [k for p in node.processes for k, (program, _) in KINDS.items() if tuple(p.argv[1:4]) == program]
+        return (len(kinds), kinds[0]) if kinds and len(set(kinds)) == 1 else (0, "")
+    module = node.torchrun_argv[-1] if node.torchrun_argv[-2:-1] == ("--module",) else ""
+    kind = next((k for k, (program, _) in KINDS.items() if program[-1] == module), "")
     for arg in node.torchrun_argv:
         if arg.startswith("--nproc-per-node="):
             value = arg.split("=", 1)[1]
-            return int(value) if value.isdigit() else 0
-    return 0
+            return (int(value), kind) if value.isdigit() and kind else (0, "")
+    return 0, ""
 
 
 def _log_to(log: str) -> None:
