@@ -8,6 +8,11 @@ attempt starts its ranks, each takes a standby instead of a new interpreter; a r
 (another program, a different interpreter or start-up environment, output redirected by torch,
 no standby left) starts cold, as before.
 
+Under warm starts (``launch/warm.py``) a rank's command is the warm pool's stand-in, ``python -u
+-m phalanx.launch.warm_exec ... -- phalanx.launch.bootstrap ...``: the ready workers are then
+stand-ins started ahead (``warm_exec --defer FD``), which wait for the rank's command line and
+environment and then ask the pool for the child as any stand-in does (``prepare(count, "warm")``).
+
 This is the seam for other sources of ready workers (a pool of interpreters with torch imported,
 forked on demand): anything with ``prepare``/``take``/``close`` as below can stand in for
 ``Standbys``. ``take`` returns a ``subprocess.Popen`` of a child of this agent that is the leader
