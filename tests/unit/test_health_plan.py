@@ -86,3 +86,27 @@ def test_rendezvous_waits_are_sized_for_the_node_count(monkeypatch):
     assert dynamic._BackendRendezvousStateHolder(backend=None, settings=None)._cache_duration == 1
     dynamic._delay(seconds=1)
     assert slept[-1] == 1
+
+
+def test_a_kept_agent_closes_its_rendezvous_behind_it(monkeypatch):
+    dynamic = pytest.importorskip("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+    import threading
+
+    closed = threading.Event()
+    where: list[str] = []
+
+    def shutdown(self):
+        where.append(threading.current_thread().name)
+        closed.set()
+        return True
+
+    monkeypatch.setattr(dynamic.DynamicRendezvousHandler, "shutdown", shutdown)
+    with rendezvous.sized_waits(2):  # a one-attempt agent: torch's close, in its own thread
+        assert dynamic.DynamicRendezvousHandler.shutdown(object()) is True
+    assert where == [threading.current_thread().name]
+    closed.clear()
+    with rendezvous.sized_waits(2, close_behind=True):
+        assert dynamic.DynamicRendezvousHandler.shutdown(object()) is True
+        assert closed.wait(30)
+    assert where[-1] == "phalanx-rendezvous-close"
+    assert dynamic.DynamicRendezvousHandler.shutdown is shutdown

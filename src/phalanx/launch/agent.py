@@ -37,7 +37,7 @@ from ..core.contracts import LaunchFile, NodeResult, read_launch, write_node_res
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, bind_addresses
 from ..errors import ContractError
-from . import trace
+from . import rendezvous, trace
 from .control import AgentLine
 from .exits import add_unnoticed_raises, died_at, failure_of, interrupted_code, rank_exits
 from .nodecheck import check_node, unchecked_result
@@ -76,7 +76,8 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
                 raise SignalException(f"stopped by {signum.name} before it started", signum)
             if config.rdzv_backend == "c10d" and str(config.rdzv_configs.get("is_host", "")).lower() in ("false", "0"):
                 wait_for_host(config.rdzv_endpoint)  # node 0's new store: no connect before it listens
-            with supplied(source, str(paths.agent_log(attempt, node.node_rank))), sized_waits(config.max_nodes):
+            log = str(paths.agent_log(attempt, node.node_rank))
+            with supplied(source, log), sized_waits(config.max_nodes, close_behind=watcher is not None):
                 elastic_launch(config, cmd)(*cmd_args)
         finally:
             if saved is not None:
@@ -363,9 +364,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="environment variable holding this node's rank, filled into {node_rank} of --launch")
     parser.add_argument("--node-name-from", metavar="VAR",
                         help="environment variable naming this node as its scheduler does (kept in result.json)")
+    parser.add_argument("--rdzv-wait", type=float, metavar="SECONDS",
+                        help="how long a node other than node 0 waits for node 0's rendezvous to listen (default 10)")
     parser.add_argument("--control", type=int, metavar="FD",
                         help="a line to the supervisor: keep running the attempts it names (launch/control.py)")
     args = parser.parse_args(argv)
+    if args.rdzv_wait is not None:
+        rendezvous.HOST_WAIT_S = args.rdzv_wait
     # SIGTERM, not SIGKILL: our workers then get their grace period too.
     die_with_parent(signal.SIGTERM)
     if args.control is not None:

@@ -16,6 +16,12 @@ per node (1 s from 98 nodes up), so the store sees at most about a hundred reads
 whatever the size, and a small job is not made to wait for the traffic of a large one. Only
 while ``elastic_launch`` runs in this agent; what a torch lacks of these is left alone.
 
+When an attempt ends, torch closes its rendezvous (``DynamicRendezvousHandler.shutdown``: a few
+store round trips, 20-130 ms on a loaded machine) before ``elastic_launch`` returns. A kept agent
+(more attempts follow in its process) closes it in a thread instead (``close_behind``): the other
+nodes still learn the rendezvous is closed, while this node's report, and the next attempt's new
+rendezvous on a new port, do not wait for it.
+
 A third wait is the store's: a node that connects before node 0 listens is turned away and
 retries after a backoff of about a second (torch's TCPStore client, in C++). On a retry every
 kept agent starts at once and node 0 opens the new store only as its rendezvous begins, so the
@@ -27,6 +33,7 @@ any client's).
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -44,8 +51,9 @@ def spread(nnodes: int) -> float:
 
 
 @contextmanager
-def sized_waits(nnodes: int) -> Iterator[None]:
-    """While in this block, torch's rendezvous waits as long as ``nnodes`` nodes need."""
+def sized_waits(nnodes: int, close_behind: bool = False) -> Iterator[None]:
+    """While in this block, torch's rendezvous waits as long as ``nnodes`` nodes need; with
+    ``close_behind`` (a kept agent, whose process lives on) its close does not hold up the end."""
     module: Any
     try:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as module
@@ -72,24 +80,49 @@ def sized_waits(nnodes: int) -> Iterator[None]:
         assert init is not None
         init(self, backend, settings, min(cache_duration, poll_interval(nnodes)))
 
+    handler = getattr(module, "DynamicRendezvousHandler", None) if close_behind else None
+    shutdown = getattr(handler, "shutdown", None)
+
+    def closing_behind(self: Any) -> bool:
+        assert shutdown is not None
+        threading.Thread(target=_quietly, args=(shutdown, self), name="phalanx-rendezvous-close", daemon=True).start()
+        return True
+
     module._delay = delay
     if holder is not None and init is not None:
         holder.__init__ = fresher
+    if handler is not None and shutdown is not None:
+        handler.shutdown = closing_behind
     try:
         yield
     finally:
         module._delay = original
         if holder is not None and init is not None:
             holder.__init__ = init
+        if handler is not None and shutdown is not None:
+            handler.shutdown = shutdown
 
 
-def wait_for_host(endpoint: str, timeout: float = 10.0) -> bool:
+def _quietly(shutdown: Any, handler: Any) -> None:
+    try:
+        shutdown(handler)
+    except Exception:  # noqa: BLE001 - node 0's store may be gone already: nobody is left to tell
+        pass
+
+
+# How long a non-host node waits for node 0 to listen before connecting anyway (torch then retries
+# on its own). The agent's ``--rdzv-wait`` sets it: a Kubernetes pod starts its agent before node
+# 0's name resolves, and waits as long as it waits for that name.
+HOST_WAIT_S = 10.0
+
+
+def wait_for_host(endpoint: str, timeout: float | None = None) -> bool:
     """Block until ``HOST:PORT`` accepts a connection (True), or ``timeout`` passes (False: the
     rendezvous then connects as it would have, with torch's own retries)."""
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
         return False
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (HOST_WAIT_S if timeout is None else timeout)
     while True:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
