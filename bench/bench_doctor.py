@@ -4,7 +4,10 @@ started by hand with torchrun (what a user would type to run a check script on t
 Variants, interleaved round by round:
 
 - `phalanx doctor -n 2x1 --burn B`: the command as a user types it, to its verdict (the check as a
-  job: plan, supervisor, two node agents, the probe on each node, the links, the table);
+  job: plan, supervisor, two node agents, the probe on each node, the links, the table); its
+  Python processes start from the warm pool (torch imported), as every local job's do by default;
+- the same with `--cold`: every process starts cold and imports torch itself, as the hand-typed
+  torchrun's do;
 - by hand: two `python -m torch.distributed.run --nnodes 2 --node-rank N --rdzv-backend c10d
   --rdzv-endpoint 127.0.0.1:PORT ... -m phalanx.health.doctor_probe --burn B` on loopback, started
   together, to both exiting (no job record, no verdict, no table: the probe's raw lines).
@@ -31,11 +34,11 @@ from pathlib import Path
 TAG = "PHALANX_DOCTOR_NODE "
 
 
-def run_doctor(tmp: Path, burn: float) -> tuple[float, float | None, bool]:
+def run_doctor(tmp: Path, burn: float, cold: bool = False) -> tuple[float, float | None, bool]:
     env = {**os.environ, "PHALANX_HOME": str(tmp / "home"), "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "phalanx", "doctor", "-n", "2x1", "--burn", str(burn), "--json"],
-                          env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "phalanx", "doctor", "-n", "2x1", "--burn", str(burn), "--json",
+                           *(["--cold"] if cold else [])], env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
     took = time.perf_counter() - started
     found = json.loads(proc.stdout)
     probe = max((n.get("seconds") or 0.0) for n in found["nodes"]) if found["nodes"] else None
@@ -66,7 +69,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--burn", type=float, default=2.0)
     args = parser.parse_args()
-    variants = {"phalanx doctor -n 2x1": run_doctor, "probe under torchrun by hand (2 nodes)": run_by_hand}
+    variants = {"phalanx doctor -n 2x1": run_doctor,
+                "phalanx doctor -n 2x1 --cold": lambda tmp, burn: run_doctor(tmp, burn, cold=True),
+                "probe under torchrun by hand (2 nodes)": run_by_hand}
     results: dict[str, list[tuple[float, float | None, bool]]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, fn in variants.items():
@@ -81,11 +86,12 @@ def main() -> None:
         medians[name] = statistics.median(times)
         print(f"{name:<42} {medians[name]:8.2f} {min(times):8.2f} {max(times):8.2f} "
               f"{statistics.median(probes) if probes else float('nan'):8.2f}  {sum(ok for _, _, ok in rows)}/{len(rows)}")
-    ours, hand = results["phalanx doctor -n 2x1"], results["probe under torchrun by hand (2 nodes)"]
-    paired = [a[0] / b[0] for a, b in zip(ours, hand)]
-    mine, theirs = medians["phalanx doctor -n 2x1"], medians["probe under torchrun by hand (2 nodes)"]
-    print(f"ratio doctor / by hand: {mine / theirs:.2f} (median of {len(paired)} rounds' ratios "
-          f"{statistics.median(paired):.2f}); the doctor's own cost: {mine - theirs:+.2f}s")
+    hand = "probe under torchrun by hand (2 nodes)"
+    for name in ("phalanx doctor -n 2x1", "phalanx doctor -n 2x1 --cold"):
+        paired = [a[0] / b[0] for a, b in zip(results[name], results[hand])]
+        mine, theirs = medians[name], medians[hand]
+        print(f"ratio {name} / by hand: {mine / theirs:.2f} (median of {len(paired)} rounds' ratios "
+              f"{statistics.median(paired):.2f}); difference {mine - theirs:+.2f}s")
 
 
 if __name__ == "__main__":
