@@ -285,3 +285,15 @@ def test_a_node_that_fails_its_check_is_excluded_by_slurmctld_from_the_rerun(slu
     assert f"ran on {good}" in proc.stdout
     shown = phalanx("status", job["id"], check=True).stdout
     assert f"{bad} after attempt 0: failed its health check: exit 4: bad: disk: sick {bad} (left out of the next attempt)" in shown
+
+
+def test_doctor_checks_the_nodes_slurm_allocates(slurm_env, tmp_path):
+    proc = phalanx("doctor", "--backend", "slurm", "--time", "10", "-n", "2x1", "--burn", "0.5", "--json",
+                   cwd=tmp_path, timeout=300)
+    found = json.loads(proc.stdout)
+    # the nodes by the names SLURM gave them (the agents' SLURMD_NODENAME), each with its report
+    assert sorted(found["names"].values()) == ["n1", "n2"], proc.stdout + proc.stderr
+    assert [n["node_rank"] for n in found["nodes"]] == [0, 1]
+    assert all(n["devices"][0]["burn_ok"] and n["disk_free"] for n in found["nodes"])
+    assert found["links_backend"] == "gloo" and found["links"][0]["bandwidth"] > 0
+    assert proc.returncode == (0 if found["healthy"] else 1)

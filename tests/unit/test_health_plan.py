@@ -76,7 +76,7 @@ def test_rendezvous_waits_are_sized_for_the_node_count(monkeypatch):
     slept: list[float] = []
     monkeypatch.setattr(utils.time, "sleep", slept.append)
     original, init = dynamic._delay, dynamic._BackendRendezvousStateHolder.__init__
-    with rendezvous.sized_waits(2):
+    with rendezvous.tuned(2):
         holder = dynamic._BackendRendezvousStateHolder(backend=None, settings=None)
         assert holder._cache_duration == pytest.approx(0.04)
         dynamic._delay(seconds=(0, 0.3))  # the first round's spread: under torch's 10 ms floor for two nodes
@@ -101,12 +101,27 @@ def test_a_kept_agent_closes_its_rendezvous_behind_it(monkeypatch):
         return True
 
     monkeypatch.setattr(dynamic.DynamicRendezvousHandler, "shutdown", shutdown)
-    with rendezvous.sized_waits(2):  # a one-attempt agent: torch's close, in its own thread
+    with rendezvous.tuned(2):  # a one-attempt agent: torch's close, in its own thread
         assert dynamic.DynamicRendezvousHandler.shutdown(object()) is True
     assert where == [threading.current_thread().name]
     closed.clear()
-    with rendezvous.sized_waits(2, close_behind=True):
+    with rendezvous.tuned(2, close_behind=True):
         assert dynamic.DynamicRendezvousHandler.shutdown(object()) is True
         assert closed.wait(30)
     assert where[-1] == "phalanx-rendezvous-close"
     assert dynamic.DynamicRendezvousHandler.shutdown is shutdown
+
+
+def test_rendezvous_steps_are_named_as_torch_names_them():
+    dynamic = pytest.importorskip("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+
+    def record(naming):  # as DynamicRendezvousHandler._record calls it
+        return naming()
+
+    def join_step(naming):
+        return record(naming)
+
+    assert join_step(rendezvous.method_name) == join_step(dynamic.get_method_name) == "join_step"
+    with rendezvous.tuned(4):
+        assert dynamic.get_method_name is rendezvous.method_name
+    assert dynamic.get_method_name is not rendezvous.method_name

@@ -42,7 +42,7 @@ from .control import AgentLine
 from .exits import add_unnoticed_raises, died_at, failure_of, interrupted_code, rank_exits
 from .nodecheck import check_node, unchecked_result
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
-from .rendezvous import sized_waits, wait_for_host
+from .rendezvous import tuned, wait_for_host
 from .workers import KINDS, Standbys, WorkerSource, supplied
 
 
@@ -77,7 +77,7 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
             if config.rdzv_backend == "c10d" and str(config.rdzv_configs.get("is_host", "")).lower() in ("false", "0"):
                 wait_for_host(config.rdzv_endpoint)  # node 0's new store: no connect before it listens
             log = str(paths.agent_log(attempt, node.node_rank))
-            with supplied(source, log), sized_waits(config.max_nodes, close_behind=watcher is not None):
+            with supplied(source, log), tuned(config.max_nodes, close_behind=watcher is not None):
                 elastic_launch(config, cmd)(*cmd_args)
         finally:
             if saved is not None:

@@ -16,6 +16,12 @@ per node (1 s from 98 nodes up), so the store sees at most about a hundred reads
 whatever the size, and a small job is not made to wait for the traffic of a large one. Only
 while ``elastic_launch`` runs in this agent; what a torch lacks of these is left alone.
 
+Each step of the rendezvous names itself for torch's event log through ``get_method_name``, which
+calls ``inspect.stack()`` (every frame of the stack, with its source line read) twice, and is
+asked even when no event handler is set (the default): tens of milliseconds per step on a loaded
+machine, a tenth of a second or more per rendezvous. The same name comes from
+``sys._getframe(depth)``, without the source lines.
+
 When an attempt ends, torch closes its rendezvous (``DynamicRendezvousHandler.shutdown``: a few
 store round trips, 20-130 ms on a loaded machine) before ``elastic_launch`` returns. A kept agent
 (more attempts follow in its process) closes it in a thread instead (``close_behind``): the other
@@ -33,6 +39,7 @@ any client's).
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -51,9 +58,10 @@ def spread(nnodes: int) -> float:
 
 
 @contextmanager
-def sized_waits(nnodes: int, close_behind: bool = False) -> Iterator[None]:
-    """While in this block, torch's rendezvous waits as long as ``nnodes`` nodes need; with
-    ``close_behind`` (a kept agent, whose process lives on) its close does not hold up the end."""
+def tuned(nnodes: int, close_behind: bool = False) -> Iterator[None]:
+    """While in this block, torch's rendezvous waits as long as ``nnodes`` nodes need and names
+    its steps cheaply; with ``close_behind`` (a kept agent, whose process lives on) its close does
+    not hold up the end."""
     module: Any
     try:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as module
@@ -80,6 +88,7 @@ def sized_waits(nnodes: int, close_behind: bool = False) -> Iterator[None]:
         assert init is not None
         init(self, backend, settings, min(cache_duration, poll_interval(nnodes)))
 
+    naming = getattr(module, "get_method_name", None)
     handler = getattr(module, "DynamicRendezvousHandler", None) if close_behind else None
     shutdown = getattr(handler, "shutdown", None)
 
@@ -89,6 +98,8 @@ def sized_waits(nnodes: int, close_behind: bool = False) -> Iterator[None]:
         return True
 
     module._delay = delay
+    if naming is not None:
+        module.get_method_name = method_name
     if holder is not None and init is not None:
         holder.__init__ = fresher
     if handler is not None and shutdown is not None:
@@ -97,10 +108,21 @@ def sized_waits(nnodes: int, close_behind: bool = False) -> Iterator[None]:
         yield
     finally:
         module._delay = original
+        if naming is not None:
+            module.get_method_name = naming
         if holder is not None and init is not None:
             holder.__init__ = init
         if handler is not None and shutdown is not None:
             handler.shutdown = shutdown
+
+
+def method_name(depth: int = 2) -> str:
+    """``dynamic_rendezvous.get_method_name``'s answer (the name of the function ``depth`` frames
+    up from it), read from the frame instead of ``inspect.stack()``."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:
+        return "no_method_name"
 
 
 def _quietly(shutdown: Any, handler: Any) -> None:
