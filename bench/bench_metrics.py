@@ -17,7 +17,7 @@ format     The metrics file of N printed lines of a training log (noisy loss and
            4 decimals, step, epoch), by this tree's collector and by main's (``--main-ref``, a
            ``git archive`` of it, or ``--main-src``), each in its own process: the file's size
            against the log's, the collector's CPU, and reading it back for a chart: one
-           metric's N points as the dashboard reads them (``web.data.metric_series``, a cold
+           metric's N points as the dashboard reads them (``web.series.metric_series``, a cold
            cache), and the ``phalanx metrics`` summary (``report.metrics_report``).
 
 Commands run round-robin after a warm-up, so machine noise hits every alternative alike.

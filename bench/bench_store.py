@@ -97,7 +97,7 @@ def populate(home: Path, n: int, bulk: bool) -> float:
     jobs, sweeps = rows(n, home)
     store = Store(home / "phalanx.db")
     began = time.perf_counter()
-    if bulk:
+    if bulk or hasattr(Store, "insert_jobs"):  # any tree with the bulk insert (main's too, since it has one)
         for first in range(0, len(jobs), 100_000):
             store.insert_jobs(jobs[first:first + 100_000])
     else:
@@ -162,13 +162,13 @@ def worker(src: str, home: Path, n: int, repeats: int, bulk: bool) -> None:
         populated = populate(home, n, bulk)
     keep_running(home)
     try:  # the layered tree: reads are query's, ids are allocated where jobs are submitted
-        from phalanx import query as jobs
+        from phalanx.api import query as jobs
         from phalanx.supervise.submit import new_job_id as allocate
 
         def new_job_id() -> str:
             return allocate(jobs.home())
     except ImportError:  # a tree from before the layers (main's, compared against)
-        from phalanx import jobs  # type: ignore[no-redef]
+        from phalanx.api import jobs  # type: ignore[no-redef]
 
         new_job_id = jobs.new_job_id  # type: ignore[attr-defined]
 

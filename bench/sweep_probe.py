@@ -50,7 +50,7 @@ def child(mode: str, times: str, n: int, extra: list[str]) -> None:
     os.environ["SWEEP_BENCH_TIMES"] = times
     from phalanx.launch import procs
     from phalanx.store import Store
-    from phalanx.supervise import job, watch
+    from phalanx.supervise import job, observers as watch
     from phalanx.sweeps import runner
 
     acc: dict[str, list[float]] = collections.defaultdict(list)

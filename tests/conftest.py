@@ -64,7 +64,7 @@ def phalanx(*args: str, timeout: float = 180, check: bool = False, cwd: Path = R
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_pools(tmp_path_factory):
-    """Warm pools (launch/warm.py) live in a directory of the suite's own, and are stopped, and
+    """Warm pools (launch/warm/plan.py) live in a directory of the suite's own, and are stopped, and
     waited for, at the end. The suite runs cold (its process-tree checks expect a cold tree) unless
     PHALANX_TEST_WARM=1; tests/warm and tests/differential turn warm starts on where they test
     them. At the end, nothing the suite started may still run (``left_running``)."""
@@ -74,7 +74,7 @@ def _warm_pools(tmp_path_factory):
     os.environ["PHALANX_WARM_DIR"] = str(directory)
     os.environ["PHALANX_WARM"] = "1" if os.environ.get("PHALANX_TEST_WARM") == "1" else "0"
     yield directory
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     stop_pools(warm, str(directory))
     for key, value in saved.items():
@@ -109,7 +109,7 @@ def left_running(root: str) -> list[str]:
         except (psutil.Error, OSError):
             continue
         places = [env.get("PHALANX_HOME", ""), env.get("PHALANX_WARM_DIR", "")]
-        warm_words = any(w in cmdline for w in ("phalanx.launch.warm_exec", "--warm-pool"))
+        warm_words = any(w in cmdline for w in ("phalanx.launch.warm.standin", "--warm-pool"))
         if any(inside.match(p) for p in places if p) or (warm_words and any(inside.search(word) for word in cmdline)):
             found.append(f"{proc.pid}: {' '.join(cmdline)}")
     return found
@@ -143,3 +143,55 @@ def _state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+# -- the store's second engine: a private PostgreSQL (tests/pgserver.py) --------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One private PostgreSQL for the session (None where it cannot run: the tests that need
+    it skip, saying why; CI sets PHALANX_REQUIRE_PG=1 to fail instead). Stopped at the end."""
+    from tests import pgserver
+
+    why = pgserver.unavailable()
+    if why is None:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            why = "psycopg is not installed: pip install -e '.[postgres]'"
+    if why is not None:
+        yield why
+        return
+    server = pgserver.PgServer()
+    server.db = server.create_database("phalanx_tests")
+    try:
+        yield server
+    finally:
+        from phalanx.store import postgres
+
+        postgres.dispose_all()
+        server.stop()
+
+
+@pytest.fixture
+def pg(pg_server):
+    from tests.pgserver import need_pg
+
+    return need_pg(pg_server)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_at(request, tmp_path, pg_server):
+    """Where a new, empty store is, once per engine: a SQLite file, or a fresh schema of the
+    private PostgreSQL (a URL). ``Store(store_at)`` opens it, as often as a test likes."""
+    if request.param == "sqlite":
+        yield tmp_path / "p.db"
+        return
+    from tests.pgserver import need_pg
+
+    url = need_pg(pg_server).create_schema(pg_server.db)
+    yield url
+    from phalanx.store import postgres
+
+    postgres.dispose_all(url)

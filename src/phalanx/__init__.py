@@ -38,13 +38,13 @@ _WHERE = {
     "UsageError": "errors",
     "build_spec": "jobfile",
     "RunOptions": "jobfile",
-    "run": "jobs",
-    "submit_detached": "jobs",
-    "get_job": "query",
-    "list_jobs": "query",
-    "stop": "jobs",
-    "wait": "jobs",
-    "plan_job": "jobs",
+    "run": "api.jobs",
+    "submit_detached": "api.jobs",
+    "get_job": "api.query",
+    "list_jobs": "api.query",
+    "stop": "api.jobs",
+    "wait": "api.jobs",
+    "plan_job": "api.jobs",
 }
 
 

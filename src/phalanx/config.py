@@ -28,6 +28,12 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("home", "~/.phalanx", str, "Directory holding the job store and job directories."),
     Setting("backend", "local", str, "Backend used when --backend is not given."),
+    # The store (issue 22): empty for the SQLite file in the home; a team's PostgreSQL by URL.
+    Setting("store", "", str, "Where the job store lives: empty for the SQLite file in the home (phalanx.db), "
+            "postgresql://USER@HOST:PORT/DATABASE for a team's PostgreSQL (see docs/store.md; a password "
+            "belongs in PGPASSWORD, ~/.pgpass or a service, not here)."),
+    Setting("store_retry", 30.0, float, "Seconds a PostgreSQL store keeps retrying a lost connection before "
+            "giving up (the database restarting)."),
     Setting("grace", 30.0, float, "Seconds a stopped job gets between SIGTERM and SIGKILL."),
     Setting("ps_limit", 50, int, "Rows `phalanx ps --all` shows unless --limit is given."),
     Setting("state_sync_interval", 60.0, float, "Seconds between uploads of the state directory to --state."),
@@ -41,8 +47,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("smtp_from", "", str, "The From address (default phalanx@HOST)."),
     Setting("prices", {}, lambda text: _mapping(text, "prices"),
             "Prices per hour: an instance type, a GPU model, or cpu, e.g. {ml.g5.xlarge: 1.41, H100: 2.5, cpu: 0.04}."),
+    # Experiment trackers (issue 23)
+    Setting("track", "", str, "Trackers every job sends to when --track is not given (comma-separated: mlflow, "
+            "tensorboard, wandb)."),
+    Setting("track_wait", 5.0, float, "Seconds a job's start waits at most for its MLflow run to exist (so "
+            "MLFLOW_RUN_ID reaches the script); a tracker that is down never waits that long."),
+    Setting("track_linger", 600.0, float, "Seconds the exporter keeps retrying a tracker that is down after the "
+            "job ended; the points then wait on disk (phalanx status says how many)."),
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
-            "Start local runs and sweep trials from a warm interpreter pool (see README, Warm starts); --cold turns it off per run."),
+            "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -66,9 +79,48 @@ def _mapping(text: str, key: str) -> dict[str, float]:
 
 
 def home() -> Path:
-    """The phalanx home directory (``$PHALANX_HOME``, default ``~/.phalanx``)."""
+    """The phalanx home directory (``$PHALANX_HOME``, default ``~/.phalanx``). Raises UsageError
+    when it cannot be one: a file is in the way, or its path is not UTF-8 (the store keeps paths
+    as text)."""
     raw = os.environ.get("PHALANX_HOME") or _BY_KEY["home"].default
-    return Path(raw).expanduser().resolve()
+    path = Path(raw).expanduser().resolve()
+    _check_home(path, "PHALANX_HOME" if os.environ.get("PHALANX_HOME") else "the phalanx home")
+    return path
+
+
+def _check_home(path: Path, what: str) -> None:
+    from .errors import UsageError
+
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, shown as core/rawtext.py shows them
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise UsageError(f"{what} {shown} is not UTF-8 text (the job store records paths as text)",
+                         "set PHALANX_HOME to a directory whose path is UTF-8") from None
+    for place in (path, *path.parents):  # the home, or the first of its parents that exists
+        try:
+            is_dir = place.is_dir()
+            exists = is_dir or place.exists()
+        except OSError:
+            continue
+        if not exists:
+            continue
+        if not is_dir:
+            where = "is a file, not a directory" if place == path else f"cannot be created: {place} is a file"
+            raise UsageError(f"{what} {path} {where}",
+                             "set PHALANX_HOME to a directory (phalanx creates it), or move the file aside")
+        return
+
+
+def user() -> str:
+    """Who phalanx acts for in this process: the login name (what a local job records as its
+    ``user_name``, what ``ps --mine`` means; a team server passes its own user instead)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid without a name (some containers)
+        return str(os.getuid())
 
 
 def _file_values() -> dict[str, Any]:
@@ -84,7 +136,7 @@ def _file_values() -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise UsageError(f"cannot parse {path}: {exc}".splitlines()[0], "fix the YAML syntax") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{path} must be a mapping of setting: value", "see docs/configuration.md")
+        raise UsageError(f"{path} must be a mapping of setting: value", "see docs/settings.md")
     unknown = sorted(set(data) - set(_BY_KEY))
     if unknown:
         known = ", ".join(_BY_KEY)

@@ -52,6 +52,13 @@ class StoreError(PhalanxError):
     """The job store is unreadable or from a newer phalanx."""
 
 
+class StoreUnavailable(StoreError):
+    """The job store's server (PostgreSQL) cannot be reached, or did not come back within the
+    time the store retries for (a team server answers 503). The write that raised it was not made,
+    unless the connection broke while its commit was answered (docs/store.md, "Faults"). The
+    message names the host and database, never a password."""
+
+
 class MissingDependency(PhalanxError):
     """An optional dependency (torch, jax, ...) is needed but not installed."""
 
@@ -69,9 +76,24 @@ class ContractError(PhalanxError):
 
 class DiskFull(PhalanxError):
     """A write failed for lack of space (ENOSPC, EDQUOT, SQLite's "database or disk is full"):
-    ``what`` was being written under ``where``. Built by ``core/space.py``."""
+    ``what`` was being written under ``where``. Built by ``core/disk.py``."""
 
     def __init__(self, what: str, where: str, detail: str = "", hint: str | None = None) -> None:
         self.what, self.where = what, where
         super().__init__(f"disk full while writing {what} under {where}{detail}",
                          hint or "free some space there, or point PHALANX_HOME at a larger disk")
+
+
+class TrackerError(PhalanxError):
+    """An experiment tracker (MLflow, TensorBoard, W&B) could not take what phalanx sent. Never
+    fails a job: the exporter (``track/``) keeps the points and says so in ``phalanx status``."""
+
+
+class TrackerUnavailable(TrackerError):
+    """Down, unreachable, overloaded or refusing our credentials: the same points are sent again
+    later, with backoff."""
+
+
+class TrackerRefused(TrackerError):
+    """The tracker answered that these points (or this request) are invalid: sending them again
+    would fail the same way, so they are counted as dropped."""

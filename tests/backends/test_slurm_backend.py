@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import jobs, query
-from phalanx.backends import commands, slurm
+from phalanx.api import jobs, query
+from phalanx.backends import commands
+from phalanx.backends.slurm import backend as slurm
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths, JobPaths, read_json, write_json
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources
@@ -246,14 +247,14 @@ def test_the_agent_finds_its_part_by_the_schedulers_node_rank(tmp_path, monkeypa
 def test_every_slurm_option_is_a_flag_and_documented():
     from typer.testing import CliRunner
 
-    from phalanx.backends.sbatch import OPTIONS
+    from phalanx.backends.slurm.sbatch import OPTIONS
     from phalanx.cli.main import app
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "slurm.md").read_text()
     helptext = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     for option in OPTIONS:
         assert option.flag in helptext and option.help.split(" (")[0][:30] in " ".join(helptext.split())
-        assert f"`{option.flag}" in readme, f"document {option.flag} in README.md"
+        assert f"`{option.flag}" in page, f"document {option.flag} in docs/slurm.md"
 
 
 # -- queue time and lost supervisors --------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phalanx.backends import sbatch
+from phalanx.backends.slurm import sbatch
 from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths

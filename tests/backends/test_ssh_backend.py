@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx import jobs, query
+from phalanx.api import jobs, query
 from phalanx.backends.registry import get_backend
 from phalanx.backends.ssh import Shipment, SshBackend
 from phalanx.core.paths import HomePaths

@@ -204,8 +204,9 @@ def test_sagemaker_fakeplane_entry_environment_failure_and_unchanged_input(plane
         assert json.loads(probe["hosts"]) == ["algo-1", "algo-2"]
         assert probe["state"].endswith("/opt/ml/checkpoints") and probe["channel"] == "channel bytes"
         assert probe["data"] == ["a.txt"] and probe["gpus"] == "0" and probe["ifname"] == "eth0"
-        # The script's arguments arrive as typed: {node_rank}-style placeholders are --spawn self's only.
-        assert probe["argv"] == ["--tag", "{node_rank}"] and probe["image_like"] is True
+        # {node_rank}-style placeholders are filled in per node wherever phalanx starts each node's
+        # processes (docs/environment.md), on SageMaker as here.
+        assert probe["argv"] == ["--tag", str(rank)] and probe["image_like"] is True
     cause = record["root_cause"] if isinstance(record.get("root_cause"), dict) else json.loads(record["root_cause"])
     assert cause["rank"] == 1 and "rank one gives up" in cause["message"]
     scheduler = json.loads((job / "attempt_0" / "scheduler.json").read_text())
@@ -255,7 +256,7 @@ def test_sagemaker_fakeplane_stop_is_stoptrainingjob(plane, aws):
         assert time.monotonic() < deadline
         time.sleep(0.5)
     ps = _phalanx(env, "ps")
-    assert f"RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
+    assert "RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
     stopped = _phalanx(env, "stop", job_id, timeout=500)  # the default bound: --grace (capped) + 360 s
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "checkpoint saved" in log.read_text()  # the ranks got SIGTERM and their grace
@@ -327,6 +328,7 @@ def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_trai
     os.kill(status["supervisor_pid"], 9)
     lost = _phalanx(env, "status", job_id)
     assert "LOST" in lost.stdout and f"SAGEMAKER job phx-{job_id}-a0" in lost.stdout, lost.stdout
+    assert "step=2 " in log.read_text(), "status only looks: the logs it found stay (the attach of resume rewrites them)"
     resumed = _phalanx(env, "resume", job_id, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "epoch=1 step=30 loss=" in log.read_text()

@@ -52,6 +52,14 @@ VOLATILE = {
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE",
     "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "OLDPWD",
 }
+# A loopback port in an argument ({master_port} filled in, or picked by hand): differs run to run.
+PORT_IN_ARGUMENT = re.compile(r"^(127\.0\.0\.1):\d+$")
+
+
+def portless(argv: list[str]) -> list[str]:
+    return [PORT_IN_ARGUMENT.sub(r"\1:PORT", word) for word in argv]
+
+
 # torchrun's and the elastic agent's own log lines on stderr, and phalanx's own lines.
 LAUNCHER_LINES = re.compile(r"^([WIE]\d{4} |\*{5}|phalanx: |.*torch/distributed/run\.py|.*Setting OMP_NUM_THREADS)")
 RANK_PREFIX = re.compile(r"^\[\d+\] ")
@@ -102,12 +110,8 @@ def restore(root: Path, pristine: Path) -> None:
     shutil.copytree(pristine, root, symlinks=True)
 
 
-def run_both(case: "Case", workspace: Path, env: dict[str, str], options: tuple[str, ...] = (),
-             settle: Callable[[], None] | None = None) -> tuple[Observation, Observation]:
-    """The case's reference run, then its phalanx run (``phalanx run OPTIONS ...``), in the same
-    fresh copy of its project. With ``settle``, phalanx runs once before, unobserved, the tree is
-    put back and ``settle()`` waits for what that run set up (warm starts: the first run of an
-    environment starts its pool in the background and runs cold)."""
+def _copy_project(case: "Case", workspace: Path) -> tuple[Path, Path]:
+    """A fresh copy of the case's project (the probe beside every script), and its pristine twin."""
     root = workspace / "case"
     pristine = workspace / "pristine"
     shutil.copytree(PROJECTS / case.project, pristine, symlinks=True)
@@ -116,6 +120,25 @@ def run_both(case: "Case", workspace: Path, env: dict[str, str], options: tuple[
     if case.prepare:
         case.prepare(pristine)
     shutil.copytree(pristine, root, symlinks=True)
+    return root, pristine
+
+
+def run_phalanx(case: "Case", workspace: Path, env: dict[str, str], options: tuple[str, ...] = ()) -> Observation:
+    """Only the case's phalanx run, in a fresh copy of its project: for what has no reference run
+    but its own promise (``{node_rank}``-style arguments filled in)."""
+    root, _ = _copy_project(case, workspace)
+    before = tree(root)
+    return _observe(root, before, *_run([str(BIN / "phalanx"), "run", *options, *case.phalanx], root / case.cwd, env,
+                                        case.timeout))
+
+
+def run_both(case: "Case", workspace: Path, env: dict[str, str], options: tuple[str, ...] = (),
+             settle: Callable[[], None] | None = None) -> tuple[Observation, Observation]:
+    """The case's reference run, then its phalanx run (``phalanx run OPTIONS ...``), in the same
+    fresh copy of its project. With ``settle``, phalanx runs once before, unobserved, the tree is
+    put back and ``settle()`` waits for what that run set up (warm starts: the first run of an
+    environment starts its pool in the background and runs cold)."""
+    root, pristine = _copy_project(case, workspace)
     cwd = root / case.cwd
     before = tree(root)
     ref = _reference(case, cwd, env)
@@ -133,10 +156,12 @@ def run_both(case: "Case", workspace: Path, env: dict[str, str], options: tuple[
 def _reference(case: "Case", cwd: Path, env: dict[str, str]) -> tuple[int, str, str, bool]:
     if case.by_hand is None:
         return _run([*_tool(case.reference[0]), *case.reference[1:]], cwd, env, case.timeout)
-    # Several processes started by hand, each with its own variables (JAX's documented way).
+    # Several processes started by hand, each with its own variables (JAX's documented way), and
+    # arguments of its own where it needs them (what phalanx fills in for {node_rank}-style ones).
     procs = []
-    for extra in case.by_hand(env):
-        procs.append(subprocess.Popen([*_tool(case.reference[0]), *case.reference[1:]], cwd=cwd, env={**env, **extra},
+    for extra in case.by_hand(env, cwd):
+        extra, args = extra if isinstance(extra, tuple) else (extra, ())
+        procs.append(subprocess.Popen([*_tool(case.reference[0]), *case.reference[1:], *args], cwd=cwd, env={**env, **extra},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       stdin=subprocess.DEVNULL, start_new_session=True))
     outs, code, timed_out = [], 0, False
@@ -187,6 +212,9 @@ class Case:
     phalanx: tuple[str, ...]  # the words after `phalanx run`
     needs: tuple[str, ...] = ()  # importable modules the case needs (skipped without)
     multi: bool = False  # an explicit multi-process topology (see ALLOWED_EXTRA_MULTI)
-    by_hand: object = None  # env -> [extra env per process]: the reference starts them itself
+    by_hand: object = None  # (env, cwd) -> [extra env, or (extra env, extra args), per process]: the reference starts them itself
     prepare: object = None  # project root -> None: extra files made before the runs
     timeout: float = TIMEOUT
+    # (reference, phalanx) -> None: what the case promises besides being the same (where a model went)
+    check: object = None
+    starts: tuple[str, ...] = ("warm", "cold")  # how phalanx starts its processes in the runs compared

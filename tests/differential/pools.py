@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from phalanx.launch import warm
+from phalanx.launch.warm import plan as warm
 
 
 def settled(pool_dir: str) -> bool:

@@ -41,7 +41,7 @@ class K8s:
 @pytest.fixture
 def k8s(fake, tmp_path, monkeypatch):
     """The fake cluster, emptied; KUBECONFIG and PHALANX_HOME pointing at it and a fresh home."""
-    from phalanx.backends.kubernetes import watch
+    from phalanx.backends.kubernetes import follow as watch
 
     fake.reset()
     fake.kubelet.plays.clear()

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from phalanx import jobs, query
+from phalanx.api import jobs, query
 from phalanx.core.paths import JobPaths, read_json
 from phalanx.core.state import JobState
 

@@ -37,7 +37,7 @@ def pod_specs(obj):
 
 
 @pytest.mark.parametrize("kind", ["job", "pytorchjob", "trainjob", "jobset"])
-def test_k8s_retry_keeps_off_the_nodes_left_out_in_every_kind(plan_of, tmp_path, kind):
+def test_k8s_retry_keeps_off_the_nodes_left_out_in_every_kind(plan_of, tmp_path, kind):  # noqa: F811 - the imported fixture
     from phalanx.backends.registry import get_backend
     from phalanx.core.paths import HomePaths
 

@@ -26,7 +26,7 @@ def project(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def pool_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """This module's warm pools, stopped (and checked gone) at its end."""
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     from ..conftest import stop_pools
 

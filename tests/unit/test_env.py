@@ -1,6 +1,6 @@
 import json
 
-from phalanx.core.env import Topology, node_env, process_env
+from phalanx.core.env import Topology, fills_templates, initializes_jax, node_env, process_env
 from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
 
 
@@ -48,11 +48,36 @@ def test_process_env_jax():
 
 
 def test_process_env_tf_config():
+    # SageMaker's form (sagemaker-tensorflow-training-toolkit, training._build_tf_config_for_mwms), phalanx's ports
     env = process_env(_spec(nproc=1, framework=Framework.TF), _topo(worker_ports=(4001, 4002)), 1, 0)
     assert json.loads(env["TF_CONFIG"]) == {
         "cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]},
+        "environment": "cloud",
         "task": {"type": "worker", "index": 1},
     }
+
+
+def test_one_process_tf_gets_a_one_worker_tf_config_and_nothing_of_torchrun():
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/w/t.py"), Resources(), name="t", framework=Framework.TF)
+    env = process_env(spec, _topo(nnodes=1, worker_ports=(4001,)), 0, 0)
+    assert env == {"TF_CONFIG": json.dumps({"cluster": {"worker": ["10.0.0.1:4001"]}, "environment": "cloud",
+                                            "task": {"type": "worker", "index": 0}})}
+    jax = JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/w/t.py"), Resources(), name="t", framework=Framework.JAX)
+    assert process_env(jax, _topo(nnodes=1), 0, 0) == {}  # one JAX process needs no initialize: python's
+
+
+def test_which_jobs_fill_templates_and_which_get_jax_initialized():
+    def spec(res=Resources(), **kw):
+        return JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/w/t.py"), res, name="t", **kw)
+
+    two, one = Resources(2, 1, explicit=True), Resources(1, 1, explicit=True)
+    assert not fills_templates(spec()) and not fills_templates(spec(framework=Framework.TF))
+    for filled in (spec(spawn=Spawn.SELF), spec(one), spec(two), spec(two, framework=Framework.TF),
+                   spec(two, framework=Framework.JAX), spec(two, spawn=Spawn.SELF)):
+        assert fills_templates(filled), filled
+    assert initializes_jax(spec(two, framework=Framework.JAX)) and initializes_jax(spec(one, framework=Framework.JAX))
+    for plain in (spec(framework=Framework.JAX), spec(two, framework=Framework.JAX, spawn=Spawn.SELF), spec(two)):
+        assert not initializes_jax(plain), plain
 
 
 def test_bootstrap_file_names_match_job_paths(tmp_path):

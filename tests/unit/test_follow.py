@@ -6,14 +6,13 @@ from __future__ import annotations
 import io
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from phalanx.core.paths import JobPaths
-from phalanx.monitor import tail, watch
+from phalanx.monitor import tail, filewatch as watch
 from phalanx.monitor.tail import RankTailer, Stop, follow_attempts, follow_job
-from phalanx.monitor.watch import Watch, local_filesystem
+from phalanx.monitor.filewatch import Watch, local_filesystem
 
 pytestmark = pytest.mark.skipif(watch._LIBC is None, reason="inotify is Linux only (elsewhere the followers poll)")
 

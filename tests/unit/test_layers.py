@@ -16,17 +16,21 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("errors",),
     ("core", "config"),  # the job model and the job-directory contract; settings
-    ("monitor", "health", "storage", "store"),  # metrics and resources; gang health, the doctor; data channels, state, outputs; SQLite
+    ("monitor", "health", "storage", "store", "track"),  # metrics and resources; progress, stragglers, anomalies, the doctor; data channels, state, outputs; the store; tracker exporters
     ("launch",),  # one node: agent, bootstrap, torchrun argv, host facts
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
-    ("query", "lists", "sweepview"),  # read-only views; filtered listings (ps, dashboard); a sweep's trial table
-    ("jobs", "cleanup"),  # the library's verbs; rm and prune
+    ("api",),  # the face: views (query, lists, ps, jobview, sweepview), verbs (jobs, cleanup), face; views never act
     ("jobfile", "web"),  # job file + flags -> spec; the dashboard
     ("cli",),
     ("__init__", "__main__"),  # the public API, ``python -m phalanx``
 ]
+# Inside the face (``api``): views read and never act, verbs act, and ``face`` puts both behind one
+# object. A view may import neither a verb nor the face; every module of ``api`` is one of the three.
+VIEWS = {"query", "lists", "sweepview", "ps", "jobview", "failure"}
+VERBS = {"jobs", "cleanup"}
+FACES = {"face"}
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 PICTURE = " < ".join("|".join(names) for names in FLOORS)
 
@@ -93,7 +97,26 @@ def violations(root: Path) -> list[str]:
             elif theirs == level:
                 problems.append(f"{where}: sideways, {top} and {their} share floor {level} and may not import each "
                                 f"other; floors from the bottom: {PICTURE}")
-    return problems + cycles(edges, root)
+    return problems + views_never_act(edges, root) + cycles(edges, root)
+
+
+def views_never_act(edges: dict[str, list[tuple[int, str, Path]]], root: Path) -> list[str]:
+    problems = []
+    for module, targets in edges.items():
+        parts = module.split(".")
+        if parts[1:2] != ["api"] or len(parts) < 3:
+            continue
+        kind = parts[2]
+        if kind not in VIEWS | VERBS | FACES:
+            problems.append(f"{module} is neither a view nor a verb of the face: add '{kind}' to VIEWS (it reads "
+                            "only) or VERBS (it acts) in tests/unit/test_layers.py")
+            continue
+        for line, target, path in targets:
+            their = target.split(".")
+            if kind in VIEWS and their[1:2] == ["api"] and len(their) > 2 and their[2] in VERBS | FACES:
+                problems.append(f"{path.relative_to(root)}:{line} imports {target}: views never act; the view "
+                                f"{kind} may not import the verb module {their[2]}")
+    return problems
 
 
 def cycles(edges: dict[str, list[tuple[int, str, Path]]], root: Path) -> list[str]:
@@ -158,3 +181,34 @@ def test_the_check_finds_upward_imports_and_cycles(tmp_path):
     assert any(p.startswith("phalanx/backends/x.py:2 imports phalanx.supervise.job: upward, backends (floor 4) "
                             "may not import supervise (floor 5)") for p in problems), problems
     assert any("import cycle between phalanx.monitor.a, phalanx.monitor.b" in p for p in problems), problems
+
+
+def test_the_check_finds_a_view_that_acts(tmp_path):
+    pkg = tmp_path / "phalanx"
+    (pkg / "api").mkdir(parents=True)
+    for name in ("__init__", "api/__init__", "api/jobs"):
+        (pkg / f"{name}.py").write_text("")
+    (pkg / "api" / "query.py").write_text("def f():\n    from . import jobs\n")
+    problems = violations(tmp_path)
+    assert any(p.startswith("phalanx/api/query.py:2 imports phalanx.api.jobs: views never act") for p in problems), problems
+
+
+def test_every_import_of_phalanx_names_a_module_that_exists():
+    """mypy is told to ignore missing imports (for optional third-party packages), so it would not
+    see ``from .core.x import y`` written one level short in a module that moved: this does."""
+    files = {module_name(p, SRC): p for p in sorted((SRC / "phalanx").rglob("*.py"))}
+    missing = []
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if (target == "phalanx" or target.startswith("phalanx.")) and target not in files:
+                missing.append(f"{path.relative_to(SRC)}:{node.lineno} imports {target}, which does not exist")
+    assert not missing, "\n".join(missing)

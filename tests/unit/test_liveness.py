@@ -1,6 +1,6 @@
 """A job or sweep whose supervisor died shows LOST at once, in every read (ps, status, the
 dashboard), while no read writes it; the first command that acts on the job records it, and the
-history lists the attempt nobody saw end (supervise/liveness.py, query.py, supervise/history.py)."""
+history lists the attempt nobody saw end (supervise/liveness.py, api/query.py, supervise/history.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from phalanx import jobs, query
+from phalanx.api import jobs, query
 from phalanx.core.contracts import OutcomeKind, read_attempts
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec
@@ -92,7 +92,7 @@ def test_the_cli_and_the_dashboard_only_look(world):
     assert {r["id"]: r["state"] for r in json.loads(ps.output)} == {"orphan": "LOST", "healthy": "RUNNING",
                                                                     "stuck": "LOST", "sw1": "LOST"}
     status = CliRunner().invoke(app, ["status", "orphan"])
-    assert "state     LOST" in status.output and "root cause: node ?: the supervisor (pid" in status.output
+    assert "state     LOST" in status.output and "root cause: the supervisor (pid" in status.output
     client = TestClient(create_app(), base_url="http://127.0.0.1:8000")  # the dashboard as `phalanx dashboard` serves it
     assert client.get("/api/jobs/orphan").json()["state"] == "LOST"
     assert {j["id"]: j["state"] for j in client.get("/api/jobs").json()}["orphan"] == "LOST"

@@ -55,8 +55,8 @@ def test_an_unknown_backend_lists_the_known_ones(toy_package):
 
 def test_backend_modules_are_imported_only_when_used():
     code = ("import sys, phalanx.cli.main\n"
-            "from phalanx import query\n"
-            "loaded = [m for m in sys.modules if m.startswith(('phalanx.backends.ssh', 'phalanx.backends.slurm', "
+            "from phalanx.api import query\n"
+            "loaded = [m for m in sys.modules if m.startswith(('phalanx.backends.ssh', 'phalanx.backends.slurm.backend', "
             "'phalanx.supervise.job', 'torch'))]\n"
             "assert not loaded, loaded\n")
     import subprocess

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -118,10 +119,11 @@ def _cli(monkeypatch, record, *args: str):
     import typer
     from typer.testing import CliRunner
 
-    from phalanx import query
+    from phalanx.api import query
     from phalanx.cli.observe import register
 
     monkeypatch.setattr(query, "get_job", lambda ref, store=None: record)
+    monkeypatch.setenv("PHALANX_HOME", str(Path(record.job_dir).parent / "home"))  # never the user's own store
     app = typer.Typer()
     register(app)
     return CliRunner().invoke(app, list(args))
@@ -130,6 +132,7 @@ def _cli(monkeypatch, record, *args: str):
 def test_top_once_and_metrics_commands(tmp_path, monkeypatch):
     from phalanx.monitor.metrics import MetricsCollector
 
+    monkeypatch.setenv("PHALANX_HOME", str(tmp_path / "home"))  # the commands open a store: never the user's own
     paths = _job(tmp_path)
     paths.rank_log(0, 0).write_text("step=1 loss=0.5\nstep=2 loss=0.25\n")
     MetricsCollector(paths, 0).poll()

@@ -7,6 +7,7 @@ from phalanx.core.spec import (
     Spawn,
     merge_args,
     parse_topology,
+    has_template,
     render_template,
 )
 from phalanx.errors import UsageError
@@ -39,6 +40,15 @@ def test_render_template_leaves_other_braces():
                                           "master_port", "job_id", "state_dir", "output_dir"])}
     out = render_template(("--rank={node_rank}", "{master_addr}:{master_port}", '{"a": 1}', "{unknown}"), values)
     assert out == ("--rank=0", "3:4", '{"a": 1}', "{unknown}")
+
+
+def test_render_template_escape_keeps_a_literal():
+    values = dict.fromkeys(["node_rank", "num_nodes", "nproc_per_node", "master_addr", "master_port", "job_id",
+                            "state_dir", "output_dir"], 7)
+    out = render_template(("{{node_rank}}", "--fmt={{job_id}}-{job_id}", '{"a": {"b": 1}}', "{{x}}", "@NODE_ADDR_0@",
+                           "~/x/{node_rank}"), values)
+    assert out == ("{node_rank}", "--fmt={job_id}-7", '{"a": {"b": 1}}', "{{x}}", "@NODE_ADDR_0@", "~/x/7")
+    assert has_template(("{{node_rank}}",)) and has_template(("a{master_port}",)) and not has_template(('{"a": 1}', "{x}"))
 
 
 def test_build_spec_script(tmp_path, monkeypatch):

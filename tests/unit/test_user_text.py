@@ -9,12 +9,12 @@ import pytest
 from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
-from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources, Spawn
+from phalanx.core.spec import Entrypoint, EntrypointKind, Framework, JobSpec, Resources, Spawn
 from phalanx.core.plan import bind_addresses
 from phalanx.launch.host import HostFacts
 from phalanx.launch.remote import _expand_home
 
-ODD = ("--addr", "@NODE_ADDR_0@", "--far=@NODE_ADDR_7@", "{node_rank}", "@NODE_ADDR_@x", "~/x")
+ODD = ("--addr", "@NODE_ADDR_0@", "--far=@NODE_ADDR_7@", "{x}", "@NODE_ADDR_@x", "~/x")
 
 
 @pytest.fixture(autouse=True)
@@ -53,13 +53,25 @@ def test_local_plans_bind_nothing_even_without_addresses():
     assert bind_addresses(node, []) is node
 
 
-def test_templates_are_filled_only_with_spawn_self():
-    args = ("--rank", "{node_rank}", "--port={master_port}")
-    auto = _plan("local", JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/t.py", args), Resources(2, 2), name="t"))
-    assert auto.nodes[1].worker_argv[-3:] == args
-    self_ = _plan("local", JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/t.py", args), Resources(2, 2), name="t",
-                                   spawn=Spawn.SELF))
-    assert self_.nodes[1].processes[0].argv[-3:] == ("--rank", "1", "--port=29500")  # the first free port asked for
+def test_templates_are_filled_wherever_phalanx_starts_each_nodes_processes():
+    args = ("--rank", "{node_rank}", "--port={master_port}", "{{node_rank}}", "@NODE_ADDR_0@", "~/x")
+    filled = ("--rank", "1", "--port=29500", "{node_rank}", "@NODE_ADDR_0@", "~/x")  # the first free port asked for
+
+    def plan(res, **kw):
+        return _plan("local", JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/t.py", args), res, name="t", **kw))
+
+    two = Resources(2, 2, explicit=True)
+    assert plan(two).nodes[1].worker_argv[-6:] == filled  # torchrun's workers
+    for kw in ({"spawn": Spawn.SELF}, {"framework": Framework.JAX}, {"framework": Framework.TF}):
+        assert plan(two, **kw).nodes[1].processes[0].argv[-6:] == filled, kw
+    # one plain process: as python, whatever --framework says
+    for kw in ({}, {"framework": Framework.TF}, {"framework": Framework.JAX}):
+        assert plan(Resources(), **kw).nodes[0].processes[0].argv[-6:] == args, kw
+    assert plan(Resources(), spawn=Spawn.SELF).nodes[0].processes[0].argv[-6:-4] == ("--rank", "0")
+    # a plan whose addresses are known only at start (SLURM): {master_addr} is bound with them, the user's text is not
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/t.py", ("{master_addr}", "@NODE_ADDR_0@")), two, name="t")
+    bound = bind_addresses(_plan("slurm", spec).nodes[1], ["10.0.0.1", "10.0.0.2"])
+    assert bound.worker_argv[-2:] == ("10.0.0.1", "@NODE_ADDR_0@")
 
 
 def test_remote_home_expands_only_phalanx_paths():

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from phalanx.launch import warm
+from phalanx.launch.warm import plan as warm
 
 from ..conftest import stop_pools
 
@@ -36,7 +36,7 @@ def argv(module_args: list[str], pool_dir: str | None, preload: str = "") -> lis
     if pool_dir is None:
         return [PY, "-u", "-m", *module_args]
     options = ["--dir", pool_dir, *(["--preload", preload] if preload else [])]
-    return [PY, "-u", "-m", "phalanx.launch.warm_exec", *options, "--", *module_args]
+    return [PY, "-u", "-m", "phalanx.launch.warm.standin", *options, "--", *module_args]
 
 
 def start(module_args: list[str], pool_dir: str | None, env: dict | None = None, cwd: Path | str | None = None,
@@ -58,7 +58,7 @@ def script(path: Path, *args: str) -> list[str]:
 def ensure_pool(pool_dir: str, preload: str = "", env: dict | None = None) -> dict:
     """The pool of ``env`` (default: this process's), started if needed and holding ``preload``:
     the first start of an environment runs cold while its pool imports in the background."""
-    from phalanx.launch import warm_proto
+    from phalanx.launch.warm import proto as warm_proto
 
     wanted = [m for m in preload.split(",") if m]
     key = warm_proto.pool_key(env if env is not None else os.environ)

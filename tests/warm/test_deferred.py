@@ -1,4 +1,4 @@
-"""A warm stand-in started ahead (``warm_exec --defer``, ``launch/workers.py``: a kept agent's
+"""A warm stand-in started ahead (``standin --defer``, ``launch/workers.py``: a kept agent's
 retry under warm starts) becomes the stand-in the rank's command line names: its child sees what a
 stand-in started the ordinary way gives its child, and what a cold start sees. Differential, as
 ``test_differential.py``; the pool's count of forks says the child really came from it."""

@@ -1,7 +1,7 @@
 """A process forked from the warm pool sees what a cold ``python -u -m phalanx.launch.bootstrap``
 would: the same script, run both ways, compared (tests/warm/probe.py records what a script can see).
 
-Known and accepted differences, excluded here and documented in the README: the glibc-internal
+Known and accepted differences, excluded here and documented in docs/warm.md: the glibc-internal
 handler for signal 33 that a pool whose imports started a thread carries (/proc/self/status
 SigCgt), and str hashes (one hash seed per pool)."""
 
@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -197,7 +196,7 @@ def test_the_child_dies_with_the_stand_ins_parent(tmp_path, pool_dir):
     ensure_pool(pool_dir)
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
         import subprocess, sys, time
-        subprocess.Popen({json.dumps([sys.executable, "-u", "-m", "phalanx.launch.warm_exec", "--dir", pool_dir, "--",
+        subprocess.Popen({json.dumps([sys.executable, "-u", "-m", "phalanx.launch.warm.standin", "--dir", pool_dir, "--",
                                       *script(path, str(tmp_path / "pid"))])}, start_new_session=True,
                          stdin=subprocess.DEVNULL)
         time.sleep(60)
@@ -210,7 +209,7 @@ def test_the_child_dies_with_the_stand_ins_parent(tmp_path, pool_dir):
 
 
 def test_a_stopped_pool_lets_running_children_finish_then_exits(tmp_path, pool_dir):
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     path = tmp_path / "short.py"
     path.write_text("import time\ntime.sleep(1.5)\nprint('finished')\n")

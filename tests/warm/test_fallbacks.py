@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.launch import warm_checks, warm_proto
+from phalanx.launch.warm import checks as warm_checks, proto as warm_proto
 
 from .conftest import PROBE, ensure_pool, pool_info, run, script, served, start, wait_for
 
@@ -86,7 +86,7 @@ def test_a_client_outside_its_own_session_starts_cold(tmp_path, pool_dir):
     ensure_pool(pool_dir)
     before = served(pool_dir)
     out = tmp_path / "probe.json"
-    argv = [sys.executable, "-u", "-m", "phalanx.launch.warm_exec", "--dir", pool_dir, "--", *script(PROBE, str(out))]
+    argv = [sys.executable, "-u", "-m", "phalanx.launch.warm.standin", "--dir", pool_dir, "--", *script(PROBE, str(out))]
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)  # no new session
     assert proc.returncode == 0 and not json.loads(out.read_text())["start"]["sid_is_pid"]
     assert served(pool_dir) == before
@@ -106,7 +106,7 @@ def test_limits_umask_signals_and_mask_of_the_caller_carry_over(tmp_path, pool_d
     seen = []
     for where in (None, pool_dir):
         out = tmp_path / "probe.json"
-        argv = [sys.executable, "-u", "-m", *([] if where is None else ["phalanx.launch.warm_exec", "--dir", where, "--"]),
+        argv = [sys.executable, "-u", "-m", *([] if where is None else ["phalanx.launch.warm.standin", "--dir", where, "--"]),
                 *script(PROBE, str(out))]
         subprocess.run(argv, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=odd_start, check=True,
                        timeout=120, capture_output=True)
@@ -138,7 +138,7 @@ def open_place():
     import shutil
     import tempfile
 
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     from ..conftest import stop_pools
 
@@ -202,7 +202,7 @@ def test_initialised_cuda_refuses_with_a_fake_torch_cuda(monkeypatch):
 
 
 def test_a_pool_answers_status_and_stops(pool_dir):
-    from phalanx.launch import warm
+    from phalanx.launch.warm import plan as warm
 
     pool = ensure_pool(pool_dir)
     assert pool["memory"]["rss"] > 0 and pool["memory"]["pss"] > 0
@@ -237,7 +237,7 @@ def test_children_of_a_killed_stand_in_started_before_it_forked_are_killed(tmp_p
 def test_the_pool_learns_what_a_script_imports_behind_the_readers_back(tmp_path, pool_dir):
     """The plan reads the script for torch; an import it cannot see is learnt by the pool from the
     run, and held for the next one."""
-    from phalanx.launch import warm_proto
+    from phalanx.launch.warm import proto as warm_proto
 
     ensure_pool(pool_dir)
     hidden = tmp_path / "hidden.py"

@@ -15,7 +15,7 @@ from .conftest import HERE, PY, pool_info, wait_for, wait_gone
 
 def _first_run(pool_dir: str, idle: str) -> None:
     """A first run of this environment: cold, and it starts the environment's pool."""
-    argv = [PY, "-u", "-m", "phalanx.launch.warm_exec", "--dir", pool_dir, "--idle", idle, "--",
+    argv = [PY, "-u", "-m", "phalanx.launch.warm.standin", "--dir", pool_dir, "--idle", idle, "--",
             "phalanx.launch.bootstrap", "--script", str(HERE / "nothing.py")]
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True, timeout=120)
     assert done.returncode == 0, done.stderr

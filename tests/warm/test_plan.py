@@ -9,7 +9,7 @@ from phalanx.backends.base import Facts
 from phalanx.backends.registry import get_backend
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec, Resources, Spawn
-from phalanx.launch import warm
+from phalanx.launch.warm import plan as warm
 from phalanx.launch.host import HostFacts
 from phalanx.supervise.submit import plan_attempt
 
@@ -35,11 +35,11 @@ def test_torchrun_workers_run_the_stand_in_under_torchrun(tmp_path):
                    workdir=str(tmp_path), warm=True)
     node = _plan(spec).nodes[0]
     at = node.torchrun_argv.index("--module")
-    assert node.torchrun_argv[at + 1] == "phalanx.launch.warm_exec"  # torchrun still starts every worker
+    assert node.torchrun_argv[at + 1] == "phalanx.launch.warm.standin"  # torchrun still starts every worker
     options, cold = node.worker_argv[:node.worker_argv.index("--")], node.worker_argv[node.worker_argv.index("--") + 1:]
     assert cold == ("phalanx.launch.bootstrap", "--script", str(script), "--lr", "1")
     assert options[options.index("--preload") + 1] == "torch"
-    assert node.agent_argv[1:4] == ("-m", "phalanx.launch.warm_exec", "--dir")
+    assert node.agent_argv[1:4] == ("-m", "phalanx.launch.warm.standin", "--dir")
     assert node.agent_argv[-3:-1] == ("phalanx.launch.agent", "--launch")
     assert "torch.distributed.run" in node.agent_argv[node.agent_argv.index("--preload") + 1]
 
@@ -48,9 +48,9 @@ def test_cold_plans_are_unchanged_and_commands_never_warm(tmp_path):
     script = _script(tmp_path, "print(1)\n")
     cold = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(script)), workdir=str(tmp_path))
     assert _plan(cold).to_dict() == _plan(cold.with_(warm=False)).to_dict()
-    assert "warm_exec" not in _plan(cold).to_json()
+    assert "warm.standin" not in _plan(cold).to_json()
     command = JobSpec(Entrypoint(EntrypointKind.COMMAND, "bash", ("-c", "true")), Resources(1, 2, explicit=True), warm=True)
-    assert "warm_exec" not in _plan(command).to_json()
+    assert "warm.standin" not in _plan(command).to_json()
 
 
 def test_single_and_direct_processes_start_warm(tmp_path):
@@ -59,7 +59,7 @@ def test_single_and_direct_processes_start_warm(tmp_path):
                    workdir=str(tmp_path), warm=True)
     for node in _plan(spec).nodes:
         (proc,) = node.processes
-        assert proc.argv[:4] == (spec.python, "-u", "-m", "phalanx.launch.warm_exec")
+        assert proc.argv[:4] == (spec.python, "-u", "-m", "phalanx.launch.warm.standin")
         assert proc.argv[proc.argv.index("--") + 1:] == ("phalanx.launch.bootstrap", "--script", str(script))
         assert "--preload" not in proc.argv  # nothing heavy imported by the script
 
@@ -93,6 +93,6 @@ def test_the_supervisor_plans_warm_only_where_the_backend_starts_processes_here(
     spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(script)), workdir=str(tmp_path), warm=True)
     home = HomePaths(phx_home)
     local = get_backend("local")
-    assert "phalanx.launch.warm_exec" in plan_attempt(local, spec, "job1234", 0, home).to_json()
-    assert "warm_exec" not in plan_attempt(local, spec.with_(warm=False), "job1234", 0, home).to_json()
+    assert "phalanx.launch.warm.standin" in plan_attempt(local, spec, "job1234", 0, home).to_json()
+    assert "warm.standin" not in plan_attempt(local, spec.with_(warm=False), "job1234", 0, home).to_json()
     assert [name for name in ("local", "ssh", "slurm") if get_backend(name).warm_starts] == ["local"]

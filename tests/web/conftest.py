@@ -71,7 +71,7 @@ def _job_dir(home: Path, job_id: str) -> Path:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> Demo:
-    from phalanx import jobs, query
+    from phalanx.api import jobs, query
     from phalanx.core.paths import JobPaths
     from phalanx.core.spec import parse_metric
     from phalanx.monitor.metrics import MetricsCollector

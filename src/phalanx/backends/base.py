@@ -149,6 +149,12 @@ class NodeHandle(abc.ABC):
         (it exits; nothing of the job is left on the node). Idempotent, non-blocking or briefly
         blocking; nothing for a handle whose agent was handed to a later attempt (``rerun``)."""
 
+    def wait_hint(self) -> float | None:
+        """Seconds within which this handle wants its next ``poll`` (a node ending what its
+        processes left running, ``launch/strays.py``); None: whenever (child exits and the
+        supervisor's own tick wake it)."""
+        return None
+
     def running(self) -> bool:
         """Whether the node's processes can run now: False while a scheduler holds the node back
         (queued, requeued, suspended), so the supervisor's stall clock does not count that time."""
@@ -205,7 +211,7 @@ class Backend(abc.ABC):
         return False
 
     # The plan's Python processes start on this machine with its interpreter, so the supervisor
-    # may start them from the warm pool (``launch/warm.py``, applied in ``supervise.submit``).
+    # may start them from the warm pool (``launch/warm/plan.py``, applied in ``supervise.submit``).
     warm_starts: bool = False
 
     def validated(self, spec: JobSpec) -> JobSpec:

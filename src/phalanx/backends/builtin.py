@@ -5,7 +5,7 @@
 BACKENDS: dict[str, str] = {
     "local": "phalanx.backends.local:LocalBackend",
     "ssh": "phalanx.backends.ssh:SshBackend",
-    "slurm": "phalanx.backends.slurm:SlurmBackend",
+    "slurm": "phalanx.backends.slurm.backend:SlurmBackend",
     "sagemaker": "phalanx.backends.sagemaker.backend:SageMakerBackend",
     "skypilot": "phalanx.backends.skypilot.backend:SkyPilotBackend",
     "ray": "phalanx.backends.ray.backend:RayBackend",

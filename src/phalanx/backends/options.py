@@ -33,7 +33,7 @@ ENTRY_POINT_GROUP = "phalanx.backend_options"
 BUILTIN_OPTIONS: dict[str, str | None] = {
     "local": None,
     "ssh": "phalanx.backends.ssh.options:OPTIONS",
-    "slurm": "phalanx.backends.sbatch:OPTIONS",
+    "slurm": "phalanx.backends.slurm.sbatch:OPTIONS",
 }
 
 

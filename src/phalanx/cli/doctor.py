@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import typer
 
-from .runcmd import RunCommand, run_options
+from .runflags import RunCommand, run_options
 
 if TYPE_CHECKING:
     from ..core.options import Option
@@ -73,10 +73,10 @@ class DoctorCommand(RunCommand):
 
 
 def _callback(burn: float = 2.0, **given: Any) -> None:
-    from .. import jobs
     from ..errors import UsageError
     from ..jobfile import RunOptions, build_spec, resolve
     from .control import event
+    from .face import face
     from .render import dump_json, warn
     from .runflow import _backend_options
 
@@ -90,11 +90,12 @@ def _callback(burn: float = 2.0, **given: Any) -> None:
     spec = build_spec(opts, values)
     as_json, quiet = bool(values["as_json"]), bool(values["quiet"])
     warn(values.warnings, values.notes)
-    found = jobs.doctor(spec, events=None if quiet or as_json else event, burn=burn)
+    found = face().doctor(spec, events=None if quiet or as_json else event, burn=burn)
+    text = found.pop("text")
     if as_json:
-        dump_json(found.to_dict(), sys.stdout)
+        dump_json(found, sys.stdout)
     else:
-        sys.stdout.write(found.render())
+        sys.stdout.write(text)
         if not quiet:
-            event(f"checked in {found.seconds:.1f}s (job {found.record.id})")
-    raise typer.Exit(0 if found.healthy else 1)
+            event(f"checked in {found['seconds']:.1f}s (job {found['job']})")
+    raise typer.Exit(0 if found["healthy"] else 1)

@@ -11,9 +11,10 @@ from typing import Any, List, Optional
 import click
 import typer
 
+from ..core.rawtext import show_streams
 from ..errors import PhalanxError
 from .doctor import DoctorCommand
-from .runcmd import RunCommand
+from .runflags import RunCommand
 
 app = typer.Typer(
     name="phalanx",
@@ -72,7 +73,7 @@ def help_cmd(command: Optional[List[str]] = typer.Argument(None, help="A command
 def _register_subcommands() -> None:
     """Commands that live in their own modules (each imports its heavy parts lazily)."""
     from .control import register as register_control
-    from .data import register as register_data
+    from .artifacts import register as register_data
     from .manage import register as register_manage
     from .observe import register as register_observe
     from .pool import pool_app
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one error boundary for the whole CLI."""
     global _DEBUG
     args = sys.argv[1:] if argv is None else argv
+    show_streams(sys.stdout, sys.stderr)  # a name or argument that is not UTF-8 is shown, never a UnicodeEncodeError
     _DEBUG = os.environ.get("PHALANX_DEBUG") == "1" or "--debug" in _leading_options(args)
     command = _command()
     try:

@@ -1,13 +1,12 @@
 """``phalanx rm | prune | usage``: remove what ended, say what it freed; add up what jobs used.
 Also the helpers ``status`` and ``logs`` share: the usage line and the offsets of
-``logs --tail/--since``. Thin: parse, call ``cleanup``/``store.listing``, render.
+``logs --tail/--since``. Thin: parse, one call on the face (``cli/face.py``), render.
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -27,23 +26,25 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _report(removed: Any, dry_run: bool, as_json: bool) -> None:
+def _report(removed: dict[str, Any], as_json: bool) -> None:
     from .render import dump_json
 
     if as_json:
-        dump_json({**removed.to_dict(), "dry_run": dry_run}, sys.stdout)
+        dump_json(removed, sys.stdout)
         return
+    dry_run = removed["dry_run"]
     what = []
-    if removed.jobs:
-        what.append(f"{removed.jobs} job(s)")
-    if removed.sweeps:
-        what.append(f"{removed.sweeps} sweep(s)")
+    if removed["jobs"]:
+        what.append(f"{removed['jobs']} job(s)")
+    if removed["sweeps"]:
+        what.append(f"{removed['sweeps']} sweep(s)")
     verb = "would remove" if dry_run else "removed"
-    extra = f", {len(removed.state_dirs)} state director{'y' if len(removed.state_dirs) == 1 else 'ies'}" if removed.state_dirs else ""
-    objects = f", {removed.objects} code file(s) no job uses any more" if removed.objects else ""
-    typer.echo(f"{verb} {' and '.join(what) or 'nothing'}{extra}{objects}: {_size(removed.bytes)} "
+    dirs = removed["state_dirs"]
+    extra = f", {len(dirs)} state director{'y' if len(dirs) == 1 else 'ies'}" if dirs else ""
+    objects = f", {removed['objects']} code file(s) no job uses any more" if removed["objects"] else ""
+    typer.echo(f"{verb} {' and '.join(what) or 'nothing'}{extra}{objects}: {_size(removed['bytes'])} "
                f"{'would be ' if dry_run else ''}freed")
-    for kept in removed.kept_state:
+    for kept in removed["kept_state"]:
         typer.echo(f"kept {kept}: another job still names it", err=True)
 
 
@@ -54,12 +55,9 @@ def rm_cmd(
 ) -> None:
     """Delete jobs or sweeps that ended, with their files: logs, metrics, outputs, code
     snapshot, and their state directory unless another job names it. Never a running job."""
-    from ..query import home, open_store
-    from ..cleanup import remove, resolve
+    from .face import face
 
-    store = open_store()
-    targets = resolve(store, refs)  # every one checked before anything goes
-    _report(remove(store, home(), targets, dry_run), dry_run, as_json)
+    _report(face().rm(refs, dry_run), as_json)
 
 
 def prune_cmd(
@@ -69,43 +67,24 @@ def prune_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Delete every job and sweep that ended and is older than --older-than, with its files."""
-    from ..query import home, open_store
-    from ..cleanup import prune_targets, remove
-    from ..core.state import TERMINAL
-    from ..errors import UsageError
-    from ..lists import parse_states
-    from ..monitor.logindex import parse_duration
+    from .face import face
 
-    age = parse_duration(older_than, "--older-than")
-    states = parse_states(state)
-    ended = {s.value for s in TERMINAL}
-    running = [s for s in states if s not in ended]
-    if running:
-        raise UsageError(f"--state {running[0].lower()} is not an end state: prune removes only what ended",
-                         f"use one of: {', '.join(sorted(s.lower() for s in ended))}")
-    store = open_store()
-    targets = prune_targets(store, age, states, time.time())
-    _report(remove(store, home(), targets, dry_run), dry_run, as_json)
+    _report(face().prune(older_than, state, dry_run), as_json)
 
 
 def usage_cmd(
-    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state or day."),
+    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state, day or user."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 7d, 2025-03-01."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """GPU-hours, CPU-hours and estimated cost of the jobs that ended, added up by name (or
     sweep, backend, state, day). Prices come from the prices setting."""
-    from ..query import open_store
-    from ..errors import UsageError
     from ..monitor.accounting import hours, money
-    from ..monitor.logindex import parse_since
-    from ..store.listing import GROUPS, usage_totals
+    from .face import face
     from .listing import _fit
     from .render import dump_json
 
-    if by not in GROUPS:
-        raise UsageError(f"unknown --by '{by}'", f"group by one of: {', '.join(GROUPS)}")
-    rows = usage_totals(open_store(), by, parse_since(since) if since else None)
+    rows = face().usage(by, since)
     if as_json:
         dump_json(rows, sys.stdout)
         return
@@ -122,45 +101,15 @@ def usage_cmd(
 # -- shared with status and logs -------------------------------------------------------------
 
 
-def usage_line(record: Any) -> str:
+def usage_text(used: dict[str, Any]) -> str:
     """``usage     0.52 GPU-hours (2 GPUs/node, A100), 4.1 CPU-hours, cost 1.30 (A100)``; the
-    attempts add up (a retry's time counts)."""
-    from ..monitor.accounting import hours, job_usage, money
+    attempts add up (a retry's time counts). ``used``: ``monitor.accounting.Usage`` as data."""
+    from ..monitor.accounting import hours, money
 
-    used = job_usage(record)
-    gpus = f" ({used.gpus_per_node} GPU{'s' if used.gpus_per_node != 1 else ''}/node{', ' + used.gpu_model if used.gpu_model else ''})" \
-        if used.gpus_per_node else ""
-    cost = f", cost {money(used.cost)} ({used.priced_by})" if used.cost is not None else ""
-    billed = " (billed time)" if used.billed else ""
-    attempts = f" over {len(used.attempts)} attempts" if len(used.attempts) > 1 else ""
-    return f"usage     {hours(used.gpu_hours)} GPU-hours{gpus}, {hours(used.cpu_hours)} CPU-hours{cost}{billed}{attempts}\n"
-
-
-def log_offsets(record: Any, attempt: int | None, rank: int | None, tail: int | None, since: str | None,
-                say: Callable[[str], None]) -> dict[int, int]:
-    """Where each rank's log of the attempt is read from for ``--tail N`` / ``--since T``
-    (both: the later of the two)."""
-    from pathlib import Path
-
-    from ..core.paths import JobPaths
-    from ..monitor.logindex import parse_since, since_offset, tail_offset
-
-    paths = JobPaths(Path(record.job_dir))
-    attempt = record.attempt if attempt is None else attempt
-    when = parse_since(since) if since else None
-    out: dict[int, int] = {}
-    missing = False
-    for r in paths.ranks(attempt):
-        if rank is not None and r != rank:
-            continue
-        offset = 0
-        if tail is not None:
-            offset = tail_offset(paths.rank_log(attempt, r), tail)
-        if when is not None:
-            found = since_offset(paths, attempt, r, when)
-            missing = missing or found is None
-            offset = max(offset, found or 0)
-        out[r] = offset
-    if missing:
-        say(f"job {record.id} was recorded without a log index (older phalanx): --since shows its whole log")
-    return out
+    per_node = used["gpus_per_node"]
+    gpus = f" ({per_node} GPU{'s' if per_node != 1 else ''}/node{', ' + used['gpu_model'] if used['gpu_model'] else ''})" \
+        if per_node else ""
+    cost = f", cost {money(used['cost'])} ({used['priced_by']})" if used["cost"] is not None else ""
+    billed = " (billed time)" if used["billed"] else ""
+    attempts = f" over {len(used['attempts'])} attempts" if len(used["attempts"]) > 1 else ""
+    return f"usage     {hours(used['gpu_hours'])} GPU-hours{gpus}, {hours(used['cpu_hours'])} CPU-hours{cost}{billed}{attempts}\n"

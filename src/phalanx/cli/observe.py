@@ -31,28 +31,27 @@ def metrics_cmd(
 ) -> None:
     """Metrics of a job: last / min / max / count per metric, and a sparkline by step (a
     sweep: every trial's final values)."""
-    from .. import query
-    from ..monitor.report import metrics_report
-    from . import sweepcmds
+    from .face import face
     from .render import dump_json
 
-    sweep = sweepcmds.sweep_named(job)
-    if sweep is not None and not jsonl:
-        sweepcmds.metrics(sweep, as_json)
-        return
-
     if jsonl:
-        from ..monitor.report import export_metrics
-
-        export_metrics(query.get_job(job), sys.stdout, attempt=attempt, rank=rank)
+        face().metric_records(job, _write_out, attempt=attempt, rank=rank)
         return
-    report = metrics_report(query.get_job(job), attempt=attempt, rank=rank)
+    report = face().metrics(job, attempt=attempt, rank=rank)
+    if report["kind"] == "sweep":
+        from .sweepcmds import render_metrics
+
+        render_metrics(report, as_json)
+        return
+    report.pop("kind")
+    ended = report.pop("ended")
     if as_json:
         dump_json(report, sys.stdout)
         return
     out = sys.stdout
     if not report["metrics"]:
-        out.write(f"no metrics for job {report['job']} yet ({report['where']})\n")
+        out.write(f"no metrics were reported by job {report['job']} ({report['where']})\n" if ended else
+                  f"no metrics for job {report['job']} yet ({report['where']})\n")
         out.write("print name=value numbers, pass --metric NAME=REGEX, or write JSON lines to $PHALANX_METRICS_FILE\n")
         return
     from .render import table
@@ -65,6 +64,10 @@ def metrics_cmd(
     table(rows, ("METRIC", "LAST", "MIN", "MAX", "COUNT", "STEP", "BY STEP"), out)
 
 
+def _write_out(text: str) -> None:
+    sys.stdout.write(text)
+
+
 def _num(value: float) -> str:
     return f"{value:.6g}"
 
@@ -75,17 +78,14 @@ def top_cmd(
     once: bool = typer.Option(False, "--once", help="Print one frame and exit (what it does anyway when not on a terminal)."),
 ) -> None:
     """Live CPU, RAM, GPU use per node and rank of a job (from its resource samples)."""
-    from .. import query
-    from ..core.state import is_terminal
-    from ..monitor.report import top_frame
+    from .face import face
 
     if interval <= 0:
         from ..errors import UsageError
 
         raise UsageError(f"invalid --interval {interval:g}", "use a number of seconds above 0, e.g. --interval 2")
-    record = query.get_job(job)
-    frame = top_frame(record)
-    if once or is_terminal(record.state) or not sys.stdout.isatty():  # piped or logged: one snapshot
+    frame = face().top(job)
+    if once or frame["terminal"] or not sys.stdout.isatty():  # piped or logged: one snapshot
         _render_top(frame, sys.stdout)
         return
     from rich.console import Console
@@ -95,9 +95,9 @@ def top_cmd(
     with Live(_top_renderable(frame), console=console, refresh_per_second=4, screen=False) as live:
         while True:
             time.sleep(interval)
-            record = query.get_job(record.id)
-            live.update(_top_renderable(top_frame(record)))
-            if is_terminal(record.state):
+            frame = face().top(frame["id"])
+            live.update(_top_renderable(frame))
+            if frame["terminal"]:
                 return
 
 

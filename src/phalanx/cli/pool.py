@@ -1,4 +1,4 @@
-"""``phalanx pool status|stop``: the warm interpreter pools of this user (see README, Warm starts)."""
+"""``phalanx pool status|stop``: the warm interpreter pools of this user (docs/warm.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _mib(pool: dict[str, Any], key: str) -> str:
 def status_cmd(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """One line per pool: what it holds, what it runs, its memory (RSS; PSS counts pages shared
     with the processes it forked once per sharer), and when it exits if left idle."""
-    from ..launch import warm
+    from ..launch.warm import plan as warm
 
     pools = warm.pools()
     if as_json:
@@ -54,7 +54,7 @@ def stop_cmd(
 ) -> None:
     """Stop pools: they take no more work and exit once the processes they forked have ended."""
     from ..errors import UsageError
-    from ..launch import warm
+    from ..launch.warm import plan as warm
 
     stopped = warm.stop(key=key)
     if key and not stopped:

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, Iterable, TextIO
 
-from ..query import platform_state
+from ..api.query import platform_state
 from ..store import JobRecord
 
 

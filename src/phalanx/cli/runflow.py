@@ -11,7 +11,6 @@ import typer
 
 
 def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
-    from .. import jobs
     from ..jobfile import RunOptions, build_spec, build_sweep, resolve
     from .control import event, report_end
     from .render import dump_json, warn
@@ -42,34 +41,35 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
         run_sweep_cli(spec, sweep, dry_run=bool(values["dry_run"]), detach=bool(values["detach"]), as_json=as_json,
                       clean=bool(values["clean_state"]), warnings=values.warnings, notes=values.notes)
         return
+    from .face import face
+
     if values["dry_run"]:
-        jobs.check_storage(spec)  # the stores a real run checks first (offline: not the backend's cluster)
-        plan = jobs.plan_job(spec)
+        planned = face().dry_run(spec)
         warn(values.warnings, values.notes)
         if as_json:
-            dump_json(plan.to_dict(), sys.stdout)
+            dump_json(planned["plan"], sys.stdout)
         else:
-            sys.stdout.write(plan.render())
+            sys.stdout.write(planned["text"])
         return
     warn(values.warnings, values.notes)
     if values["clean_state"]:
-        moved = jobs.clean_state(spec)
+        moved = face().clean_state(spec)
         if moved:
             say(f"previous state of '{spec.name}' moved to {moved}")
     if values["detach"]:
-        record = jobs.submit_detached(spec, events=say)
+        record = face().submit(spec, events=say)
         if as_json:
-            dump_json({"id": record.id, "name": record.name, "job_dir": record.job_dir}, sys.stdout)
+            dump_json({"id": record["id"], "name": record["name"], "job_dir": record["job_dir"]}, sys.stdout)
         else:
-            typer.echo(record.id)
+            typer.echo(record["id"])
         return
     shown = terminal_ranks(values, spec)
     out = sys.stderr if as_json else sys.stdout  # --json: stdout holds only the JSON
-    record, code = jobs.run(spec, out=out, ranks=shown, events=say, started=None if quiet else announce)
+    record, code = face().run(spec, out=out, ranks=shown, events=say, started=None if quiet else announce)
     if not quiet:
         report_end(record, shown=shown)
     if as_json:
-        dump_json(record.to_dict(), sys.stdout)
+        dump_json({k: v for k, v in record.items() if k != "duration"}, sys.stdout)
     raise typer.Exit(code)
 
 
@@ -79,12 +79,12 @@ def _backend_options() -> tuple[Any, ...]:
     return backend_options()
 
 
-def announce(record: Any) -> None:
+def announce(record: dict[str, Any]) -> None:
     """The start line: which job, and where its logs are."""
     from .control import event
 
-    event(f"job {record.id} ({record.name}) started: {record.topology} on {record.backend}; "
-          f"logs: phalanx logs {record.id} (in {record.job_dir})")
+    event(f"job {record['id']} ({record['name']}) started: {record['topology']} on {record['backend']}; "
+          f"logs: phalanx logs {record['id']} (in {record['job_dir']})")
 
 
 def terminal_ranks(values: Any, spec: Any) -> set[int] | None:

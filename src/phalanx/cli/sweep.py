@@ -16,7 +16,6 @@ sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run
 
 def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool,
                   warnings: list[str] | None = None, notes: list[str] | None = None) -> None:
-    from .. import jobs
     from ..sweeps.settings import check, slot_plan
     from ..sweeps.space import parse_space
     from .control import event
@@ -26,6 +25,8 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
     if clean:
         raise typer.BadParameter("--clean-state does not apply to sweeps: each trial has its own state directory")
     if dry_run:
+        from ..api import jobs
+
         jobs.check_storage(spec)  # what a real sweep checks first
         slots = slot_plan(spec, settings.parallel)
         warn(warnings or [], notes)
@@ -44,18 +45,21 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
                 typer.echo(f"  {spec.entrypoint.target} {' '.join(args)}")
         return
     warn(warnings or [], notes)
-    record, code = jobs.run_sweep(spec, settings, detach=detach, events=event)
+    from .face import face
+
+    record, code = face().run_sweep(spec, settings, detach=detach, events=event)
     if detach:
         if as_json:
-            dump_json({"id": record.id, "sweep": True, "name": record.name}, sys.stdout)
+            dump_json({"id": record["id"], "sweep": True, "name": record["name"]}, sys.stdout)
         else:
-            typer.echo(record.id)
+            typer.echo(record["id"])
         return
-    best = f"; best {record.objective}={record.best_value:g} (job {record.best_job})" if record.best_value is not None else ""
-    typer.echo(f"phalanx: sweep {record.id} {record.state.value.lower()}: {record.finished}/{record.total} trials "
-               f"({record.failed} failed, {record.pruned} pruned){best}", err=True)
+    best = f"; best {record['objective']}={record['best_value']:g} (job {record['best_job']})" \
+        if record["best_value"] is not None else ""
+    typer.echo(f"phalanx: sweep {record['id']} {record['state'].lower()}: {record['finished']}/{record['total']} trials "
+               f"({record['failed']} failed, {record['pruned']} pruned){best}", err=True)
     if as_json:
-        dump_json(record.to_dict(), sys.stdout)
+        dump_json(record, sys.stdout)
     raise typer.Exit(code or 0)
 
 
@@ -67,6 +71,10 @@ def show_cmd(
 ) -> None:
     """A sweep's trials, best first: parameters, state, objective, the other metrics' final
     values; pruned trials with the step and the reason."""
+    from ..errors import UsageError
+    from .face import face
     from .listing import show_sweep
 
-    show_sweep(sweep, as_json, as_csv)
+    if as_json and as_csv:
+        raise UsageError("--json and --csv both given", "pick one")
+    show_sweep(face().sweep(sweep), as_json, as_csv)

@@ -1,9 +1,13 @@
-"""The environment contract: what every training process sees (see docs/architecture.md).
+"""The environment contract: what every training process sees (docs/environment.md).
 
 Pure functions of (spec, topology, node, process). torchrun adds its own RANK/LOCAL_RANK/...
 for the workers it starts; for processes phalanx starts directly, ``process_env`` sets the
 same variables so scripts cannot tell the difference. A job given no topology runs as python
-would run it, with none of them (``runs_as_python``).
+would run it, with none of them (``runs_as_python``), except what its ``--framework`` asks for
+(``--framework tf``: a one-worker ``TF_CONFIG``, as SageMaker gives a one-instance
+MultiWorkerMirroredStrategy job). Which jobs get their ``{node_rank}``-style arguments filled in
+(``fills_templates``) and which get ``jax.distributed.initialize`` called for them
+(``initializes_jax``) is decided here too, once.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .spec import Framework, JobSpec, channel_env_name
+from .spec import Framework, JobSpec, Spawn, channel_env_name
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,37 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
     return env
 
 
+def wandb_run_id(job_id: str) -> str:
+    """The W&B run id of a job: fixed by the job id, so every attempt, a ``resume`` and the script's
+    own ``wandb.init()`` (handed ``WANDB_RUN_ID``) are the same run."""
+    return f"phalanx-{job_id}"
+
+
+# The places a tracker's client reads from its environment (``--track`` records them at submit).
+TRACKER_PLACES = {
+    "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"),
+    "wandb": ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE", "WANDB_BASE_URL"),
+}
+
+
+def tracker_env(kinds: tuple[str, ...], config: Mapping[str, str], job_id: str, group: str,
+                mlflow_run: str | None) -> dict[str, str]:
+    """With ``--track``: what a script's own tracker code reads to continue the job's run, on every
+    process of every attempt: the places the job tracks to; ``MLFLOW_RUN_ID`` once the run exists;
+    the W&B run (``WANDB_RUN_ID``, resumed: ``WANDB_RESUME=allow``) in the job's group
+    (``WANDB_RUN_GROUP``: the job id, a sweep's id for its trials), which is also how scripts that
+    log from every rank keep their runs together."""
+    env: dict[str, str] = {}
+    for kind in ("mlflow", "wandb"):
+        if kind in kinds:
+            env.update({name: config[name] for name in TRACKER_PLACES[kind] if config.get(name)})
+    if "mlflow" in kinds and mlflow_run:
+        env["MLFLOW_RUN_ID"] = mlflow_run
+    if "wandb" in kinds:
+        env.update({"WANDB_RUN_ID": wandb_run_id(job_id), "WANDB_RESUME": "allow", "WANDB_RUN_GROUP": group})
+    return env
+
+
 # What torchrun's agent sets for every worker it starts (torch/distributed/elastic/agent/
 # server/local_elastic_agent.py, _start_workers; launcher/api.py, TORCHELASTIC_SIGNALS_TO_HANDLE;
 # torch 2.13), besides TORCHELASTIC_ERROR_FILE (the bootstrap sets that one, launch/bootstrap.py):
@@ -120,14 +155,41 @@ def runs_as_python(spec: JobSpec) -> bool:
     return not spec.resources.explicit and spec.resources.world_size == 1
 
 
+def fills_templates(spec: JobSpec) -> bool:
+    """Whether ``{node_rank}``-style placeholders in the script's arguments are filled in: wherever
+    phalanx starts each node's processes for a topology (``--spawn self``, ``-n``/``--nnodes``,
+    TF and JAX with one), not for one plain process, which gets its arguments as python would."""
+    return spec.spawn is Spawn.SELF or not runs_as_python(spec)
+
+
+def initializes_jax(spec: JobSpec) -> bool:
+    """Whether phalanx calls ``jax.distributed.initialize`` in each process before the script
+    (``launch/jaxinit.py``): ``--framework jax`` with a topology, unless the program starts and
+    connects its processes itself (``--spawn self``)."""
+    return spec.framework is Framework.JAX and spec.spawn is Spawn.AUTO and not runs_as_python(spec)
+
+
+def tf_config(spec: JobSpec, topo: Topology, rank: int) -> str:
+    """``TF_CONFIG`` for worker ``rank``: every process a worker, worker 0 the chief, and
+    ``"environment": "cloud"`` as SageMaker (sagemaker-tensorflow-training-toolkit,
+    ``training._build_tf_config_for_mwms``) and Kubeflow's TFJob set it."""
+    nlocal = spec.procs_per_node_started
+    workers = [
+        f"{topo.node_addrs[n]}:{topo.worker_ports[n * nlocal + i]}"
+        for n in range(spec.resources.nnodes)
+        for i in range(nlocal)
+    ]
+    return json.dumps({"cluster": {"worker": workers}, "environment": "cloud", "task": {"type": "worker", "index": rank}})
+
+
 def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) -> dict[str, str]:
     """Per-process variables for processes phalanx starts itself (no torchrun in between):
     torchrun's own set, so a worker cannot tell who started it (``--spawn self``: as
     ``torchrun --nproc-per-node 1`` gives them, RANK the node's rank, WORLD_SIZE the number of
     nodes, which scripts like the ImageNet example scale by their own workers); none for a
-    job that runs as python."""
+    job that runs as python, but ``--framework tf``'s one-worker ``TF_CONFIG``."""
     if runs_as_python(spec):
-        return {}
+        return {"TF_CONFIG": tf_config(spec, topo, 0)} if spec.framework is Framework.TF else {}
     nlocal = spec.procs_per_node_started
     world = spec.resources.nnodes * nlocal
     rank = node_rank * nlocal + local_rank
@@ -156,14 +218,7 @@ def process_env(spec: JobSpec, topo: Topology, node_rank: int, local_rank: int) 
         env["JAX_NUM_PROCESSES"] = str(world)
         env["JAX_PROCESS_ID"] = str(rank)
     elif spec.framework is Framework.TF:
-        workers = [
-            f"{topo.node_addrs[n]}:{topo.worker_ports[n * nlocal + i]}"
-            for n in range(spec.resources.nnodes)
-            for i in range(nlocal)
-        ]
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
-        )
+        env["TF_CONFIG"] = tf_config(spec, topo, rank)
     return env
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
+
+from .rawtext import shell_join, shell_quote
 
 _LATE_ADDR = re.compile(r"@NODE_ADDR_(\d+)@")
 
@@ -165,14 +166,14 @@ class Plan:
         for node in self.nodes:
             lines.append(f"\n[node {node.node_rank} @ {node.host}]")
             lines.append(f"cwd:      {node.cwd}")
-            lines.append(f"agent:    {shlex.join(node.agent_argv)}")
+            lines.append(f"agent:    {shell_join(node.agent_argv)}")
             if node.health_check:
-                lines.append(f"check:    {shlex.join(node.health_check)}")
+                lines.append(f"check:    {shell_join(node.health_check)}")
             if node.torchrun_argv is not None:
-                lines.append(f"torchrun: torchrun {shlex.join([*node.torchrun_argv, *node.worker_argv])}")
+                lines.append(f"torchrun: torchrun {shell_join([*node.torchrun_argv, *node.worker_argv])}")
             for proc in node.processes:
-                extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(proc.env.items()))
-                lines.append(f"rank {proc.rank}:   {extra} {shlex.join(proc.argv)}".rstrip())
+                extra = " ".join(f"{k}={shell_quote(v)}" for k, v in sorted(proc.env.items()))
+                lines.append(f"rank {proc.rank}:   {extra} {shell_join(proc.argv)}".rstrip())
             if show_env:
                 lines.append("env:")
                 lines.extend(f"  {k}={v}" for k, v in sorted(node.env.items()))

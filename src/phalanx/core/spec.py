@@ -44,7 +44,8 @@ class Spawn(str, Enum):
 
     AUTO: torchrun starts ``nproc_per_node`` workers (PyTorch), or phalanx starts them
     directly when there is a single process or the framework is TF/JAX.
-    SELF: phalanx starts one process per node; the script spawns its own workers.
+    SELF: phalanx starts one process per node; the script spawns its own workers and connects
+    them itself: phalanx initializes nothing in it (no ``jax.distributed.initialize``).
     """
 
     AUTO = "auto"
@@ -61,10 +62,11 @@ class Entrypoint:
     typed: str = ""
 
     def display(self) -> str:
-        import shlex
+        """The command line as typed; a word with bytes that are not UTF-8 as bash's ``$'...'``."""
+        from .rawtext import shell_join
 
         head = {"script": [self.target], "module": ["-m", self.target], "command": [self.target]}
-        return shlex.join([*head[self.kind.value], *self.args])
+        return shell_join([*head[self.kind.value], *self.args])
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,14 @@ class JobSpec:
     no_retry_on: tuple[str, ...] = DEFAULT_NO_RETRY  # log patterns that make a failure final
     retry_on_exit_codes: tuple[int, ...] = ()  # if set, only these exit codes are retried
     stall_timeout: float | None = None  # fail when no output/metric for this long
+    max_duration: float | None = None  # seconds the job may run (queue time aside), then TIMEOUT
+    idle_timeout: float | None = None  # seconds its GPUs (or CPUs and output) may idle, then TIMEOUT
+    on_nan: str | None = None  # stop | retry: a watched metric went nan/inf (health/anomaly.py)
+    on_spike: float | None = None  # a watched metric above FACTOR x its recent median counts as divergence
+    watch_metrics: tuple[str, ...] = ()  # the metrics watched (globs); empty: *loss and the objective
+    on_nan_args: str = ""  # arguments recomputed on a retry after divergence ("--lr {lr*0.5}")
+    keep_states: int = 0  # versions of the state directory kept for rollbacks (storage/versions.py)
+    progress: str | None = None  # --progress REGEX (health/progress.py); None: the known formats
     # Check each node before each attempt (launch/nodecheck.py): phalanx's node checks, or the
     # user's shell line; a node that fails is left out of the retry where the backend can.
     health_check: bool = False
@@ -260,7 +270,16 @@ class JobSpec:
     tags: Mapping[str, str] = field(default_factory=dict)
     # Where the job's outcome is announced (--notify): webhook URLs, mailto:ADDR, desktop.
     notify: tuple[str, ...] = ()
-    warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm.py)
+    warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm/plan.py)
+    # Experiment trackers (--track: mlflow, tensorboard, wandb), fed from the job's metric and
+    # resource files by an exporter beside the supervisor (track/, supervise/tracking.py):
+    # whose ranks ("0" or "all"), where TensorBoard writes, whether outputs and logs go along,
+    # and the tools' own settings as they were at submit (places and names, never a key).
+    track: tuple[str, ...] = ()
+    track_ranks: str = "0"
+    track_dir: str | None = None
+    track_artifacts: bool = False
+    track_config: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def state_key(self) -> str:
@@ -410,7 +429,20 @@ def _set_flag(args: list[str], flag: str, value: str, inline: bool) -> None:
     args.extend([f"{flag}={value}"] if inline else [flag, value])
 
 
+_TEMPLATE = re.compile(r"\{\{(" + "|".join(TEMPLATE_KEYS) + r")\}\}|\{(" + "|".join(TEMPLATE_KEYS) + r")\}")
+
+
 def render_template(args: tuple[str, ...], values: Mapping[str, Any]) -> tuple[str, ...]:
-    """Substitute ``{node_rank}``-style placeholders; other braces are left alone."""
-    pattern = re.compile(r"\{(" + "|".join(TEMPLATE_KEYS) + r")\}")
-    return tuple(pattern.sub(lambda m: str(values[m.group(1)]), a) for a in args)
+    """Substitute ``{node_rank}``-style placeholders; ``{{node_rank}}`` is the escape for the
+    literal ``{node_rank}``. Other braces (JSON, ``{x}``, ``{{x}}``) are left alone."""
+
+    def fill(match: re.Match[str]) -> str:
+        escaped, key = match.groups()
+        return "{" + escaped + "}" if escaped else str(values[key])
+
+    return tuple(_TEMPLATE.sub(fill, a) for a in args)
+
+
+def has_template(args: tuple[str, ...]) -> bool:
+    """Whether any argument holds a placeholder (or its ``{{...}}`` escape)."""
+    return any(_TEMPLATE.search(a) for a in args)

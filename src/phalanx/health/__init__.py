@@ -1,1 +1,1 @@
-"""A gang's health: progress, stragglers, bad numbers, and bad nodes (the doctor)."""
+"""A gang's health: progress and ETA, stragglers, anomalies (NaN, spikes), bad nodes (doctor)."""

@@ -105,6 +105,7 @@ def load_job_file(path: str) -> JobFile:
 
 def resolve(opts: RunOptions) -> Values:
     """Every option's typed value: command line over job file over default. Raises UsageError."""
+    working_dir()
     job = load_job_file(opts.job_file) if opts.job_file else None
     declared = {o.name for o in all_options() if o.group == "backend"}
     unknown = sorted(set(opts.backend_options) - declared)
@@ -124,6 +125,18 @@ def resolve(opts: RunOptions) -> Values:
             out.cli[option.name] = from_cli
         out.values[option.name] = _merge(option, from_file, from_cli, node is not None, raw is not None)
     return out
+
+
+def working_dir() -> str:
+    """The current directory, which a job runs in and relative paths start from; a directory
+    deleted under the shell that is still in it is refused in words."""
+    import os
+
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError("the working directory no longer exists (it was removed after the shell entered it)",
+                         "cd to an existing directory and run again") from None
 
 
 def _backend_named(opts: RunOptions, job: JobFile | None) -> str | None:

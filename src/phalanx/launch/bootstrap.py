@@ -1,4 +1,4 @@
-"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] MODE TARGET ARGS``.
+"""The shim every worker process runs first: ``python -u -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] MODE TARGET ARGS``.
 
 It makes an unmodified script observable and safe to stop, then gets out of the way:
 
@@ -7,11 +7,14 @@ It makes an unmodified script observable and safe to stop, then gets out of the 
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
+- it moves into a cgroup of the rank's own where it can (``launch/strays.py``), so that whatever the
+  script starts (a daemon, a child in a session of its own) is found and ended with the attempt;
 - it runs the script as python would (``sys.argv``, ``__file__``, ``sys.path[0]``, a fresh
   ``__main__``), with ``--frozen`` its Python code read from the submit-time copy under the
   user's own file names (``launch/frozen.py``);
-- for a multi-process ``--framework jax`` job it makes ``jax.distributed.initialize`` work
-  whether the script calls it or not (``launch/jaxinit.py``);
+- with ``--jax-init`` (``--framework jax`` with a topology, not ``--spawn self``: see
+  ``core/env.initializes_jax``) it calls ``jax.distributed.initialize`` before the script, so
+  that a later call for the same processes is a no-op (``launch/jaxinit.py``);
 - it ends the worker without the interpreter's teardown, where torch aborts now and then
   after a successful run (``_exit``).
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 from phalanx.launch.procs import die_with_parent
+from phalanx.launch.strays import enlist
 
 # File names inside the rank directory; JobPaths (core/paths.py) documents the layout and
 # hands the directory over in PHALANX_RANK_DIR. Not imported here: workers start faster.
@@ -45,7 +49,7 @@ USER_METRICS = "user_metrics.jsonl"
 TORCH_ERROR_JSON = "torchelastic_error.json"
 
 MODES = ("--script", "--module", "--exec")
-USAGE = "python -m phalanx.launch.bootstrap [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
+USAGE = "python -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
 
 
 def _rank() -> int:
@@ -195,7 +199,7 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
             json.dump(payload, fh)
 
 
-def _run(mode: str, target: str, args: list[str], frozen: list[str]) -> None:
+def _run(mode: str, target: str, args: list[str], frozen: list[str], jax_init: bool = False) -> None:
     if mode == "--exec":
         try:
             os.execvp(target, [target, *args])
@@ -208,12 +212,10 @@ def _run(mode: str, target: str, args: list[str], frozen: list[str]) -> None:
 
         freezer = Freezer(*frozen)
         freezer.install()
-    if os.environ.get("PHALANX_FRAMEWORK") == "jax" and "JAX_PROCESS_ID" in os.environ:
-        from .imports import module_file
-        from .jaxinit import prepare
+    if jax_init:
+        from .jaxinit import initialize
 
-        source = os.path.abspath(target) if mode == "--script" else module_file(target, os.getcwd())
-        prepare(source and ((freezer and freezer.copy_of(source)) or source))
+        initialize()
     if mode == "--script":
         from .frozen import run_script
 
@@ -292,10 +294,10 @@ def _exit(code: int) -> NoReturn:
 
 
 def _warm_pool(argv: list[str]) -> list[str]:
-    """Serve as a warm pool (``launch/warm_pool.py``). Returns in each worker the pool forks, with
+    """Serve as a warm pool (``launch/warm/pool.py``). Returns in each worker the pool forks, with
     that worker's arguments: from here on its stack and modules are a cold worker's."""
     baseline = tuple(sys.modules)
-    from phalanx.launch.warm_pool import serve
+    from phalanx.launch.warm.pool import serve
 
     return serve(argv, baseline)
 
@@ -304,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--warm-pool"]:
         argv = _warm_pool(argv[1:])
+    jax_init = argv[:1] == ["--jax-init"]
+    if jax_init:
+        argv = argv[1:]
     frozen: list[str] = []
     if argv[:1] == ["--frozen"]:
         frozen, argv = argv[1:3], argv[3:]
@@ -314,10 +319,13 @@ def main(argv: list[str] | None = None) -> None:
     rank_dir = _rank_dir()
     if rank_dir:
         _redirect_output(rank_dir)
+        # After the terminal's relay is forked (ours, not the script's), before the script runs:
+        # everything the script starts stays in the rank's cgroup (launch/strays.py).
+        enlist()
     die_with_parent(signal.SIGKILL)
     _install_stack_dumps()
     try:
-        _run(mode, target, args, frozen)
+        _run(mode, target, args, frozen, jax_init)
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)

@@ -1,7 +1,9 @@
 """What the script will see, in words: the notes ``--dry-run`` prints above a plan, and the
 warnings said at submit.
 
-One line each: how the processes start (as python, or with torchrun's variables), the working
+One line each: how the processes start (as python, or with torchrun's variables) and which
+framework contract they get (``TF_CONFIG``, JAX initialized by phalanx or by the program), whether
+``{node_rank}``-style arguments are filled in (when the arguments hold one), the working
 directory and what relative paths mean there, which code is frozen and which is read live,
 the state directory (the job's own or shared by name), the framework when it was inferred;
 and a warning per script argument that is a relative path the job will not find (a host that
@@ -15,8 +17,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from ..core.env import runs_as_python
-from ..core.spec import EntrypointKind, Framework, JobSpec, Spawn, code_root
+from ..core.env import fills_templates, initializes_jax, runs_as_python
+from ..core.spec import EntrypointKind, Framework, JobSpec, Spawn, code_root, has_template
 from .imports import infer_framework, module_file
 from ..core.plan import Plan
 
@@ -46,7 +48,8 @@ def infer(spec: JobSpec) -> tuple[str, str] | None:
 def annotate(plan: Plan, spec: JobSpec, shared: bool, home: Path) -> Plan:
     """``plan`` with its notes: ``spec`` as submitted, ``shared`` whether the nodes see this
     machine's files at the same paths."""
-    lines = [_processes(spec), _cwd(spec, plan, shared), _code(spec, plan, shared, home), _state(spec, plan)]
+    lines = [_processes(spec), _arguments(spec), _cwd(spec, plan, shared), _code(spec, plan, shared, home),
+             _state(spec, plan)]
     framework = _framework(spec)
     if framework:
         lines.append(framework)
@@ -63,16 +66,35 @@ def warnings(plan: Plan) -> list[str]:
 def _processes(spec: JobSpec) -> str:
     res = spec.resources
     if runs_as_python(spec):
-        return ("process: one, started as python starts it: no launcher variables (RANK, LOCAL_RANK, WORLD_SIZE, "
+        line = ("process: one, started as python starts it: no launcher variables (RANK, LOCAL_RANK, WORLD_SIZE, "
                 "MASTER_ADDR, ...), so a script that starts its own workers can; -n 1 gives torchrun's")
+        if spec.framework is Framework.TF:
+            line += ("; --framework tf adds a one-worker TF_CONFIG (worker 0, the chief), as SageMaker gives a "
+                     "one-instance MultiWorkerMirroredStrategy job")
+        return line
     if spec.spawn is Spawn.SELF:
-        return (f"processes: one per node ({res.nnodes}), which starts its own workers; torchrun's variables as "
-                "torchrun --nproc-per-node 1 sets them (RANK = node rank, WORLD_SIZE = nodes)")
+        return (f"processes: one per node ({res.nnodes}), which starts its own workers and connects them itself "
+                "(phalanx initializes nothing); torchrun's variables as torchrun --nproc-per-node 1 sets them "
+                "(RANK = node rank, WORLD_SIZE = nodes)")
     extra = {Framework.JAX: ", JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID",
-             Framework.TF: ", TF_CONFIG"}.get(spec.framework, "")
+             Framework.TF: ", TF_CONFIG (worker 0 the chief)"}.get(spec.framework, "")
+    if initializes_jax(spec):
+        extra += ("; phalanx calls jax.distributed.initialize before the script: a later call for the same "
+                  "processes (the script's or a library's) is a no-op, one for others gets JAX's own error")
     if res.world_size == 1:
         return f"process: one, with torchrun's variables (-n 1 given: like torchrun --nproc-per-node 1){extra}"
     return f"processes: {res.nnodes} node(s) x {res.nproc_per_node}, each with torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, ...){extra}"
+
+
+def _arguments(spec: JobSpec) -> str | None:
+    if not has_template(spec.entrypoint.args):
+        return None
+    if fills_templates(spec):
+        why = "--spawn self" if spec.spawn is Spawn.SELF else "a topology was given"
+        return ("arguments: {node_rank} {num_nodes} {nproc_per_node} {master_addr} {master_port} {job_id} "
+                f"{{state_dir}} {{output_dir}} are filled in per node ({why}); {{{{node_rank}}}} passes a literal {{node_rank}}")
+    return ("arguments: as typed, {node_rank}-style text included (one plain process gets them as python would); "
+            "-n, --nnodes or --spawn self fill them in per node")
 
 
 def _cwd(spec: JobSpec, plan: Plan, shared: bool) -> str:

@@ -1,20 +1,27 @@
-"""JAX's multi-process start for ``--framework jax``, whether or not the script calls
-``jax.distributed.initialize()`` itself.
+"""``jax.distributed.initialize`` called by phalanx, before the script, in each process of a
+``--framework jax`` job with a topology (``core/env.initializes_jax``; never under ``--spawn
+self``, whose program connects its processes itself).
 
-Every JAX multi-process example calls it, with no arguments or with arguments of its own taken
-from the environment. JAX reads only ``JAX_COORDINATOR_ADDRESS`` from the environment and
-refuses a second call ("should only be called once"). So, in each worker of a multi-process
-JAX job (``JAX_PROCESS_ID`` set by phalanx, see ``core/env.py``), ``prepare`` wraps
-``jax.distributed.initialize`` so that:
+JAX allows one call per process ("distributed.initialize should only be called once"), and JAX
+programs call it themselves: in the script, with or without arguments, or deep in a library
+(JAX's own multi-process test harness calls ``jax._src.distributed.initialize`` from its flag
+handling). So after phalanx's call a later one, by whatever name it was reached, must behave as
+the program expects: JAX's one state (``jax._src.distributed.global_state``) gets an
+``initialize`` that
 
-- arguments the call leaves out come from phalanx's ``JAX_COORDINATOR_ADDRESS``,
-  ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (and, with several processes per node, one
-  local device each, as JAX does under SLURM); the script's own arguments win;
-- a call once the system is up (the script's second, or its first after phalanx's) returns at
-  once when it asks for the same processes, and fails saying why when it does not;
+- returns at once when the call asks for the processes phalanx connected (the same
+  ``num_processes`` and ``process_id``, and ``local_device_ids`` where both give them; what it
+  leaves out is JAX's to fill in, and phalanx filled it in). The coordinator address is a
+  meeting point, not part of the answer: every process already met at phalanx's;
+- otherwise goes on to JAX's own ``initialize``, which raises JAX's own error, with a note
+  saying what phalanx initialized;
+- after ``jax.distributed.shutdown()`` is JAX's own again.
 
-and, when the script's source has no such call (``launch/imports.py``), makes it before the
-script runs.
+Phalanx's values come from the variables it sets (``core/env.process_env``):
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``; with several processes
+per node one local device each (``LOCAL_RANK``), as JAX does under SLURM; no cluster detection
+(a scheduler's variables, seen by the node agent's processes, would otherwise pin each process
+to one device).
 """
 
 from __future__ import annotations
@@ -24,65 +31,73 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Mapping
+
+ARGUMENTS = ("coordinator_address", "num_processes", "process_id", "local_device_ids")
 
 
-def _defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
-    env = os.environ
-    asked = dict(kwargs)
-    given = [k for k in ("coordinator_address", "num_processes", "process_id") if asked.get(k) is not None]
-    asked.setdefault("coordinator_address", None)
-    asked["coordinator_address"] = asked["coordinator_address"] or env["JAX_COORDINATOR_ADDRESS"]
-    if asked.get("num_processes") is None:
-        asked["num_processes"] = int(env["JAX_NUM_PROCESSES"])
-    if asked.get("process_id") is None:
-        asked["process_id"] = int(env["JAX_PROCESS_ID"])
-    if not given and asked.get("local_device_ids") is None and asked.get("cluster_detection_method") is None:
-        per_node = int(env.get("PHALANX_NPROC_PER_NODE", "1"))
-        if per_node > 1:
-            asked["local_device_ids"] = [int(env.get("LOCAL_RANK", "0"))]
-        # Nothing left to detect: a scheduler's variables (SLURM's, seen by the node agent's
-        # processes) would otherwise pin each process to one device.
-        asked["cluster_detection_method"] = "deactivate"
-    return asked
+def phalanx_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The arguments phalanx calls ``initialize`` with, from the process's variables."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {
+        "coordinator_address": env["JAX_COORDINATOR_ADDRESS"],
+        "num_processes": int(env["JAX_NUM_PROCESSES"]),
+        "process_id": int(env["JAX_PROCESS_ID"]),
+        "cluster_detection_method": "deactivate",
+    }
+    if int(env.get("PHALANX_NPROC_PER_NODE", "1")) > 1:
+        values["local_device_ids"] = [int(env.get("LOCAL_RANK", "0"))]
+    return values
 
 
-def wrap(initialize: Callable[..., Any], is_initialized: Callable[[], bool], state: Any) -> Callable[..., Any]:
-    """``initialize`` that fills in phalanx's values and tolerates a consistent second call."""
+def differences(used: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """What a later call (``State.initialize``'s arguments) asks for that phalanx's call did not
+    give: ``name=value`` each; empty when it asks for the same processes."""
+    asked = dict(zip(ARGUMENTS, args))
+    asked.update({k: v for k, v in kwargs.items() if k in ARGUMENTS})
+    out = []
+    for name in ("num_processes", "process_id", "local_device_ids"):
+        value = asked.get(name)
+        if isinstance(value, int) and name == "local_device_ids":
+            value = [value]
+        mine = used.get(name)
+        if value is not None and mine is not None and list_or(value) != list_or(mine):
+            out.append(f"{name}={value!r}")
+    return out
 
-    def phalanx_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None, **kwargs: Any) -> None:
-        asked = _defaults({"coordinator_address": coordinator_address, "num_processes": num_processes,
-                           "process_id": process_id, **kwargs})
-        if is_initialized():
-            have = (getattr(state, "num_processes", None), getattr(state, "process_id", None))
-            if have != (asked["num_processes"], asked["process_id"]):
-                raise RuntimeError(
-                    f"jax.distributed is already initialized as process {have[1]} of {have[0]} "
-                    f"(phalanx's JAX_PROCESS_ID/JAX_NUM_PROCESSES); this call asks for process "
-                    f"{asked['process_id']} of {asked['num_processes']}")
+
+def list_or(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def guard(state: Any, used: dict[str, Any]) -> Callable[..., Any]:
+    """``state.initialize`` (bound, JAX's own) behind the rule above; installed on ``state``."""
+    original = state.initialize
+
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        if state.client is None:  # never initialized, or shut down: JAX's own call
+            return original(*args, **kwargs)
+        other = differences(used, args, kwargs)
+        if not other:
             return None
-        return initialize(**asked)
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as exc:
+            exc.add_note(f"phalanx initialized jax.distributed before the script (--framework jax) as process "
+                         f"{used['process_id']} of {used['num_processes']} at {used['coordinator_address']}; "
+                         f"this call asks for {', '.join(other)}")
+            raise
 
-    phalanx_initialize.__doc__ = initialize.__doc__
-    phalanx_initialize.__wrapped__ = initialize  # type: ignore[attr-defined]
-    return phalanx_initialize
+    initialize.__wrapped__ = original  # type: ignore[attr-defined]
+    return initialize
 
 
-def prepare(script: str | None) -> None:
-    """Wrap ``jax.distributed.initialize``; initialize now unless ``script`` calls it itself."""
-    import jax
-    import jax.distributed
-    from jax._src import distributed as impl
+def initialize() -> None:
+    """Phalanx's call, and the guard for every later one."""
+    from jax._src import distributed
 
-    wrapped = wrap(jax.distributed.initialize, jax.distributed.is_initialized, impl.global_state)
-    jax.distributed.initialize = wrapped  # type: ignore[assignment]
-    calls = False
-    if script is not None:
-        from .imports import read_imports
-
-        found = read_imports(script)
-        calls = bool(found and found.calls_jax_initialize)
-    if not calls:
-        wrapped()
+    state = distributed.global_state
+    used = phalanx_values()
+    distributed.initialize(**used)
+    state.initialize = guard(state, used)  # type: ignore[method-assign]
     sys.stdout.flush()

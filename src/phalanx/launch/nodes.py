@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..core.env import Topology, node_env, process_env, runs_as_python, template_values
+from ..core.env import Topology, fills_templates, initializes_jax, node_env, process_env, runs_as_python, template_values
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, ProcessPlan, is_late, quote_user_text
-from ..core.spec import JobSpec, Spawn, render_template
-from .torchrun import BOOTSTRAP_MODULE, torchrun_argv, worker_command
+from ..core.spec import JobSpec, render_template
+from .torchrun import BOOTSTRAP_MODULE, JAX_INIT, torchrun_argv, worker_command
 
 # torchrun's in-place restarts (--max-restarts) hang or fail most of the time when workers
 # share the agent's rendezvous TCPStore (see docs/restarts.md); a store per round is reliable.
@@ -52,7 +52,7 @@ def build_nodes(
                 env[key] = value
         late = is_late(hosts[node_rank])
         args = tuple(quote_user_text(a) for a in spec.entrypoint.args) if late else spec.entrypoint.args
-        if spec.spawn is Spawn.SELF:  # {node_rank}-style placeholders are --spawn self's, and only its
+        if fills_templates(spec):  # never for one plain process: it gets its arguments as python would
             args = render_template(args, template_values(spec, topo, node_rank))
         if late:
             env.update({k: quote_user_text(v) for k, v in spec.env.items()})
@@ -70,11 +70,12 @@ def build_nodes(
                 NodePlan(**common, torchrun_argv=torchrun_argv(spec, topo, node_rank, local_addrs[node_rank]), worker_argv=worker)
             )
         else:
+            bootstrap = (BOOTSTRAP_MODULE, JAX_INIT) if initializes_jax(spec) else (BOOTSTRAP_MODULE,)
             procs = tuple(
                 ProcessPlan(
                     local_rank=local,
                     rank=node_rank * spec.procs_per_node_started + local,
-                    argv=(spec.python, "-u", "-m", BOOTSTRAP_MODULE, *worker),
+                    argv=(spec.python, "-u", "-m", *bootstrap, *worker),
                     env=process_env(spec, topo, node_rank, local),
                 )
                 for local in range(spec.procs_per_node_started)

@@ -11,6 +11,9 @@ from ..core.env import SIGNALS_TO_HANDLE, Topology
 from ..core.spec import EntrypointKind, JobSpec, code_root
 
 BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
+# The bootstrap's first option for a process phalanx calls jax.distributed.initialize in
+# (core/env.initializes_jax; launch/jaxinit.py).
+JAX_INIT = "--jax-init"
 
 
 def worker_command(spec: JobSpec, args: tuple[str, ...]) -> tuple[str, ...]:

@@ -8,9 +8,9 @@ attempt starts its ranks, each takes a standby instead of a new interpreter; a r
 (another program, a different interpreter or start-up environment, output redirected by torch,
 no standby left) starts cold, as before.
 
-Under warm starts (``launch/warm.py``) a rank's command is the warm pool's stand-in, ``python -u
--m phalanx.launch.warm_exec ... -- phalanx.launch.bootstrap ...``: the ready workers are then
-stand-ins started ahead (``warm_exec --defer FD``), which wait for the rank's command line and
+Under warm starts (``launch/warm/plan.py``) a rank's command is the warm pool's stand-in, ``python -u
+-m phalanx.launch.warm.standin ... -- phalanx.launch.bootstrap ...``: the ready workers are then
+stand-ins started ahead (``standin --defer FD``), which wait for the rank's command line and
 environment and then ask the pool for the child as any stand-in does (``prepare(count, "warm")``).
 
 This is the seam for other sources of ready workers (a pool of interpreters with torch imported,
@@ -37,9 +37,9 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 BOOTSTRAP_ARGV = ("-u", "-m", "phalanx.launch.bootstrap")
 STANDBY_ARGV = ("-u", "-m", "phalanx.launch.standby")
-# A warm plan's workers are the warm pool's stand-ins (``launch/warm_exec.py``); one started ahead
+# A warm plan's workers are the warm pool's stand-ins (``launch/warm/standin.py``); one started ahead
 # waits with ``--defer FD`` and becomes the stand-in the rank's command line names.
-WARM_ARGV = ("-u", "-m", "phalanx.launch.warm_exec")
+WARM_ARGV = ("-u", "-m", "phalanx.launch.warm.standin")
 KINDS = {"cold": (BOOTSTRAP_ARGV, STANDBY_ARGV), "warm": (WARM_ARGV, (*WARM_ARGV, "--defer"))}
 
 # What the interpreter reads from the environment as it starts (and the .pth files it runs then):

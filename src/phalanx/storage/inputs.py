@@ -73,5 +73,5 @@ def _content(channel: Channel) -> str:
         for name in sorted(filenames):
             path = Path(dirpath) / name
             st = path.stat()
-            h.update(f"{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            h.update(os.fsencode(f"{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n"))
     return h.hexdigest()

@@ -173,15 +173,29 @@ def _add(listing: Listing, rel: str, path: Path, rules: IgnoreRules) -> None:
     listing.nbytes += size
 
 
-def check(listing: Listing) -> None:
+def check(listing: Listing, script: str | None = None) -> None:
     """Refuse a snapshot too big to be code, before anything is copied. Raises UsageError."""
     if listing.too_big or len(listing.files) > MAX_FILES or listing.nbytes > MAX_BYTES:
         raise UsageError(
             f"{listing.workdir} is too big for a code snapshot ({listing.describe()} that are not large data files; "
-            f"a snapshot takes at most {MAX_FILES} files and {MAX_BYTES >> 20} MB)",
-            f"list data, outputs and environments in {IGNORE_FILE} (gitignore patterns) or move them out of "
-            "the project, or run the code live with --no-snapshot",
-        )
+            f"a snapshot takes at most {MAX_FILES} files and {MAX_BYTES >> 20} MB)", _smaller(listing.workdir, script))
+
+
+def _smaller(root: Path, script: str | None) -> str:
+    """How to snapshot less: a project of its own (the script's directory, when the command was
+    typed above it: ``cd / && phalanx run /home/me/proj/train.py``), the ignore file (never in
+    ``/``, which is no project), or no snapshot."""
+    ways = []
+    here = Path(script).resolve().parent if script else None
+    if here is not None and here != root:
+        ways.append(f"the script's directory {here}, not {root}, can be the project: run from there "
+                    f"(cd {here}) or add --workdir {here}")
+    elif root == Path(root.anchor):
+        ways.append(f"{root} is no project: run from your project's directory, or add --workdir DIR")
+    if root != Path(root.anchor):
+        ways.append(f"list data, outputs and environments in {IGNORE_FILE} (gitignore patterns) or move them out of "
+                    "the project")
+    return "; or ".join(ways) + ", or run the code live with --no-snapshot"
 
 
 def _rel(path: Path, workdir: Path) -> str | None:
@@ -254,7 +268,7 @@ def hash_files(listing: Listing) -> dict[str, str]:
         path = listing.workdir / rel
         try:
             if path.is_symlink():
-                listing.hashes[rel] = hashlib.sha256(os.readlink(path).encode()).hexdigest()
+                listing.hashes[rel] = hashlib.sha256(os.fsencode(os.readlink(path))).hexdigest()
             else:
                 with open(path, "rb") as fh:
                     listing.hashes[rel] = hashlib.file_digest(fh, "sha256").hexdigest()
@@ -269,7 +283,7 @@ def digest(listing: Listing) -> str:
     hashes = hash_files(listing)
     for rel in sorted(listing.files):
         if rel in hashes:
-            h.update(rel.encode() + b"\0" + hashes[rel].encode())
+            h.update(os.fsencode(rel) + b"\0" + hashes[rel].encode())  # a name's bytes, UTF-8 or not
     return h.hexdigest()
 
 
@@ -334,5 +348,5 @@ def preflight(spec: JobSpec, home: Path) -> Listing:
     """What the snapshot of ``spec`` will take; refuses one that is too big (UsageError)."""
     script = spec.entrypoint.target if spec.entrypoint.kind is EntrypointKind.SCRIPT else None
     listing = list_workdir(Path(code_root(spec)), home, script)
-    check(listing)
+    check(listing, script)
     return listing

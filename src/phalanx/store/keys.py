@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..core.rawtext import escaped
 from ..core.state import TERMINAL, JobState
 from ..errors import UsageError
 
@@ -12,7 +13,9 @@ ACTIVE: tuple[str, ...] = tuple(s.value for s in JobState if s not in TERMINAL)
 def prefix_range(prefix: str) -> tuple[str, str]:
     """``[low, high)`` holding exactly the texts that start with ``prefix``, so a lookup by
     prefix is a range of the id index (SQLite compares TEXT as UTF-8 bytes, which keeps
-    code point order; a LIKE with ESCAPE reads every row instead)."""
+    code point order; a LIKE with ESCAPE reads every row instead). A prefix with bytes that are
+    not UTF-8 is the range of its shown form, as the store holds such text (``sql.TextConnection``)."""
+    prefix = escaped(prefix)
     stem = prefix
     while stem and ord(stem[-1]) >= 0x10FFFF:
         stem = stem[:-1]  # nothing sorts after U+10FFFF: the range ends after the shorter stem

@@ -20,7 +20,10 @@
   gets SIGTERM and the grace period to checkpoint, and the job is recorded PREEMPTED, ready
   for ``phalanx resume``. A second signal kills at once;
 - **data**: inputs staged and the state directory pulled before the first attempt, state
-  pushed while running and at the end, outputs uploaded at the end (``data.py``);
+  pushed while running and at the end, outputs uploaded at the end (``staging.py``);
+- **health** (``guard.py``): progress and ETA, the slow rank, ``--max-duration`` and
+  ``--idle-timeout`` (TIMEOUT), divergence (``--on-nan``): stopped, or rolled back to a kept
+  version of the state directory and retried (``keeper.py``, ``--keep-states``);
 - the **root cause** is the first failure by timestamp across all ranks and nodes (``outcome.py``).
 
 The supervisor is the only writer of a running job's state. It runs in the ``phalanx run``
@@ -32,12 +35,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from typing import Any, Callable
 
 from ..backends.base import NodeHandle
 from ..backends.registry import get_backend
-from ..core import space
+from ..core import disk
 from ..core.contracts import OutcomeKind, StopReason
 from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
@@ -48,7 +52,7 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import data, endings, history, leaveout, leftover, liveness
+from . import endings, history, leaveout, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -58,9 +62,11 @@ Events = Callable[[str], None]
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
-              console: Console | None = None) -> int:
+              console: Console | None = None, output_closed: threading.Event | None = None) -> int:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
-    the terminal a lone process is lent (a foreground run).
+    the terminal a lone process is lent (a foreground run). ``output_closed``: set when the
+    reader of the ranks' streamed output went away; the job then ends as python's broken pipe
+    would end it (the ranks are stopped; FAILED, exit 1, never retried: ``outcome.output_closed``).
 
     Blocking; main thread only (it handles signals).
     """
@@ -69,11 +75,16 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
     with ChildWatcher() as watcher:
         run.start()
         seen = 0
+        closing = False
         while not run.done:
+            if output_closed is not None and output_closed.is_set() and not closing:
+                closing = True
+                run.stop(StopReason.CANCELLED, signal.SIGPIPE)
             if len(watcher.stop_requests) > seen:
                 signum = watcher.stop_requests[seen]
                 seen = len(watcher.stop_requests)
-                run.stop(stop_reason(store, record.id, signum), signum)
+                reason = stop_reason(store, record.id, signum)
+                run.stop(reason, signum, now=reason is StopReason.CANCELLED and asked_now(record, signum))
             run.tick()
             if not run.done:
                 watcher.wait(run.wait_hint())
@@ -86,6 +97,20 @@ def stop_reason(store: Store, job_id: str, signum: int) -> StopReason:
     if signum == signal.SIGINT or store.get(job_id).state is JobState.STOPPING:
         return StopReason.CANCELLED
     return StopReason.PREEMPTED
+
+
+def asked_now(record: JobRecord, signum: int) -> bool:
+    """Whether the ``phalanx stop`` behind this signal asked to skip the grace period (``--now``)."""
+    from ..core.contracts import read_stop_request
+    from ..errors import ContractError
+
+    if signum == signal.SIGINT:
+        return False
+    try:
+        asked = read_stop_request(record.paths.stop_request)
+    except ContractError:
+        return False
+    return asked is not None and asked.now
 
 
 class JobRun:
@@ -113,7 +138,10 @@ class JobRun:
         self.outcome: Outcome | None = None
         self.attempt: AttemptRun | None = None
         self._sync: Any = None
-        self._reserve: space.Reserve | None = None
+        self._reserve: disk.Reserve | None = None
+        self.ran = 0.0  # seconds the job's nodes have run, over its attempts (--max-duration)
+        self.keeper: Any = None  # versions of the state directory (--keep-states)
+        self.objective = _objective(store, record)
 
     @property
     def done(self) -> bool:
@@ -123,7 +151,7 @@ class JobRun:
         try:
             self._start(identity)
         except Exception as exc:
-            if not space.is_full(exc):
+            if not disk.is_full(exc):
                 raise
             self._disk_full(exc)
 
@@ -139,20 +167,26 @@ class JobRun:
             self.say(f"attempt {left.plan.attempt} still runs as {left.where}, started by a supervisor that vanished; "
                      "watching it instead of starting another copy")
             # Its inputs are staged and its state directory is in use: no staging, no pull.
-            sync = None if self.backend.remote_data else data.state_sync(
+            sync = None if self.backend.remote_data else staging.state_sync(
                 self.store, self.home, self.record, self.spec, self.say, pull=False)
         else:
             # inputs first: a failed Outcome when one cannot be staged, so nothing else starts;
             # a platform that brings the inputs and keeps the state itself (remote_data) gets neither
             sync = None if self.backend.remote_data else (
-                data.stage_inputs(self.home, self.spec, self.say)
-                or data.state_sync(self.store, self.home, self.record, self.spec, self.say))
+                staging.stage_inputs(self.home, self.spec, self.say)
+                or staging.state_sync(self.store, self.home, self.record, self.spec, self.say))
         if isinstance(sync, Outcome):
             self._finish(sync)
             return
         self._sync = sync
+        self.keeper = self._keeper()
         # Room to record the end if the ranks fill the disk (released in _disk_full)
-        self._reserve = space.Reserve(self.paths.reserve)
+        self._reserve = disk.Reserve(self.paths.reserve)
+        # --track: the exporter starts beside us; the ranks of every attempt get the tracker ids
+        # (the user's own -e values win)
+        ids = tracking.start(self.paths, self.spec, self.record.id, self.say)
+        if ids:
+            self.spec = self.spec.with_(env={**ids, **self.spec.env})
         if left is not None:
             self._attach(left)
             return
@@ -160,7 +194,7 @@ class JobRun:
             # Started before and nothing of it runs now: a new attempt, never one reusing its files.
             self.plan = plan_attempt(self.backend, self._spec(), self.record.id, max(self.paths.attempts()) + 1, self.home)
             self.store.update(self.record.id, attempt=self.plan.attempt)
-        elif self.left_out:  # resumed: the nodes an earlier attempt found bad stay out
+        elif ids or self.left_out:  # the plan made at submit lacks them (or resumed: the nodes found bad stay out)
             self.plan = plan_attempt(self.backend, self._spec(), self.record.id, self.plan.attempt, self.home)
         history.record_lost(self.paths, self.plan.attempt)  # the history has no gaps
         self._start_attempt()
@@ -182,7 +216,7 @@ class JobRun:
             self._end(outcome)
             return
         trace.mark(self.paths, "supervisor", "started", attempt=plan.attempt)
-        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say)
+        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say, self.ran, self.objective)
 
     def _attach(self, left: leftover.Leftover) -> None:
         """Watch an attempt that a vanished supervisor started, from where it is now."""
@@ -193,15 +227,17 @@ class JobRun:
         # append to what the vanished supervisor had collected (which would repeat records).
         for rank in self.paths.ranks(left.plan.attempt):
             self.paths.rank_metrics(left.plan.attempt, rank).unlink(missing_ok=True)
-        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say)
+        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say, self.ran,
+                                  self.objective)
 
-    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
-        """Stop the current attempt: cancelled, preempted or pruned. A second call kills."""
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
+        """Stop the current attempt: cancelled, preempted or pruned. A second call, or ``now``
+        (``phalanx stop --now``), kills without the grace period."""
         if self.done or self.attempt is None:
             return
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
             self.store.transition(self.record.id, JobState.STOPPING)
-        self.attempt.stop(reason, signum)
+        self.attempt.stop(reason, signum, now)
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
@@ -215,7 +251,7 @@ class JobRun:
             if outcome is not None:
                 self._attempt_over(self.attempt, outcome)
         except Exception as exc:
-            if not space.is_full(exc):
+            if not disk.is_full(exc):
                 raise
             self._disk_full(exc)
 
@@ -223,7 +259,7 @@ class JobRun:
         """A write failed for lack of space: stop the ranks (what fills the disk), give back the
         reserve, and record the job FAILED saying what could not be written where. Never leaves
         it RUNNING: if even that cannot be written, the supervisor ends and reads show LOST."""
-        full = space.as_disk_full(exc)
+        full = disk.as_disk_full(exc)
         self.say(str(full))
         if self.exit_code is not None:  # the end is recorded; only its aftermath did not fit
             return
@@ -232,10 +268,12 @@ class JobRun:
             try:
                 h.kill()
             except Exception as again:  # noqa: BLE001 - its result.json may not fit either
-                if not space.is_full(again):
+                if not disk.is_full(again):
                     raise
         if self._reserve is not None:
             self._reserve.release()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self._sync is not None:
             self._sync.stop()
         outcome = failed(full.message, self.plan.attempt)
@@ -245,7 +283,7 @@ class JobRun:
                 history.log_attempt(self.paths, self.plan.attempt, self.attempt.started, outcome, False, "disk full")
             self.exit_code = record_end(self.store, self.record, outcome)
         except Exception as again:  # noqa: BLE001
-            if not space.is_full(again):
+            if not disk.is_full(again):
                 raise
             self.say(f"could not record the job's end either ({again}); it shows as LOST")
             self.exit_code = 1
@@ -253,6 +291,7 @@ class JobRun:
     def _attempt_over(self, attempt: AttemptRun, outcome: Outcome) -> None:
         plan = attempt.plan
         trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
+        self.ran = attempt.guard.ran
         results = [r for r in (h.poll() for h in attempt.handles) if r is not None]
         leave = leaveout.decide(self.backend.leaves_out, outcome.cause, results, self.left_out, attempt.failed_first) \
             if outcome.kind is OutcomeKind.FAILED else leaveout.LeaveOut()
@@ -261,7 +300,12 @@ class JobRun:
             return
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
-        following = self._next_plan(plan.attempt + 1, leave.names) if retry else None
+        if retry and outcome.kind is OutcomeKind.DIVERGED:
+            try:
+                reason = self._roll_back(attempt)
+            except Exception as exc:  # noqa: BLE001 - never retry on a state that may hold the bad numbers
+                retry, reason = False, f"could not roll back: {type(exc).__name__}: {exc}"
+        following = self._next_plan(plan.attempt + 1, leave.names) if retry else None  # after a rollback's new args
         if isinstance(following, str):
             retry, reason = False, following
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason, leave.entries)
@@ -310,16 +354,46 @@ class JobRun:
         except PhalanxError as exc:
             return f"cannot plan attempt {attempt}: {exc.message}"
 
+    def _keeper(self) -> Any:
+        """Versions of the state directory, with ``--keep-states`` where phalanx holds the state."""
+        if not self.spec.keep_states or self.backend.remote_data:
+            return None
+        from ..storage.versions import Versions
+        from .keeper import Keeper
+
+        return Keeper(self.home.state_dir(self.spec.state_key), Versions(self.paths.state_versions, self.spec.keep_states),
+                      lambda: self.paths.rank_log(self.plan.attempt, 0), lambda: self.plan.attempt, self.say).start()
+
+    def _roll_back(self, attempt: AttemptRun) -> str:
+        """After divergence, before the retry: the state of before it, and the arguments
+        ``--on-nan-args`` computes. Returns the attempt record's reason."""
+        done = ["retrying"]
+        if self.keeper is not None:
+            done.insert(0, self.keeper.rollback(attempt.guard.anomaly()))
+        if self.spec.on_nan_args:
+            from dataclasses import replace
+
+            from ..health.anomaly_args import apply
+
+            entry = self.spec.entrypoint
+            args = apply(self.spec.on_nan_args, entry.args)
+            changed = [a for a in args if a not in entry.args]
+            self.spec = self.spec.with_(entrypoint=replace(entry, args=args))
+            done.append("with " + " ".join(changed or args))
+        return "; ".join(done)
+
     def _end(self, outcome: Outcome) -> None:
         if self.attempt is not None:
             for handle in self.attempt.handles:  # no attempt follows: kept agents may go
                 handle.release()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self._sync is not None:
             self._sync.stop()
         self._finish(outcome)
 
     def _finish(self, outcome: Outcome) -> None:
-        outcome = data.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
+        outcome = staging.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
         self.exit_code = record_end(self.store, self.record, outcome)
         if self._reserve is not None:
@@ -338,9 +412,22 @@ def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:
             store.transition(record.id, JobState.FAILED, exit_code=code)
     elif kind is OutcomeKind.PRUNED:
         store.transition(record.id, JobState.PRUNED, exit_code=code)
+    elif kind is OutcomeKind.TIMEOUT:
+        store.transition(record.id, JobState.TIMEOUT, exit_code=code, root_cause=json.dumps(outcome.cause or {}, sort_keys=True))
     elif kind is OutcomeKind.PREEMPTED:
         cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
         store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
     else:
         store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
     return code
+
+
+def _objective(store: Store, record: JobRecord) -> str | None:
+    """A sweep trial's objective metric (watched for divergence with the losses)."""
+    if record.sweep_id is None:
+        return None
+    try:
+        objective = store.sweeps.get(record.sweep_id).objective
+    except Exception:  # noqa: BLE001 - a sweep row written by an older phalanx: no objective to watch
+        return None
+    return str(objective).partition(":")[0] if objective else None

@@ -11,23 +11,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..backends.base import Backend
 from ..backends.registry import get_backend
-from ..core import space
+from ..core import disk
 from ..core.paths import HomePaths, JobPaths, read_json, write_atomic, write_json
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from ..core.state import JobState
 from ..errors import DiskFull, PhalanxError
 from ..storage.statedir import for_job
-from ..store import JobRecord, Store
+from ..store import JobRecord, Store, open_store
 
 
 def new_job_id(home: HomePaths) -> str:
     """A fresh job (or sweep) id, checked against every id the store ever handed out, and
     against the directories of jobs and sweeps a store that was moved aside left behind."""
-    space.need(home.root, space.START_BYTES, "a new job's files and row")  # before the store is written
-    store = Store(home.db)
+    disk.need(home.root, disk.START_BYTES, "a new job's files and row")  # before the store is written
+    store = open_store(home.db)
     while True:
         job_id = store.new_id()
         if not home.job(job_id).root.exists() and not home.sweep_dir(job_id).exists():
@@ -39,7 +40,7 @@ def plan_attempt(backend: Backend, spec: JobSpec, job_id: str, attempt: int, hom
     processes then start from the warm pool where the spec and the backend allow it."""
     plan = backend.plan(spec, job_id, attempt, home, backend.facts(spec))
     if spec.warm and backend.warm_starts:
-        from ..launch import warm
+        from ..launch.warm import plan as warm
 
         plan = warm.apply(plan, spec, warm.facts())
     return plan
@@ -90,17 +91,19 @@ def check_done(spec: JobSpec, store: Store, home: HomePaths) -> tuple[JobRecord 
 def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs: dict[str, Any] | None = None,
                **columns: Any) -> JobRecord:
     """Record the job (PENDING) and lay out its directory (with the code snapshot). Nothing runs yet.
-    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params).
+    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params,
+    who submitted it: ``user_name``, this process's user unless given).
 
     All or nothing, even when killed: the directory is laid out under ``staging/`` and moved into
     ``jobs/`` inside the transaction that inserts the row, so a crash or a full disk leaves no
     job directory without its row nor the reverse (``clear_staging`` removes what a killed
     submit left in ``staging/``)."""
     spec = for_job(spec, plan.job_id)
+    columns.setdefault("user_name", config.user())
     spec_json = json.dumps(spec.to_dict(), sort_keys=True)
     plan_json = plan.to_json()
-    needed = space.RESERVE_BYTES + 2 * len(spec_json) + len(plan_json) + 64 * 1024  # + a few store pages
-    space.need(home.root, needed, f"the files of job {plan.job_id}")
+    needed = disk.RESERVE_BYTES + 2 * len(spec_json) + len(plan_json) + 64 * 1024  # + a few store pages
+    disk.need(home.root, needed, f"the files of job {plan.job_id}")
     clear_staging(home)
     final = home.job(plan.job_id)
     staged = JobPaths(home.staging / f"{plan.job_id}.{os.getpid()}")
@@ -119,6 +122,7 @@ def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs:
         write_atomic(staged.plan, plan_json)
         store.insert_job(
             then=lambda: os.rename(staged.root, final.root),  # fails when the id's directory exists
+            undo=lambda: os.rename(final.root, staged.root),  # the commit failed: staged again, removed below
             id=plan.job_id,
             name=spec.name,
             backend=spec.backend,
@@ -131,7 +135,7 @@ def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs:
         )
     except BaseException as exc:
         shutil.rmtree(staged.root, ignore_errors=True)
-        if space.is_full(exc):
+        if disk.is_full(exc):
             raise _full_at_submit(exc, spec, home, needed) from exc
         raise
     if spec.tags:  # issue 16: the job's labels, indexed for ps and the dashboard
@@ -152,9 +156,9 @@ def _full_at_submit(exc: BaseException, spec: JobSpec, home: HomePaths, needed: 
             code = preflight(spec, home.root).nbytes
         except PhalanxError:
             code = 0
-    full = space.as_disk_full(exc, None, home.root)
-    return DiskFull(full.what, full.where, f": starting the job needs about {space.size(needed + code)} "
-                    f"(code snapshot {space.size(code)}), {space.size(space.free_bytes(home.root))} free; nothing was started")
+    full = disk.as_disk_full(exc, None, home.root)
+    return DiskFull(full.what, full.where, f": starting the job needs about {disk.size(needed + code)} "
+                    f"(code snapshot {disk.size(code)}), {disk.size(disk.free_bytes(home.root))} free; nothing was started")
 
 
 def clear_staging(home: HomePaths) -> None:

@@ -46,7 +46,7 @@ def _until(check: Callable[[], bool], seconds: float = 3.0) -> None:
 
 def job_action(ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``action`` on the job ``ref``; returns what the page shows next."""
-    from .. import jobs, query
+    from ..api import jobs, query
 
     if action not in JOB_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(JOB_ACTIONS)}")
@@ -73,7 +73,7 @@ def _retry(record: JobRecord) -> dict[str, Any]:
     """A new job running the same command with the same settings (its code snapshot taken
     now from the working directory, as ``phalanx run`` would), its own state directory unless
     the job shared a named one."""
-    from .. import jobs, query
+    from ..api import jobs, query
 
     if not is_terminal(record.state):
         raise Conflict(f"job {record.id} is still {record.state.value}", "stop it first, or wait for it to end")
@@ -88,8 +88,8 @@ def _retry(record: JobRecord) -> dict[str, Any]:
 
 
 def _delete(refs: list[str]) -> dict[str, Any]:
-    from .. import query
-    from ..cleanup import remove, resolve
+    from ..api import query
+    from ..api.cleanup import remove, resolve
 
     store = query.open_store()
     try:
@@ -102,7 +102,7 @@ def _delete(refs: list[str]) -> dict[str, Any]:
 
 
 def sweep_action(ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from .. import jobs, query
+    from ..api import jobs, query
     from ..errors import JobNotFound
 
     if action not in SWEEP_ACTIONS:
@@ -132,9 +132,9 @@ def sweep_detail(sweep: Any) -> dict[str, Any]:
     """The sweep page's data: the sweep's row, its settings, its trial table, its actions."""
     import json
 
-    from .. import query
-    from ..lists import sweep_row
-    from ..sweepview import trial_table
+    from ..api import query
+    from ..api.lists import sweep_row
+    from ..api.sweepview import trial_table
 
     store = query.open_store()
     data = sweep_row(store, sweep)

@@ -17,11 +17,13 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from .. import query
+from ..api import query
+from ..core.identity import Principal
+from ..core.rawtext import escaped, escaped_all
 from ..errors import JobNotFound, PhalanxError, UsageError
 from ..store import JobRecord
 from ..supervise.liveness import effective
-from . import actions, data, pages
+from . import actions, jobview, pages
 from .guard import Guard
 
 STATIC = Path(__file__).parent / "static"
@@ -53,8 +55,20 @@ def _record(request: Request) -> JobRecord:
     return query.get_job(request.path_params["job"])
 
 
+class ShownJSON(JSONResponse):
+    """JSON for a page a person reads: a string holding bytes that are not UTF-8 (a file name, a
+    script argument, read by python as surrogates) is sent as ``core.rawtext.escaped`` shows it
+    (``caf\\xe9.txt``), where Starlette's UTF-8 encoding would fail the request."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(escaped_all(content))
+
+
 def _json(payload: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(payload, status_code=status, headers={"Cache-Control": "no-store"})
+    return ShownJSON(payload, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def _csrf(request: Request) -> str:
@@ -69,7 +83,7 @@ def _html(text: str, status: int = 200) -> HTMLResponse:
 
 
 def _list_query(request: Request, sweeps: bool = False) -> Any:
-    from ..lists import build_query, check_metrics
+    from ..api.lists import build_query, check_metrics
 
     unknown = sorted(set(request.query_params) - LIST_PARAMS)
     if unknown:
@@ -87,7 +101,7 @@ def api_jobs(request: Request) -> Response:
     """A page of jobs (``?limit=``, default 50), filtered (``state name backend tag since q``),
     sorted (``sort``) with metric ``columns``; the header ``X-Next-Page`` holds the cursor of
     the next page (``?after=``) when there are more."""
-    from ..lists import page
+    from ..api.lists import page
 
     wanted = _list_query(request)
     limit = max(1, min(_int(request, "limit", 50) or 50, 1000))
@@ -105,7 +119,7 @@ def api_jobs_count(request: Request) -> Response:
 
 
 def api_sweeps(request: Request) -> Response:
-    from ..lists import sweep_row
+    from ..api.lists import sweep_row
     from ..store.listing import page_sweeps
 
     wanted = _list_query(request, sweeps=True)
@@ -122,7 +136,7 @@ def api_sweeps(request: Request) -> Response:
 def api_meta(request: Request) -> Response:
     """What the filters offer: states, backends, metric names, tag keys."""
     from ..backends.registry import known
-    from ..lists import STATES
+    from ..api.lists import STATES
     from ..store.listing import metric_names, tag_keys
 
     store = query.open_store()
@@ -134,7 +148,9 @@ def api_meta(request: Request) -> Response:
 
 
 def api_job(request: Request) -> Response:
-    return _json(data.job_detail(_record(request)))
+    from .. import config
+
+    return _json(jobview.job_detail(_record(request), Principal.here(config.user())))
 
 
 def api_metrics(request: Request) -> Response:
@@ -166,22 +182,22 @@ def api_logs(request: Request) -> Response:
 
 
 def api_artifacts(request: Request) -> Response:
-    return _json(data.artifacts(_record(request)))
+    return _json(jobview.artifacts(_record(request)))
 
 
 def api_artifact_file(request: Request) -> Response:
     """One output file: images and text to show, anything else to download; never run as a
     page (``Content-Security-Policy: sandbox``)."""
-    path, media = data.artifact_file(_record(request), request.query_params.get("path", ""))
+    path, media = jobview.artifact_file(_record(request), request.query_params.get("path", ""))
     if request.query_params.get("preview") == "1":
         with open(path, "rb") as fh:
-            head = fh.read(data.PREVIEW_BYTES)
+            head = fh.read(jobview.PREVIEW_BYTES)
         return Response(head.decode("utf-8", errors="replace"), media_type="text/plain; charset=utf-8",
                         headers={"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"})
     download = request.query_params.get("download") == "1" or media == "application/octet-stream"
     headers = {"Content-Security-Policy": "sandbox", "Cache-Control": "no-store"}
     return FileResponse(path, media_type=media, headers=headers,
-                        content_disposition_type="attachment" if download else "inline", filename=path.name)
+                        content_disposition_type="attachment" if download else "inline", filename=escaped(path.name))
 
 
 def api_job_action(request: Request) -> Response:
@@ -255,7 +271,7 @@ def _static(name: str, media_type: str) -> Callable[[Request], Response]:
 
 
 async def _phalanx_error(request: Request, exc: Exception) -> Response:
-    status = (404 if isinstance(exc, JobNotFound) else 403 if isinstance(exc, data.Forbidden) else
+    status = (404 if isinstance(exc, JobNotFound) else 403 if isinstance(exc, jobview.Forbidden) else
               409 if isinstance(exc, actions.Conflict) else 400 if isinstance(exc, UsageError) else 500)
     if request.url.path.startswith("/api/"):
         return _json({"error": str(exc)}, status)
@@ -289,6 +305,7 @@ def create_app(token: str | None = None, loopback: bool = True, check_user: bool
         Route("/static/plotly.min.js", static_plotly, methods=get),
         *(Route(f"/static/{name}", _static(name, kind), methods=get) for name, kind in (
             ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
+            ("jobparts.js", "text/javascript"),
             ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]
     app = Starlette(routes=routes, exception_handlers={PhalanxError: _phalanx_error})

@@ -18,7 +18,7 @@ from ..monitor.metricfile import NONE, read_series
 from ..monitor.readback import metric_file
 from ..monitor.resources import node_ranks, read_resources
 from ..store import JobRecord
-from .data import job_file, job_summary
+from .jobview import job_file, job_summary
 
 MAX_POINTS = 1500  # per chart trace: more than a chart's width in pixels, and quick to send
 CACHED_FILES = 256  # metrics files kept parsed in memory

@@ -10,7 +10,7 @@ onto the backend interface; the parts live beside it:
   them, ``start`` applies exactly them with the bundle's URL filled in);
 - ``preflight.py``: cluster checks before the job is recorded (namespace, RBAC, operator, GPUs);
 - ``client.py``/``kubeconfig.py``: the API server, as kubectl reaches it;
-- ``watch.py``/``node.py``: pods to node states and results, pod logs to the job directory;
+- ``follow.py``/``node.py``: pods to node states and results, pod logs to the job directory;
 - ``pod.py``: the container's entry inside the pod.
 
 Inside a pod the job directory is ``/phx/job`` (laid out like any job's), the code ``/phx/code``
@@ -39,7 +39,7 @@ from ..options import validate
 from . import delivery, kinds, manifests, options, supervisor
 from .client import ApiError, Client, apply
 from .ref import Ref
-from .watch import Attempt
+from .follow import Attempt
 
 POD_JOB_DIR = manifests.ROOT + "/job"
 POD_CODE = manifests.ROOT + "/code"

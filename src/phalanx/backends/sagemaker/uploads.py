@@ -69,7 +69,7 @@ def local_digest(path: str, cache_file: Path | None, remember: bool = False) -> 
     before = len(cache)
     digest = hashlib.sha256()
     for name, file in _files(Path(path)):
-        digest.update(f"{name}\0{_file_digest(file, cache)}\n".encode())
+        digest.update(os.fsencode(f"{name}\0{_file_digest(file, cache)}\n"))
     if remember and cache_file is not None and len(cache) != before:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache_file, cache)

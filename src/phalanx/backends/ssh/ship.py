@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import secrets
 import shlex
@@ -55,12 +56,12 @@ class Shipment:
         h = hashlib.sha256()
         if self.local is not None and self.local.is_file():
             st = self.local.stat()
-            h.update(f"{self.local.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            h.update(os.fsencode(f"{self.local.name}\0{st.st_size}\0{st.st_mtime_ns}\n"))
         elif self.local is not None and self.local.is_dir():
             for path in sorted(self.local.rglob("*")):
                 if path.is_file():
                     st = path.stat()
-                    h.update(f"{path.relative_to(self.local).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                    h.update(os.fsencode(f"{path.relative_to(self.local).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n"))
         return h.hexdigest()
 
     def tar_argv(self, local: Path) -> list[str]:

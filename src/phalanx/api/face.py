@@ -1,0 +1,348 @@
+"""The face: one object with every verb and view of phalanx, the only thing the CLI, the dashboard
+and the server call. ``Face`` is the contract; ``LocalFace`` serves it from this machine's store
+and job directories. A remote face serving the same calls from a team server is the plan
+(``docs/architecture.md``); it does not exist yet.
+
+Every call acts as the face's ``Principal`` (who asks). Every result is JSON data (dicts, lists,
+numbers, strings), so a server can send it as it is and a remote client gets what a local one
+does; output that streams (a foreground run, ``logs -f``) goes to the ``out``/``emit`` given.
+
+A job or a sweep is named by ``ref``: an id, a unique id prefix, or a name (the newest of that
+name; a name both carry means the newer of the two).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
+
+from ..core.identity import Principal
+from ..core.spec import JobSpec
+from ..errors import JobNotFound
+from .ps import PsListing, PsRequest
+
+Events = Callable[[str], None]
+Emit = Callable[[str], None]
+
+
+class Face(Protocol):
+    """What every caller may ask. Blocking unless said otherwise; errors are ``PhalanxError``s
+    (``JobNotFound`` for a ref that names nothing the principal may see)."""
+
+    principal: Principal
+
+    # -- views: read, never act ---------------------------------------------------------------
+    def ps(self, request: PsRequest) -> PsListing: ...
+    def trials(self, ref: str) -> dict[str, Any]: ...
+    def status(self, ref: str) -> dict[str, Any]: ...
+    def sweep(self, ref: str) -> dict[str, Any]: ...
+    def logs(self, ref: str, emit: Emit, follow: bool = False, rank: int | None = None, attempt: int | None = None,
+             tail: int | None = None, since: str | None = None, trial: int | None = None, events: Events | None = None) -> None: ...
+    def metrics(self, ref: str, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]: ...
+    def metric_records(self, ref: str, emit: Emit, attempt: int | None = None, rank: int | None = None) -> int: ...
+    def top(self, ref: str) -> dict[str, Any]: ...
+    def artifacts(self, ref: str) -> dict[str, Any]: ...
+    def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]: ...
+
+    # -- verbs: act ----------------------------------------------------------------------------
+    def dry_run(self, spec: JobSpec) -> dict[str, Any]: ...
+    def clean_state(self, spec: JobSpec) -> str | None: ...
+    def run(self, spec: JobSpec, out: TextIO | None, ranks: set[int] | None = None, events: Events | None = None,
+            started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]: ...
+    def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]: ...
+    def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]: ...
+    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
+                  events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]: ...
+    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+               events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
+    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]: ...
+    def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]: ...
+    def download(self, ref: str, dest: Path | None = None, logs: bool = False, state: bool = False,
+                 events: Events | None = None) -> tuple[str, dict[str, int]]: ...
+
+
+class LocalFace:
+    """The face on this machine's store (``$PHALANX_HOME``, or the store ``PHALANX_STORE`` names)."""
+
+    def __init__(self, principal: Principal | None = None) -> None:
+        from .. import config
+
+        self.principal = principal or Principal.here(config.user())
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def _store(self) -> Any:
+        from .query import open_store
+
+        return open_store()
+
+    def _sweep_named(self, ref: str) -> Any:
+        """The sweep ``ref`` names, or None when it names a job (the newer of the two on a name)."""
+        from .query import find_sweep
+
+        store = self._store()
+        sweep = store.sweeps.find(ref)
+        if sweep is None:
+            return None
+        try:
+            job = store.find(ref)
+        except JobNotFound:
+            job = None
+        if job is not None and job.sweep_id != sweep.id:
+            by_id = sweep.id.startswith(ref) or sweep.id.startswith(ref.lower())
+            if by_id and (job.id.startswith(ref) or job.id.startswith(ref.lower())):
+                raise JobNotFound(f"'{ref}' is the start of both job {job.id} and sweep {sweep.id}",
+                                  "type more characters of the id")
+            if not by_id and job.name == ref and job.created_at > sweep.created_at:
+                return None
+        return find_sweep(sweep.id, store)
+
+    def _job(self, ref: str) -> Any:
+        from .query import get_job
+
+        return get_job(ref)
+
+    def _any_sweep(self, ref: str) -> Any:
+        from .query import find_sweep
+
+        sweep = find_sweep(ref)
+        if sweep is None:
+            raise JobNotFound(f"no sweep with id or name '{ref}'", "list sweeps with: phalanx ps --all")
+        return sweep
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def ps(self, request: PsRequest) -> PsListing:
+        from .. import config
+        from .ps import ps
+
+        return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user)
+
+    def trials(self, ref: str) -> dict[str, Any]:
+        from .sweepview import trial_list
+
+        return trial_list(self._store(), self._any_sweep(ref))
+
+    def status(self, ref: str) -> dict[str, Any]:
+        from .jobview import job_view
+
+        sweep = self._sweep_named(ref)
+        if sweep is not None:
+            return self._sweep_view(sweep)
+        return {"kind": "job", **job_view(self._job(ref), self.principal)}
+
+    def sweep(self, ref: str) -> dict[str, Any]:
+        return self._sweep_view(self._any_sweep(ref))
+
+    def _sweep_view(self, sweep: Any) -> dict[str, Any]:
+        from .sweepview import sweep_view
+
+        return {"kind": "sweep", **sweep_view(self._store(), sweep)}
+
+    def logs(self, ref: str, emit: Emit, follow: bool = False, rank: int | None = None, attempt: int | None = None,
+             tail: int | None = None, since: str | None = None, trial: int | None = None, events: Events | None = None) -> None:
+        from . import query
+        from .sweepview import follow_sweep_logs
+
+        if tail is not None and tail < 0:
+            from ..errors import UsageError
+
+            raise UsageError(f"invalid --tail {tail}", "give a number of lines, e.g. --tail 20")
+        sweep = self._sweep_named(ref)
+        if sweep is not None:
+            store = self._store()
+            follow_sweep_logs(store, sweep.id, emit, follow, rank=0 if rank is None else rank, trial=trial, tail=tail,
+                              refresh=lambda sweep_id: query.find_sweep(sweep_id, store))
+            return
+        record = self._job(ref)
+        say = events or (lambda text: None)
+        offsets = query.log_offsets(record, attempt, rank, tail, since, say) if (tail is not None or since) else None
+        failed = None
+        if rank is None and record.nnodes * record.nproc_per_node > 1:  # one rank: nothing to put first or fold
+            from .failure import failure
+
+            query.log_paths(record, attempt)  # an attempt that does not exist: its own error first
+            failed = failure(record, attempt)
+            if failed is not None:
+                say(f"job {record.id}: {failed.headline()}")
+        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets, failed=failed)
+
+    def metrics(self, ref: str, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]:
+        from ..monitor.report import metrics_report
+
+        sweep = self._sweep_named(ref)
+        if sweep is not None:
+            from .sweepview import trial_table
+
+            return {"kind": "sweep", "id": sweep.id, **trial_table(self._store(), sweep)}
+        from ..core.state import is_terminal
+
+        record = self._job(ref)
+        return {"kind": "job", **metrics_report(record, attempt=attempt, rank=rank), "ended": is_terminal(record.state)}
+
+    def metric_records(self, ref: str, emit: Emit, attempt: int | None = None, rank: int | None = None) -> int:
+        from ..monitor.report import export_metrics
+
+        class _Out:  # export_metrics writes to a file-like object
+            write = staticmethod(emit)
+
+        return export_metrics(self._job(ref), _Out(), attempt=attempt, rank=rank)
+
+    def top(self, ref: str) -> dict[str, Any]:
+        from ..core.state import is_terminal
+        from ..monitor.report import top_frame
+
+        record = self._job(ref)
+        return {**top_frame(record), "id": record.id, "terminal": is_terminal(record.state)}
+
+    def artifacts(self, ref: str) -> dict[str, Any]:
+        from .query import artifacts
+
+        record = self._job(ref)
+        found = artifacts(record)
+        return {"id": record.id, "name": record.name, **found.to_dict()}
+
+    def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]:
+        from ..errors import UsageError
+        from ..monitor.logindex import parse_since
+        from ..store.listing import GROUPS, usage_totals
+
+        if by not in GROUPS:
+            raise UsageError(f"unknown --by '{by}'", f"group by one of: {', '.join(GROUPS)}")
+        return list(usage_totals(self._store(), by, parse_since(since) if since else None))
+
+    # -- verbs ---------------------------------------------------------------------------------
+
+    def dry_run(self, spec: JobSpec) -> dict[str, Any]:
+        from . import jobs
+
+        jobs.check_storage(spec)  # the stores a real run checks first (offline: not the backend's cluster)
+        plan = jobs.plan_job(spec)
+        return {"text": plan.render(), "plan": plan.to_dict()}
+
+    def clean_state(self, spec: JobSpec) -> str | None:
+        from . import jobs
+
+        moved = jobs.clean_state(spec)
+        return None if moved is None else str(moved)
+
+    def run(self, spec: JobSpec, out: TextIO | None, ranks: set[int] | None = None, events: Events | None = None,
+            started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]:
+        from . import jobs
+
+        record, code = jobs.run(spec, out=out, ranks=ranks, events=events,
+                                started=None if started is None else (lambda r: started(_job_dict(r))))
+        return _job_dict(record), code
+
+    def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]:
+        from . import jobs
+
+        return _job_dict(jobs.submit_detached(spec, events=events))
+
+    def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]:
+        """The nodes' check (``supervise/doctor.py``), blocking: its verdict as data, and as the
+        table ``phalanx doctor`` prints (``text``)."""
+        from . import jobs
+
+        found = jobs.doctor(spec, events=events, burn=burn)
+        return {**found.to_dict(), "text": found.render()}
+
+    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
+                  events: Events | None = None) -> tuple[dict[str, Any], int | None]:
+        from . import jobs
+
+        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events)
+        return sweep.to_dict(), code
+
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Block until the job (or sweep) ends. ``progress`` hears the job's id, state and health
+        (``query.health``) at every look (``wait --progress``)."""
+        from . import jobs
+        from .query import health
+        from .sweepview import sweep_exit_code
+
+        sweep = self._sweep_named(ref)
+        if sweep is not None:
+            done = jobs.wait_sweep(sweep.id, timeout)
+            return {"kind": "sweep", **done.to_dict(), "wait_code": sweep_exit_code(done)}
+        watch = None if progress is None else (
+            lambda r: progress({"id": r.id, "state": r.state.value, "health": health(r)}))
+        record = jobs.wait(ref, timeout=timeout, watch=watch)
+        return {"kind": "job", **_job_dict(record),
+                "wait_code": record.exit_code if record.exit_code is not None else 1}
+
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]:
+        """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
+        is stopping already keeps its grace period unless ``now``."""
+        from . import jobs
+        from .query import find_sweep
+
+        sweep = find_sweep(ref)
+        if sweep is not None:
+            return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
+        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events, now=now))}
+
+    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+               events: Events | None = None) -> tuple[dict[str, Any], int | None]:
+        from . import jobs
+        from .query import find_sweep
+
+        sweep = find_sweep(ref)
+        if sweep is not None:
+            done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
+            return {"kind": "sweep", **done.to_dict()}, code
+        record, code = jobs.resume(ref, detach=detach, out=out, ranks=ranks, events=events)
+        return {"kind": "job", **_job_dict(record)}, code
+
+    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]:
+        from .cleanup import remove, resolve
+        from .query import home
+
+        store = self._store()
+        targets = resolve(store, refs)  # every one checked before anything goes
+        return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
+
+    def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]:
+        import time
+
+        from ..core.state import TERMINAL
+        from ..errors import UsageError
+        from ..monitor.logindex import parse_duration
+        from .cleanup import prune_targets, remove
+        from .lists import parse_states
+        from .query import home
+
+        age = parse_duration(older_than, "--older-than")
+        wanted = parse_states(states)
+        ended = {s.value for s in TERMINAL}
+        running = [s for s in wanted if s not in ended]
+        if running:
+            raise UsageError(f"--state {running[0].lower()} is not an end state: prune removes only what ended",
+                             f"use one of: {', '.join(sorted(s.lower() for s in ended))}")
+        store = self._store()
+        targets = prune_targets(store, age, wanted, time.time())
+        return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
+
+    def download(self, ref: str, dest: Path | None = None, logs: bool = False, state: bool = False,
+                 events: Events | None = None) -> tuple[str, dict[str, int]]:
+        from . import jobs
+
+        where, counts = jobs.download(self._job(ref), dest, logs=logs, state=state, events=events)
+        return str(where), counts
+
+
+def _job_dict(record: Any) -> dict[str, Any]:
+    """A job's record as the face returns it: ``to_dict`` with its duration (computed now)."""
+    return {**record.to_dict(), "duration": record.duration}
+
+
+def rows_json(rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """A listing's rows as ``--json`` prints them (what is only for people left out)."""
+    for row in rows:
+        yield {k: v for k, v in row.items() if not k.startswith("_")}
