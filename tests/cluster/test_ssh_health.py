@@ -2,7 +2,8 @@
 tests/cluster/sshd.py). The middle host, node2, is really short of disk: its sshd runs in a
 mount namespace of its own where its HOME (where jobs live on it: ``--remote-home
 ~/.phalanx/remote``) is a 64 MiB tmpfs, so every process started over ssh there sees 64 MiB free,
-as on a machine with a full disk. Nothing is mounted outside that namespace.
+as on a machine with a full disk; the other two hosts' HOMEs are 16 GiB tmpfs in namespaces of
+their own. Nothing is mounted outside those namespaces.
 
 - ``phalanx doctor`` over the three names node2 and why, and measures the links between them;
 - ``--health-check`` with ``-n 2x1`` and three hosts: node2 fails its check, the job runs on
@@ -26,6 +27,7 @@ from tests.local.test_run import _status
 pytestmark = pytest.mark.cluster
 
 SMALL = "64m"
+ROOMY = "16g"
 
 WHERE = textwrap.dedent("""\
     import os, signal
@@ -45,9 +47,11 @@ def three_hosts(tmp_path_factory):
     if shutil.which("unshare") is None:
         pytest.skip("util-linux's unshare is not installed")
     root = tmp_path_factory.mktemp("sshd3")
-    small_home = root / "home2"
-    wrap = {1: ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                f'mount -t tmpfs -o size={SMALL} tmpfs "$0" && exec "$@"', str(small_home)]}
+    # node1's and node3's HOMEs are roomy tmpfs (their size a limit, not memory taken), so that
+    # only node2 is short of disk whatever this machine's own disk holds.
+    wrap = {i: ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"', str(root / f"home{i + 1}")]
+            for i, size in ((0, ROOMY), (1, SMALL), (2, ROOMY))}
     try:
         hosts = sshd.start(root, count=3, wrap=wrap)
     except (FileNotFoundError, subprocess.CalledProcessError) as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx import jobs, query
+from phalanx.api import jobs, query
 from phalanx.backends.kubernetes import manifests
 from phalanx.core.paths import JobPaths
 from phalanx.core.spec import Resources

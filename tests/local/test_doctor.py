@@ -1,10 +1,18 @@
 """``phalanx doctor`` and ``--health-check`` on the local backend, with real processes: two local
 nodes (agents that rendezvous over loopback as two machines would), the real probe (torch's
-matmul on the CPU, gloo between the nodes), the real CLI."""
+matmul on the CPU, gloo between the nodes), the real CLI.
+
+The checks judge the free disk of the job's working directory (at least 2 GiB): the tests that
+expect healthy nodes run the command in a directory with room whatever the machine's disk holds,
+a tmpfs mounted in a mount namespace of the command's own (nothing is mounted outside it)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +23,20 @@ from tests.local.test_run import _only_job, _status
 pytestmark = pytest.mark.local
 
 
+def _roomy(tmp_path: Path, *args: str, script: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``phalanx ARGS`` run in a working directory with 16 GiB free (a tmpfs; its size is a limit,
+    not memory taken), with ``script`` copied there first."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs util-linux's unshare and root (a tmpfs in a mount namespace of its own)")
+    roomy = tmp_path / "roomy"
+    roomy.mkdir(parents=True)
+    mount = 'mount -t tmpfs -o size=16g tmpfs "$0" && { test -z "$1" || cp "$1" "$0"/; } && cd "$0" && shift && exec "$@"'
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, str(roomy), script or "",
+                           sys.executable, "-m", "phalanx", *args], capture_output=True, text=True, timeout=300)
+
+
 def test_doctor_checks_two_local_nodes_and_says_they_are_healthy(phx_home, tmp_path):
-    proc = phalanx("doctor", "-n", "2x1", "--burn", "0.5", cwd=tmp_path, timeout=300)
+    proc = _roomy(tmp_path, "doctor", "-n", "2x1", "--burn", "0.5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if line[:1].isdigit()]
     assert [(r[0], r[1], r[-1]) for r in rows] == [("0", "localhost-0", "ok"), ("1", "localhost-1", "ok")]
@@ -28,7 +48,7 @@ def test_doctor_checks_two_local_nodes_and_says_they_are_healthy(phx_home, tmp_p
     assert job["name"] == "doctor" and job["state"] == "SUCCEEDED" and job["topology"] == "2x1"
     assert f"job {job['id']}" in proc.stderr
 
-    found = json.loads(phalanx("doctor", "-n", "2x1", "--burn", "0.5", "--json", cwd=tmp_path, check=True, timeout=300).stdout)
+    found = json.loads(_roomy(tmp_path / "again", "doctor", "-n", "2x1", "--burn", "0.5", "--json").stdout)
     assert found["healthy"] and found["bad_nodes"] == [] and found["expected"] == 2
     assert [(n["node_rank"], n["devices"][0]["kind"], n["devices"][0]["burn_ok"]) for n in found["nodes"]] == \
         [(0, "cpu", True), (1, "cpu", True)]
@@ -47,7 +67,7 @@ def test_doctor_refuses_what_it_cannot_use(phx_home, tmp_path):
 
 def test_health_check_passes_on_healthy_nodes_and_the_job_runs(phx_home, tmp_path):
     (tmp_path / "hello.py").write_text("import os\nprint('hello from rank', os.environ['RANK'], flush=True)\n")
-    proc = phalanx("run", "-n", "2x1", "--health-check", "hello.py", cwd=tmp_path, timeout=300)
+    proc = _roomy(tmp_path, "run", "-n", "2x1", "--health-check", "hello.py", script=str(tmp_path / "hello.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = _only_job()
     for node in (0, 1):
