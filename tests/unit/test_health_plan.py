@@ -125,3 +125,18 @@ def test_rendezvous_steps_are_named_as_torch_names_them():
     with rendezvous.tuned(4):
         assert dynamic.get_method_name is rendezvous.method_name
     assert dynamic.get_method_name is not rendezvous.method_name
+
+
+def test_how_each_backend_avoids_a_bad_node_on_the_retry():
+    from phalanx.supervise import leaveout
+
+    spec = JobSpec(TRAIN, Resources(2, 1))
+    assert {name: get_backend(name).avoids(spec) for name in ("local", "ssh", "slurm", "k8s", "sagemaker", "skypilot")} \
+        == {"local": "", "ssh": "exclude", "slurm": "exclude", "k8s": "exclude", "sagemaker": "new", "skypilot": "new"}
+    # a SkyPilot cluster the user named is the same machines on every attempt: nothing is avoided
+    named = get_backend("skypilot").avoids(spec.with_(backend="skypilot", backend_options={"cluster": "mine"}))
+    assert named == ""
+    entry, = leaveout.unusable(named, {"gpu-3": "no answer"}).entries
+    assert (entry["left_out"], entry["how"]) == (False, "cannot be left out by this backend")
+    entry, = leaveout.unusable("new", {"gpu-3": "no answer"}).entries
+    assert entry["how"] == "the next attempt gets new machines"

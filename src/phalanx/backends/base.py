@@ -221,6 +221,11 @@ class Backend(abc.ABC):
             raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
         return spec.with_(backend_options=validate(self.name, self.options, spec.backend_options))
 
+    def avoids(self, spec: JobSpec) -> str:
+        """How a retry of ``spec`` avoids a node found bad: ``leaves_out``, unless the job's
+        options pin the machines (a SkyPilot cluster the user named)."""
+        return self.leaves_out
+
     def check(self, spec: JobSpec) -> None:
         """Checks that need the outside world (credentials, buckets), run once before the job
         is recorded, so bad input fails with nothing created. Raises UsageError. Default: none."""

@@ -208,7 +208,7 @@ class JobRun:
             handles = self.backend.start(plan, self.paths, previous or ())
         except NodesUnusable as exc:  # hosts that cannot run it: others, where there are spares
             outcome = failed(f"could not start: {exc}", plan.attempt)
-            self._rerun_without(leaveout.unusable(self.backend.leaves_out, exc.nodes, self.left_out), outcome, started)
+            self._rerun_without(leaveout.unusable(self.backend.avoids(self.spec), exc.nodes, self.left_out), outcome, started)
             return
         except BackendError as exc:  # e.g. sbatch refused the job: nothing runs, say why
             outcome = failed(f"could not start: {exc}", plan.attempt)
@@ -293,7 +293,7 @@ class JobRun:
         trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
         self.ran = attempt.guard.ran
         results = [r for r in (h.poll() for h in attempt.handles) if r is not None]
-        leave = leaveout.decide(self.backend.leaves_out, outcome.cause, results, self.left_out, attempt.failed_first) \
+        leave = leaveout.decide(self.backend.avoids(self.spec), outcome.cause, results, self.left_out, attempt.failed_first) \
             if outcome.kind is OutcomeKind.FAILED else leaveout.LeaveOut()
         if leave.check_only and leave.names and self.reruns < leaveout.FREE_RERUNS:
             self._rerun_without(leave, outcome, attempt.started, attempt.handles)

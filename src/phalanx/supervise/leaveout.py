@@ -1,7 +1,7 @@
 """Nodes left out of the next attempt: the ones an attempt's end points at
 (``health/checks_cause.py``: a failed health check, a SIGBUS, an ECC, Xid or NIC error, a lost
 host), named as the backend knows them, and whether the backend can avoid them
-(``Backend.leaves_out``). Pure; ``JobRun`` records the result in ``attempts.jsonl`` and plans the
+(``Backend.avoids``). Pure; ``JobRun`` records the result in ``attempts.jsonl`` and plans the
 next attempt with ``JobSpec.left_out``.
 
 An attempt that ended only because nodes failed their check before any rank ran (nothing of
@@ -44,7 +44,7 @@ def node_name(result: NodeResult) -> str:
 def decide(leaves_out: str, cause: dict[str, Any] | None, results: Sequence[NodeResult],
            already: Sequence[str] = (), first: Sequence[int] | None = None) -> LeaveOut:
     """What the attempt ending with ``cause`` (its root cause) and ``results`` (in node order)
-    points at; ``leaves_out``: the backend's ``Backend.leaves_out``; ``already``: nodes an
+    points at; ``leaves_out``: ``Backend.avoids(spec)``; ``already``: nodes an
     earlier attempt left out; ``first``: the nodes that had failed when the supervisor stopped
     the others (``AttemptRun.failed_first``; the others' ends are its stop's)."""
     entries, names = [], []

@@ -66,6 +66,10 @@ class SkyPilotBackend(Backend):
                     submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True),
                     context=context)
 
+    def avoids(self, spec: JobSpec) -> str:
+        # --cluster NAME: every attempt runs on the user's cluster, the same machines again
+        return "" if spec.backend_options.get("cluster") else self.leaves_out
+
     def check(self, spec: JobSpec) -> None:
         """Before the job is recorded: SkyPilot itself reads the task, and a dry run of the launch
         (``client.preflight``) finds an enabled cloud offering the resources. Creates nothing."""
