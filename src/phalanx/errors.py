@@ -84,6 +84,22 @@ class DiskFull(PhalanxError):
                          hint or "free some space there, or point PHALANX_HOME at a larger disk")
 
 
+class NotAuthenticated(UsageError):
+    """A team server did not accept who is asking: no token, a wrong or revoked one (HTTP 401)."""
+
+
+class NotAllowed(UsageError):
+    """The acting user may not do this: another user's job, an admin's verb (HTTP 403)."""
+
+
+class ServerUnreachable(UsageError):
+    """The team server could not be reached, or its TLS certificate was not trusted."""
+
+
+class TooLarge(UsageError):
+    """A request to a team server over its size limit (HTTP 413)."""
+
+
 class TrackerError(PhalanxError):
     """An experiment tracker (MLflow, TensorBoard, W&B) could not take what phalanx sent. Never
     fails a job: the exporter (``track/``) keeps the points and says so in ``phalanx status``."""
@@ -97,3 +113,8 @@ class TrackerUnavailable(TrackerError):
 class TrackerRefused(TrackerError):
     """The tracker answered that these points (or this request) are invalid: sending them again
     would fail the same way, so they are counted as dropped."""
+
+
+class SecretError(UsageError):
+    """A secret that does not exist, may not be read (a store whose file is open to others), or a
+    name that cannot be one. Exit 2: nothing is created (``phalanx.secrets``)."""

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from .rawtext import shell_join, shell_quote
 
 _LATE_ADDR = re.compile(r"@NODE_ADDR_(\d+)@")
+SECRET_SHOWN = "<secret>"  # a secret's value where a plan is shown (--dry-run): never the value
 
 
 def late_addresses(nnodes: int) -> tuple[str, ...]:
@@ -54,12 +55,17 @@ class NodePlan:
     torchrun_argv: tuple[str, ...] | None = None
     worker_argv: tuple[str, ...] = ()  # with torchrun: what each worker runs
     processes: tuple[ProcessPlan, ...] = ()  # without torchrun
+    # --secret: variable -> secret name. Names only: the backend that starts the node puts the
+    # values into its environment at start (``Backend.secret_env``); ``env`` never holds them.
+    secrets: Mapping[str, str] = field(default_factory=dict)
     # Run on the node before any rank starts (``--health-check``); the node fails the attempt
     # when it exits non-zero (``launch/nodecheck.py``). Empty: no check.
     health_check: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if not self.secrets:
+            del data["secrets"]  # launch files of jobs without secrets stay as they were
         if not self.health_check:  # plans without a check read as they always did
             del data["health_check"]
         return data
@@ -79,6 +85,7 @@ class NodePlan:
             torchrun_argv=tuple(tr) if tr is not None else None,
             worker_argv=tuple(data.get("worker_argv", ())),
             processes=procs,
+            secrets=dict(data.get("secrets") or {}),
             health_check=tuple(data.get("health_check", ())),
         )
 
@@ -176,5 +183,6 @@ class Plan:
                 lines.append(f"rank {proc.rank}:   {extra} {shell_join(proc.argv)}".rstrip())
             if show_env:
                 lines.append("env:")
-                lines.extend(f"  {k}={v}" for k, v in sorted(node.env.items()))
+                shown = {**node.env, **{name: SECRET_SHOWN for name in node.secrets}}
+                lines.extend(f"  {k}={v}" for k, v in sorted(shown.items()))
         return "\n".join(lines) + "\n"

@@ -27,9 +27,11 @@ from ..errors import UsageError
 from .values import RunOptions, Values, all_options, resolve
 
 
-def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
+def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: bool = True) -> JobSpec:
     """Merge options over the job file; validate; resolve paths. Raises UsageError. Warnings go
-    to ``values.warnings`` when the caller passes ``values``, else to stderr at the end."""
+    to ``values.warnings`` when the caller passes ``values``, else to stderr at the end.
+    ``resolve_jobs`` False: ``--input NAME=job:REF`` is left for a team server to resolve (it
+    names a job of the server's, not of this machine's store)."""
     v = values or resolve(opts)
     base_dir = v.file.base_dir if v.file else Path.cwd()
     workdir = Path(v["workdir"] or (base_dir if v.file else ".")).resolve()
@@ -45,6 +47,7 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         framework=Framework(v["framework"]),
         spawn=Spawn(v["spawn"]),
         env=dict(v["env"] or {}),
+        secrets=_secrets(v),
         workdir=str(workdir),
         backend=backend,
         python=python_as_typed(),
@@ -62,7 +65,7 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
     if v["no_retry_on"]:
         spec = spec.with_(no_retry_on=tuple(v["no_retry_on"]))
     spec = _health(spec, v)
-    spec = spec.with_(rendezvous=_rendezvous(v, spec), **_data(v, base_dir, workdir, entry))
+    spec = spec.with_(rendezvous=_rendezvous(v, spec), **_data(v, base_dir, workdir, entry, resolve_jobs))
     spec = _what_the_script_sees(spec, v)
     if v["local_rank_arg"]:
         spec = _with_local_rank_arg(spec, v["local_rank_arg"])
@@ -74,6 +77,29 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         for text in v.warnings:
             sys.stderr.write(f"phalanx: warning: {text}\n")
     return spec
+
+
+# Variable names that usually hold a credential: their value belongs in a secret, not in --env.
+_CREDENTIAL_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def _secrets(v: Values) -> dict[str, str]:
+    """``--secret``'s variables (names only), checked against ``--env``; ``--env`` values whose
+    name looks like a credential get one warning (they are written into the job's records)."""
+    secrets = dict(v["secrets"] or {})
+    env = dict(v["env"] or {})
+    both = sorted(set(secrets) & set(env))
+    if both:
+        raise UsageError(f"{', '.join(both)} given both by {v.where('env')} and {v.where('secrets')}",
+                         "keep one: a secret's value is kept out of the job's records, an --env value is not")
+    looks = sorted(k for k in env if any(word in k.upper() for word in _CREDENTIAL_WORDS))
+    if looks:
+        first = looks[0]
+        v.warnings.append(f"{v.where('env')} {', '.join(looks)}: {'this looks' if len(looks) == 1 else 'these look'} "
+                          "like a credential, and an --env value is written into the job's records (spec.json, "
+                          f"plan.json, the store) and shown by --dry-run; keep it as a secret instead: phalanx "
+                          f"secret set {first}, then --secret {first}")
+    return secrets
 
 
 def _plain_fields(v: Values) -> dict[str, Any]:
@@ -342,7 +368,7 @@ def _uri(v: Values, name: str) -> str | None:
     return validate_uri(str(value), what=v.where(name)) if value is not None else None
 
 
-def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[str, Any]:
+def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint, resolve_jobs: bool = True) -> dict[str, Any]:
     """Inputs (``job:`` references resolved now, so retries read the same data), output, snapshot."""
     from ..core.spec import channel_env_name, parse_channel
 
@@ -354,7 +380,7 @@ def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[s
         if channel.uri.startswith("job:"):
             from ..api.query import resolve_job_input
 
-            source = resolve_job_input(channel.uri)
+            source = resolve_job_input(channel.uri) if resolve_jobs else ""
         else:
             from ..storage.channels import resolve_source
 
