@@ -316,7 +316,7 @@ def test_sagemaker_fakeplane_retry_is_a_new_training_job_and_outputs_feed_the_ne
 def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_training_job(plane, aws):
     env, bucket = aws
     proc = _phalanx(env, *_run_args(bucket, "-n", "2x1", "-d", "--json", "--workdir", str(EXAMPLES), "--name", "orphan",
-                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "30", "--sleep", "0.2"))
+                                    str(EXAMPLES / "train_ddp.py"), "--epochs", "1", "--steps-per-epoch", "100", "--sleep", "0.2"))
     job_id = _job_id(proc)
     job = _job_dir(env, job_id)
     log = job / "attempt_0" / "rank_0" / "output.log"
@@ -331,7 +331,9 @@ def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_trai
     assert "step=2 " in log.read_text(), "status only looks: the logs it found stay (the attach of resume rewrites them)"
     resumed = _phalanx(env, "resume", job_id, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert "epoch=1 step=30 loss=" in log.read_text()
+    # 100 steps of 0.2 s: the training job still runs when resume looks (three CLI calls under
+    # load take seconds; a job that completed meanwhile would be planned again, not watched)
+    assert "epoch=1 step=100 loss=" in log.read_text()
     assert not (job / "attempt_1").exists()
     names = {s["TrainingJobName"] for s in _sm(plane).list_training_jobs(NameContains=job_id)["TrainingJobSummaries"]}
     assert names == {f"phx-{job_id}-a0"}
