@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..core.paths import HomePaths
 from ..core.state import TERMINAL, is_terminal
-from ..errors import UsageError
+from ..errors import Ambiguous, UsageError
 from ..store import JobRecord, Store
 from ..supervise.liveness import effective
 
@@ -50,25 +50,49 @@ class Removed:
         return dict(self.__dict__)
 
 
-def resolve(store: Store, refs: Sequence[str]) -> list[Target]:
+def resolve(store: Store, refs: Sequence[str], all_named: bool = False) -> list[Target]:
     """The jobs and sweeps ``refs`` name, each checked: UsageError on the first that cannot go.
-    A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``)."""
+    A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``). A name
+    several jobs carry is ``Ambiguous`` (the person says which) unless ``all_named``: all of them."""
     targets: list[Target] = []
     for ref in refs:
         sweep = store.sweeps.find(ref)
         if sweep is not None:
             targets.append(_sweep_target(store, sweep))
             continue
-        record = effective(store.find(ref))
-        if not is_terminal(record.state):
-            raise UsageError(f"job {record.id} is {record.state.value}: phalanx removes only jobs that ended",
-                             f"stop it first: phalanx stop {record.id}")
-        if record.sweep_id is not None:
-            raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
-                             f"remove the whole sweep: phalanx rm {record.sweep_id}")
-        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record]))
+        for record in _named(store, ref, all_named):
+            targets.append(_job_target(record))
     seen: set[str] = set()
     return [t for t in targets if not (t.id in seen or seen.add(t.id))]  # type: ignore[func-returns-value]
+
+
+def _named(store: Store, ref: str, all_named: bool) -> list[JobRecord]:
+    """The job ``ref`` names by id or id prefix; by name, the one job of that name, or all of them
+    with ``all_named``."""
+    from ..store.listing import jobs_named
+
+    record = store.find(ref)
+    if record.id == ref or record.id.startswith(ref.lower()) or record.sweep_id is not None:
+        return [effective(record)]
+    named = jobs_named(store, ref, trials=False)
+    if len(named) <= 1 or all_named:
+        return [effective(r) for r in named] or [effective(record)]
+    choices = [{"id": r.id, "name": r.name, "state": effective(r).state.value, "created_at": r.created_at,
+                "command": r.command} for r in named]
+    raise Ambiguous(f"{len(named)} jobs are named '{ref}' ({', '.join(r.id for r in named[:5])}"
+                    f"{', ...' if len(named) > 5 else ''})",
+                    f"name the one to remove by its id (phalanx ps --all --name {ref}), or remove them all: "
+                    f"phalanx rm --all-named {ref}", choices)
+
+
+def _job_target(record: JobRecord) -> Target:
+    if not is_terminal(record.state):
+            raise UsageError(f"job {record.id} is {record.state.value}: phalanx removes only jobs that ended",
+                             f"stop it first: phalanx stop {record.id}")
+    if record.sweep_id is not None:
+        raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
+                         f"remove the whole sweep: phalanx rm {record.sweep_id}")
+    return Target("job", record.id, record.name, record.state.value, [record.paths.root], [record])
 
 
 def _sweep_target(store: Store, sweep: Any) -> Target:

@@ -53,9 +53,9 @@ class Face(Protocol):
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
-    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+    def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
-    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]: ...
+    def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]: ...
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]: ...
     def download(self, ref: str, dest: Path | None = None, logs: bool = False, state: bool = False,
                  events: Events | None = None) -> tuple[str, dict[str, int]]: ...
@@ -254,24 +254,28 @@ class LocalFace:
             return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
         return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events))}
 
-    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+    def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
+        """``detach`` None: the way ``phalanx run`` started it. The result's ``detached`` says
+        which way it went (then the code is None)."""
         from . import jobs
         from .query import find_sweep
 
         sweep = find_sweep(ref)
         if sweep is not None:
             done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
-            return {"kind": "sweep", **done.to_dict()}, code
+            return {"kind": "sweep", **done.to_dict(), "detached": code is None}, code
         record, code = jobs.resume(ref, detach=detach, out=out, ranks=ranks, events=events)
-        return {"kind": "job", **_job_dict(record)}, code
+        return {"kind": "job", **_job_dict(record), "detached": code is None}, code
 
-    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]:
+    def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]:
+        """A name several jobs carry raises ``Ambiguous`` (with them as its choices) unless
+        ``all_named``."""
         from .cleanup import remove, resolve
         from .query import home
 
         store = self._store()
-        targets = resolve(store, refs)  # every one checked before anything goes
+        targets = resolve(store, refs, all_named)  # every one checked before anything goes
         return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
 
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..backends.registry import get_backend
-from ..core.paths import write_atomic
+from ..core.paths import read_json, write_atomic, write_json
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from ..core.state import JobState, can_resume, is_terminal
@@ -67,6 +67,7 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         return done, 0
     plan = submit.plan_job(spec, where)
     record = submit.create_job(store, where, spec, plan, inputs=inputs, **liveness.identity())
+    write_json(record.paths.start_mode, {"detached": False})
     if started is not None:
         started(record)
     _say_at_submit(store, record, events, plan=plan)
@@ -84,6 +85,7 @@ def submit_detached(spec: JobSpec, events: Events | None = None) -> JobRecord:
         return done
     plan = submit.plan_job(spec, where)
     record = submit.create_job(store, where, spec, plan, inputs=inputs)
+    write_json(record.paths.start_mode, {"detached": True})
     _say_at_submit(store, record, events, plan=plan)
     # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
     try:
@@ -146,16 +148,27 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
     return store.get(record.id), code
 
 
-def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+def started_detached(mark: Path) -> bool:
+    """Whether ``phalanx run -d`` started it (``JobPaths.start_mode``); a job recorded before
+    the mark existed ran in the foreground as far as anyone knows."""
+    found = read_json(mark)
+    return bool(found.get("detached")) if isinstance(found, dict) else False
+
+
+def resume(ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
            events: Events | None = None) -> tuple[JobRecord, int | None]:
     """Continue a failed, cancelled, preempted or lost job as a new attempt of the same job:
     same id, same state directory (so the script resumes from its last checkpoint). A lost job
-    whose scheduler kept its attempt running is watched again instead (``leftover.resume_plan``)."""
+    whose scheduler kept its attempt running is watched again instead (``leftover.resume_plan``).
+    ``detach`` None: as ``phalanx run`` started it (``-d``: in the background again). Returns the
+    record and the exit code (None: it runs in the background)."""
     store = open_store()
     record = liveness.record_lost(store, store.find(ref))  # acting on it: a LOST job is recorded so
     if not can_resume(record.state):
         hint = "it has finished successfully" if record.state is JobState.SUCCEEDED else "it is still running"
         raise UsageError(f"job {record.id} is {record.state.value}: nothing to resume", f"{hint}; see: phalanx status {record.id}")
+    if detach is None:
+        detach = started_detached(record.paths.start_mode)
     plan = leftover.resume_plan(record, home())
     write_atomic(record.paths.plan, plan.to_json())
     if detach:
@@ -267,6 +280,7 @@ def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events
     store, where = open_store(), home()
     submit.check_storage(spec, where)
     sweep = create_sweep(store, where, spec, settings)
+    write_json(where.sweep_start_mode(sweep.id), {"detached": detach})
     if detach:
         store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), spec.workdir))
         return store.sweeps.get(sweep.id), None
@@ -319,11 +333,14 @@ def _stop_lost_trials(store: Store, sweep: SweepRecord) -> SweepRecord:
     return sweep
 
 
-def resume_sweep(sweep: SweepRecord, detach: bool = False, events: Events | None = None) -> tuple[SweepRecord, int | None]:
-    """Run what did not finish: unfinished trials continue, untried ones start."""
+def resume_sweep(sweep: SweepRecord, detach: bool | None = None, events: Events | None = None) -> tuple[SweepRecord, int | None]:
+    """Run what did not finish: unfinished trials continue, untried ones start. ``detach`` None:
+    as ``phalanx run`` started the sweep."""
     from ..sweeps.runner import SweepRunner
 
     store, where = open_store(), home()
+    if detach is None:
+        detach = started_detached(where.sweep_start_mode(sweep.id))
     sweep = liveness.record_sweep_lost(store, store.sweeps.get(sweep.id))
     if not can_resume(sweep.state):
         raise UsageError(f"sweep {sweep.id} is {sweep.state.value}: nothing to resume", f"see: phalanx sweep show {sweep.id}")

@@ -51,14 +51,48 @@ def _report(removed: dict[str, Any], as_json: bool) -> None:
 
 def rm_cmd(
     refs: List[str] = typer.Argument(..., metavar="JOB_OR_SWEEP...", help="Job or sweep ids, id prefixes or names."),
+    all_named: bool = typer.Option(False, "--all-named", help="A name several jobs carry: remove every one of them."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go, remove nothing."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Delete jobs or sweeps that ended, with their files: logs, metrics, outputs, code
-    snapshot, and their state directory unless another job names it. Never a running job."""
+    snapshot, and their state directory unless another job names it. Never a running job. A
+    name several jobs carry: asked which at a terminal, else refused (--all-named: all of them)."""
+    from ..errors import Ambiguous
     from .face import face
 
-    _report(face().rm(refs, dry_run), as_json)
+    try:
+        removed = face().rm(refs, dry_run, all_named)
+    except Ambiguous as exc:
+        if as_json or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise  # a script is shown the list and --all-named
+        name, ids = str(exc.choices[0]["name"]), _choose(exc)
+        removed = face().rm([i for ref in refs for i in (ids if ref == name else [ref])], dry_run)
+    _report(removed, as_json)
+
+
+def _choose(exc: Any) -> List[str]:
+    """Ask the person at the terminal which of the jobs of one name go: numbers, or all."""
+    from ..errors import PhalanxError
+    from .render import ago
+
+    err = sys.stderr
+    err.write(f"phalanx: {exc.message}:\n")
+    for i, job in enumerate(exc.choices, 1):
+        err.write(f"  {i:>2}  {job['id']}  {job['state']:<10} {ago(job['created_at']):>8}  {job['command']}\n")
+    err.write("remove which? numbers (1 3), 'all', or nothing to cancel: ")
+    err.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer == "all":
+        return [str(j["id"]) for j in exc.choices]
+    try:
+        numbers = [int(word) for word in answer.replace(",", " ").split()]
+        picked = [exc.choices[n - 1] for n in numbers if n >= 1]
+    except (ValueError, IndexError):
+        raise PhalanxError(f"'{answer}' is not among 1-{len(exc.choices)} or all", "nothing was removed") from None
+    if not picked or len(picked) != len(numbers):
+        raise PhalanxError("nothing removed", f"answer with numbers from 1 to {len(exc.choices)}, or all")
+    return list(dict.fromkeys(str(j["id"]) for j in picked))
 
 
 def prune_cmd(

@@ -12,7 +12,7 @@ import typer
 
 def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
     from ..jobfile import RunOptions, build_spec, build_sweep, resolve
-    from .control import event, report_end
+    from .control import event, report_end, started_in_background
     from .render import dump_json, warn
 
     backend_names = {o.name for o in _backend_options()}
@@ -39,7 +39,7 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
         from .sweep import run_sweep_cli
 
         run_sweep_cli(spec, sweep, dry_run=bool(values["dry_run"]), detach=bool(values["detach"]), as_json=as_json,
-                      clean=bool(values["clean_state"]), warnings=values.warnings, notes=values.notes)
+                      clean=bool(values["clean_state"]), warnings=values.warnings, notes=values.notes, quiet=quiet)
         return
     from .face import face
 
@@ -62,6 +62,8 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
             dump_json({"id": record["id"], "name": record["name"], "job_dir": record["job_dir"]}, sys.stdout)
         else:
             typer.echo(record["id"])
+        if not quiet:
+            started_in_background(record["id"])
         return
     shown = terminal_ranks(values, spec)
     out = sys.stderr if as_json else sys.stdout  # --json: stdout holds only the JSON

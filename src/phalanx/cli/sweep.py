@@ -15,7 +15,7 @@ sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run
 
 
 def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool,
-                  warnings: list[str] | None = None, notes: list[str] | None = None) -> None:
+                  warnings: list[str] | None = None, notes: list[str] | None = None, quiet: bool = False) -> None:
     from ..sweeps.settings import check, slot_plan
     from ..sweeps.space import parse_space
     from .control import event
@@ -49,10 +49,14 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 
     record, code = face().run_sweep(spec, settings, detach=detach, events=event)
     if detach:
+        from .control import started_in_background
+
         if as_json:
             dump_json({"id": record["id"], "sweep": True, "name": record["name"]}, sys.stdout)
         else:
             typer.echo(record["id"])
+        if not quiet:
+            started_in_background(record["id"], sweep=True)
         return
     best = f"; best {record['objective']}={record['best_value']:g} (job {record['best_job']})" \
         if record["best_value"] is not None else ""

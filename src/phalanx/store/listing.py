@@ -359,9 +359,10 @@ def old_sweeps(store: Store, before: float, states: Sequence[str]) -> list[Any]:
     return store.sweeps._rows(f"WHERE created_at < ? AND state IN ({marks}) ORDER BY created_at", [before, *states])
 
 
-def jobs_named(store: Store, name: str) -> list[JobRecord]:
-    """Every job (trials included) with this name: the ones that can share its state directory."""
-    return store._rows("WHERE name = ? ORDER BY created_at DESC", [name])
+def jobs_named(store: Store, name: str, trials: bool = True) -> list[JobRecord]:
+    """Every job (trials included unless ``trials`` is False) with this name, newest first: the
+    ones that can share its state directory."""
+    return store._rows("WHERE name = ?" + ("" if trials else " AND sweep_id IS NULL") + " ORDER BY created_at DESC", [name])
 
 
 def _chunks(ids: Sequence[str], size: int = 500) -> Iterable[list[str]]:
