@@ -32,7 +32,7 @@ class Face(Protocol):
 
     # -- views: read, never act ---------------------------------------------------------------
     def ps(self, request: PsRequest) -> PsListing: ...
-    def trials(self, ref: str) -> dict[str, Any]: ...
+    def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]: ...
     def status(self, ref: str) -> dict[str, Any]: ...
     def sweep(self, ref: str) -> dict[str, Any]: ...
     def logs(self, ref: str, emit: Emit, follow: bool = False, rank: int | None = None, attempt: int | None = None,
@@ -116,10 +116,10 @@ class LocalFace:
 
         return ps(self._store(), request, int(config.get("ps_limit")))
 
-    def trials(self, ref: str) -> dict[str, Any]:
+    def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
         from .sweepview import trial_list
 
-        return trial_list(self._store(), self._any_sweep(ref))
+        return trial_list(self._store(), self._any_sweep(ref), sort, columns)
 
     def status(self, ref: str) -> dict[str, Any]:
         from .jobview import job_view
@@ -230,8 +230,10 @@ class LocalFace:
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]:
         from . import jobs
 
+        from .lists import sweep_reason
+
         sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events)
-        return sweep.to_dict(), code
+        return {**sweep.to_dict(), "reason": sweep_reason(sweep)}, code
 
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
         from . import jobs
@@ -239,8 +241,10 @@ class LocalFace:
 
         sweep = self._sweep_named(ref)
         if sweep is not None:
+            from .lists import sweep_reason
+
             done = jobs.wait_sweep(sweep.id, timeout)
-            return {"kind": "sweep", **done.to_dict(), "wait_code": sweep_exit_code(done)}
+            return {"kind": "sweep", **done.to_dict(), "reason": sweep_reason(done), "wait_code": sweep_exit_code(done)}
         record = jobs.wait(ref, timeout=timeout)
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}

@@ -111,8 +111,9 @@ def parse_columns(texts: Iterable[str] | None) -> tuple[Column, ...]:
 
 
 def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = None) -> None:
-    """A column or sort naming a metric that no job has is a typo: say which names exist."""
-    from ..store.listing import has_metric, metric_names
+    """A column or sort naming a metric that no job has is a typo: say which names exist. One that
+    only sweeps' trials have is listed with the trials: say so, and how."""
+    from ..store.listing import has_metric, metric_names, metric_only_on_trials
 
     wanted = [c.metric for c in columns] + ([sort.metric] if sort is not None and sort.metric else [])
     for name in dict.fromkeys(wanted):
@@ -120,6 +121,11 @@ def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = N
             known = metric_names(store, 30)
             raise UsageError(f"no job has a metric '{name}'",
                              f"metrics jobs have: {', '.join(known)}" if known else "no finished job has recorded metrics yet")
+        sweeps = metric_only_on_trials(store, name)
+        if sweeps:
+            how = f"--sort {name}" if sort is not None and sort.metric == name else f"-c {name}"
+            raise UsageError(f"only sweep trials have a metric '{name}' (sweep {', '.join(sweeps)})",
+                             f"list them: phalanx ps --trials {sweeps[0]} {how}")
 
 
 def build_query(states: Iterable[str] | None = None, name: str | None = None, backend: str | None = None,
@@ -237,7 +243,21 @@ def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
         text += f", {sweep.pruned} pruned"
     if sweep.best_value is not None:
         text += f", best {sweep.objective}={sweep.best_value:.4g}" + (f" (trial {best_trial})" if best_trial is not None else "")
-    return {"text": text, "running": running, "states": states, "best_trial": best_trial}
+    reason = sweep_reason(sweep)
+    if reason:
+        text += f"; {reason}"
+    return {"text": text, "running": running, "states": states, "best_trial": best_trial, "reason": reason}
+
+
+def sweep_reason(sweep: Any) -> str | None:
+    """Why a sweep that ran every trial failed (the runner's ``outcome.json``), or None."""
+    if sweep.state is not JobState.FAILED:
+        return None
+    from ..core.paths import read_json
+    from .query import home
+
+    found = read_json(home().sweep_outcome(sweep.id))
+    return str(found["reason"]) if isinstance(found, dict) and found.get("reason") else None
 
 
 def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
@@ -249,6 +269,7 @@ def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
     row["progress_text"] = progress["text"]
     row["running"] = progress["running"]
     row["best_trial"] = progress["best_trial"]
+    row["reason"] = progress["reason"]
     row["command_short"] = short_command(sweep.command)
     row["duration"] = sweep.duration
     row["tags"] = tags_of(store, [sweep.id]).get(sweep.id, {})

@@ -9,10 +9,11 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..core.paths import JobPaths
 from ..core.state import JobState, is_terminal
+from ..errors import UsageError
 from ..store import JobRecord, Store
 
 
@@ -72,9 +73,15 @@ def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
     rows.sort(key=lambda r: (r["objective"] is None or not math.isfinite(r["objective"]),
                              sign * (r["objective"] if r["objective"] is not None and math.isfinite(r["objective"]) else 0.0),
                              r["trial"] if r["trial"] is not None else 0))
-    hidden = {"step", "epoch"}
-    return {"params": params, "metrics": [m for m in metrics if m not in hidden], "objective": sweep.objective,
+    # A parameter the script also prints (lr=0.01, HF's learning_rate) is shown once, as the parameter.
+    hidden = {"step", "epoch", *(_bare(p) for p in params)}
+    return {"params": params, "metrics": [m for m in metrics if _bare(m) not in hidden], "objective": sweep.objective,
             "direction": sweep.direction, "rows": rows}
+
+
+def _bare(name: str) -> str:
+    """A parameter's or metric's name as both may spell it: ``--learning-rate``, ``learning_rate``."""
+    return name.lstrip("-").replace("-", "_").lower()
 
 
 def _last_value(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float | None:
@@ -108,11 +115,18 @@ def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
             "trials": [trials[r["id"]].to_dict() for r in table["rows"] if r["id"] in trials]}
 
 
-def trial_list(store: Store, sweep: Any) -> dict[str, Any]:
-    """``ps --trials SWEEP``: the sweep's trials in trial order, each its record plus how a person
-    reads its state (``PRUNED@120``, ``FAILED(1)``)."""
+def trial_list(store: Store, sweep: Any, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
+    """``ps --trials SWEEP``: the sweep's trials in trial order, or sorted by ``sort`` (a metric:
+    ``val_loss``, ``acc:max``, ``-acc``; or created, name, state), each its record, its metric
+    ``columns`` and how a person reads its state (``PRUNED@120``, ``FAILED(1)``). Trials without
+    the sorted metric come last, in trial order."""
     from ..supervise.liveness import effective
+    from .lists import parse_columns, parse_sort
 
+    cols = parse_columns(columns)
+    order = parse_sort(sort, cols)
+    wanted = [c.metric for c in cols] + ([order.metric] if order.metric else [])
+    summaries = _trial_metrics(store, sweep, wanted) if wanted else {}
     rows = []
     for trial in store.trials(sweep.id):
         trial = effective(trial)
@@ -121,8 +135,37 @@ def trial_list(store: Store, sweep: Any) -> dict[str, Any]:
             shown = f"PRUNED@{pruned['step']}"
         else:
             shown = trial.state.value if trial.exit_code in (None, 0) else f"{trial.state.value}({trial.exit_code})"
-        rows.append({**trial.to_dict(), "_state": shown, "_duration": trial.duration})
-    return {"sweep": {"id": sweep.id, "objective": sweep.objective}, "param_order": param_order(sweep), "rows": rows}
+        summary = summaries.get(trial.id) or {}
+        rows.append({**trial.to_dict(), "_state": shown, "_duration": trial.duration,
+                     "columns": {c.label: (summary.get(c.metric) or {}).get(c.agg) for c in cols},
+                     "_key": (summary.get(order.metric) or {}).get(order.agg) if order.metric else None})
+    if order.metric:
+        rows.sort(key=lambda r: (r["_key"] is None, -r["_key"] if r["_key"] is not None and order.descending
+                                 else r["_key"] if r["_key"] is not None else 0.0, r["trial"] or 0))
+    elif sort:
+        key = {"created": "created_at"}.get(order.key, order.key)
+        rows.sort(key=lambda r: (r.get(key) is None, r.get(key) or 0), reverse=order.descending)
+    return {"sweep": {"id": sweep.id, "objective": sweep.objective}, "param_order": param_order(sweep), "rows": rows,
+            "columns": [c.label for c in cols]}
+
+
+def _trial_metrics(store: Store, sweep: Any, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The trials' metric summaries (recorded at their end; a running trial's read from its files);
+    a name no trial has is a UsageError listing those they have."""
+    from ..store.listing import metrics_of
+    from ..supervise.endings import metric_summary
+
+    trials = store.trials(sweep.id)
+    recorded = metrics_of(store, [t.id for t in trials])
+    for t in trials:
+        if t.id not in recorded and not is_terminal(t.state):
+            recorded[t.id] = metric_summary(t)
+    have = sorted({n for summary in recorded.values() for n in summary})
+    for name in dict.fromkeys(names):
+        if name not in have:
+            raise UsageError(f"no trial of sweep {sweep.id} has a metric '{name}'",
+                             f"metrics its trials have: {', '.join(have)}" if have else "its trials have recorded no metrics yet")
+    return recorded
 
 
 def sweep_exit_code(sweep: Any) -> int:

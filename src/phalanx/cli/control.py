@@ -115,8 +115,9 @@ def wait_cmd(
     done = face().wait(job, timeout=timeout)
     if done["kind"] == "sweep":
         best = f", best {done['objective']}={done['best_value']:.6g}" if done["best_value"] is not None else ""
+        reason = f"; {done['reason']}" if done.get("reason") else ""
         typer.echo(f"{done['id']} {done['state']}: {done['progress']} trials ({done['failed']} failed, "
-                   f"{done['pruned']} pruned){best}", err=True)
+                   f"{done['pruned']} pruned){best}{reason}", err=True)
     else:
         typer.echo(f"{done['id']} {done['state']}" + ("" if done["exit_code"] is None else f" (exit {done['exit_code']})"),
                    err=True)

@@ -126,18 +126,20 @@ def usage_cmd(
     if not rows:
         typer.echo("no jobs yet")
         return
-    table = [[str(r["group"]), str(r["jobs"]), hours(r["gpu_hours"]), hours(r["cpu_hours"]), money(r["cost"])] for r in rows]
+    table = [[str(r["group"]), str(r["jobs"]), hours(r["gpu_hours"], "GPU"), hours(r["cpu_hours"], "CPU"), money(r["cost"])]
+             for r in rows]
     total = [sum(r[k] or 0.0 for r in rows) for k in ("gpu_hours", "cpu_hours")]
     costs = [r["cost"] for r in rows if r["cost"] is not None]
-    table.append(["total", str(sum(r["jobs"] for r in rows)), hours(total[0]), hours(total[1]), money(sum(costs)) if costs else "-"])
-    _fit(table, (by.upper(), "JOBS", "GPU-H", "CPU-H", "COST"), sys.stdout)
+    table.append(["total", str(sum(r["jobs"] for r in rows)), hours(total[0], "GPU"), hours(total[1], "CPU"),
+                  money(sum(costs)) if costs else "-"])
+    _fit(table, (by.upper(), "JOBS", "GPU", "CPU", "COST"), sys.stdout)
 
 
 # -- shared with status and logs -------------------------------------------------------------
 
 
 def usage_text(used: dict[str, Any]) -> str:
-    """``usage     0.52 GPU-hours (2 GPUs/node, A100), 4.1 CPU-hours, cost 1.30 (A100)``; the
+    """``usage     0.52 GPU-h (2 GPUs/node, A100), 4.1 CPU-h, cost 1.30 (A100)``; the
     attempts add up (a retry's time counts). ``used``: ``monitor.accounting.Usage`` as data."""
     from ..monitor.accounting import hours, money
 
@@ -147,4 +149,4 @@ def usage_text(used: dict[str, Any]) -> str:
     cost = f", cost {money(used['cost'])} ({used['priced_by']})" if used["cost"] is not None else ""
     billed = " (billed time)" if used["billed"] else ""
     attempts = f" over {len(used['attempts'])} attempts" if len(used["attempts"]) > 1 else ""
-    return f"usage     {hours(used['gpu_hours'])} GPU-hours{gpus}, {hours(used['cpu_hours'])} CPU-hours{cost}{billed}{attempts}\n"
+    return f"usage     {hours(used['gpu_hours'], 'GPU')}{gpus}, {hours(used['cpu_hours'], 'CPU')}{cost}{billed}{attempts}\n"

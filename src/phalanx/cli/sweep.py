@@ -60,8 +60,9 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
         return
     best = f"; best {record['objective']}={record['best_value']:g} (job {record['best_job']})" \
         if record["best_value"] is not None else ""
+    reason = f"; {record['reason']}" if record.get("reason") else ""
     typer.echo(f"phalanx: sweep {record['id']} {record['state'].lower()}: {record['finished']}/{record['total']} trials "
-               f"({record['failed']} failed, {record['pruned']} pruned){best}", err=True)
+               f"({record['failed']} failed, {record['pruned']} pruned){best}{reason}", err=True)
     if as_json:
         dump_json(record, sys.stdout)
     raise typer.Exit(code or 0)

@@ -118,6 +118,10 @@ class HomePaths:
         """Where ``--clean-state`` moves a state directory aside (never deleted)."""
         return self.root / "state" / ".previous" / f"{safe_name(name)}-{stamp}"
 
+    def sweep_outcome(self, sweep_id: str) -> Path:
+        """Why a sweep that ran every trial failed (``{"reason": ...}``: no trial reported its objective)."""
+        return self.sweep_dir(sweep_id) / "outcome.json"
+
     def sweep_start_mode(self, sweep_id: str) -> Path:
         """How ``phalanx run`` started the sweep (as ``JobPaths.start_mode``)."""
         return self.sweep_dir(sweep_id) / "start.json"

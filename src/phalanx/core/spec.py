@@ -418,6 +418,24 @@ def render_template(args: tuple[str, ...], values: Mapping[str, Any]) -> tuple[s
     return tuple(_TEMPLATE.sub(fill, a) for a in args)
 
 
+TRIAL_KEYS = ("trial", "sweep_id")  # a sweep trial's own placeholders (sweeps/runner.py)
+_TRIAL_TEMPLATE = re.compile(r"\{\{(" + "|".join(TRIAL_KEYS + TEMPLATE_KEYS) + r")\}\}|\{(" + "|".join(TRIAL_KEYS + TEMPLATE_KEYS) + r")\}")
+
+
+def render_trial_template(args: tuple[str, ...], values: Mapping[str, Any]) -> tuple[str, ...]:
+    """A sweep trial's arguments with ``{trial}``, ``{sweep_id}`` and those of ``values``'
+    node-level keys filled in (``{job_id}``, ``{output_dir}``...: the rest stay for the nodes);
+    ``{{trial}}`` is the literal ``{trial}``."""
+
+    def fill(match: re.Match[str]) -> str:
+        escaped, key = match.groups()
+        if escaped:
+            return "{" + escaped + "}" if escaped in values else match.group(0)
+        return str(values[key]) if key in values else match.group(0)
+
+    return tuple(_TRIAL_TEMPLATE.sub(fill, a) for a in args)
+
+
 def has_template(args: tuple[str, ...]) -> bool:
     """Whether any argument holds a placeholder (or its ``{{...}}`` escape)."""
     return any(_TEMPLATE.search(a) for a in args)

@@ -188,11 +188,19 @@ def _prices() -> dict[str, float]:
     return dict(config.get("prices") or {})
 
 
-def hours(value: float | None) -> str:
-    """``0.0123`` -> ``0.012``; None -> ``-``."""
+def hours(value: float | None, device: str = "") -> str:
+    """Device time for people, in a unit that fits it: ``0.02 CPU-h``, ``3.6 CPU-s`` (under 36 s),
+    ``1,234.5 GPU-h``; ``0`` for none used; ``-`` for unknown. Without ``device``, the number of
+    hours alone (``0.012``)."""
     if value is None:
         return "-"
-    return f"{value:.3g}" if value < 10 else f"{value:,.1f}"
+    if not device:
+        return f"{value:.3g}" if value < 10 else f"{value:,.1f}"
+    if value <= 0:
+        return f"0 {device}-h"
+    if value < 0.01:
+        return f"{value * 3600:.2g} {device}-s"
+    return f"{value:.2g} {device}-h" if value < 10 else f"{value:,.1f} {device}-h"
 
 
 def money(value: float | None) -> str:

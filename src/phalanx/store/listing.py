@@ -266,6 +266,17 @@ def has_metric(store: Store, name: str) -> bool:
     return store._conn.execute("SELECT 1 FROM job_metrics WHERE name = ? LIMIT 1", (name,)).fetchone() is not None
 
 
+def metric_only_on_trials(store: Store, name: str, limit: int = 3) -> list[str]:
+    """When no job outside a sweep has the metric ``name``: the sweeps (ids) whose trials do."""
+    top = store._conn.execute("SELECT 1 FROM job_metrics m JOIN jobs j ON j.id = m.id "
+                              "WHERE m.name = ? AND j.sweep_id IS NULL LIMIT 1", (name,)).fetchone()
+    if top is not None:
+        return []
+    rows = store._conn.execute("SELECT DISTINCT j.sweep_id FROM job_metrics m JOIN jobs j ON j.id = m.id "
+                               "WHERE m.name = ? AND j.sweep_id IS NOT NULL LIMIT ?", (name, limit))
+    return [r[0] for r in rows]
+
+
 def _distinct(store: Store, table: str, column: str, limit: int) -> list[str]:
     out: list[str] = []
     row = store._conn.execute(f"SELECT {column} FROM {table} ORDER BY {column} LIMIT 1").fetchone()

@@ -25,11 +25,14 @@ class Watch:
     EVERY = 1.0  # seconds between reads of the ranks' output
 
     def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events) -> None:
+        from .. import config
+        from ..monitor.autometrics import Ignored
         from ..monitor.metrics import MetricsCollector
 
         self.paths, self.attempt, self.spec, self.say = paths, attempt, spec, say
         self.handles = handles
-        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics)
+        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics,
+                                          Ignored.from_setting(config.get("metrics_ignore")))
         self.collected_at = 0.0
         # The stall clock runs from here, or from when the last node the scheduler held back runs.
         self.stall_from = time.time()
