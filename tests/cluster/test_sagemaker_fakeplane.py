@@ -328,7 +328,7 @@ def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_trai
     os.kill(status["supervisor_pid"], 9)
     lost = _phalanx(env, "status", job_id)
     assert "LOST" in lost.stdout and f"SAGEMAKER job phx-{job_id}-a0" in lost.stdout, lost.stdout
-    resumed = _phalanx(env, "resume", job_id, timeout=300)
+    resumed = _phalanx(env, "resume", "--attach", job_id, timeout=300)  # started with -d: here, to watch it end
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "epoch=1 step=30 loss=" in log.read_text()
     assert not (job / "attempt_1").exists()

@@ -377,6 +377,7 @@ class Pool:
             "children": sorted(self.children), "served": self.served, "fallbacks": self.fallbacks,
             "last_fallback": self.last_fallback, "refusal": self.refusal, "stopping": self.stopping,
             "idle_exit": self.idle, "idle_for": 0 if self.children else time.monotonic() - self.last_active,
+            "prefix": sys.prefix,
             "memory": warm_checks.memory(),
         }
 
@@ -420,6 +421,7 @@ def main(argv: list[str], recorder: Recorder) -> list[str]:
     parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--idle", type=float, default=600.0)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--max-pools", type=int, default=0)
     args = parser.parse_args(argv)
     pool = Pool(args.socket, args.idle, args.lock_fd, recorder)
     try:
@@ -428,6 +430,9 @@ def main(argv: list[str], recorder: Recorder) -> list[str]:
             raise OSError(problem)
         pool.preload([m for m in args.preload.split(",") if m])
         pool.listen()
+        for stopped in warm_proto.make_room(os.path.dirname(args.socket), args.socket, args.max_pools):
+            warm_proto.note(pool.log, f"asked the idle pool {os.path.basename(stopped)} to stop: more than "
+                                      f"{args.max_pools} pools (the warm_max_pools setting)")
         forked = pool.serve()
     except BaseException as exc:  # noqa: BLE001 - only the pool gets here: a child never raises
         warm_proto.note(pool.log, f"pool failed: {type(exc).__name__}: {exc}")
