@@ -23,6 +23,7 @@ from ..core.paths import HomePaths
 from ..core.state import TERMINAL, is_terminal
 from ..errors import Ambiguous, UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 from ..supervise.liveness import effective
 
 
@@ -95,7 +96,7 @@ def _job_target(record: JobRecord) -> Target:
     return Target("job", record.id, record.name, record.state.value, [record.paths.root], [record])
 
 
-def _sweep_target(store: Store, sweep: Any) -> Target:
+def _sweep_target(store: Store, sweep: SweepRecord) -> Target:
     if not is_terminal(sweep.state):
         raise UsageError(f"sweep {sweep.id} is {sweep.state.value}: phalanx removes only sweeps that ended",
                          f"stop it first: phalanx stop {sweep.id}")
@@ -105,7 +106,7 @@ def _sweep_target(store: Store, sweep: Any) -> Target:
         raise UsageError(f"sweep {sweep.id} still has {len(running)} trial(s) running (e.g. job {running[0].id})",
                          f"stop them first: phalanx stop {sweep.id}")
     return Target("sweep", sweep.id, sweep.name, sweep.state.value,
-                  [Path(sweep.sweep_dir), *(Path(t.job_dir) for t in trials)], trials)
+                  [Path(sweep.sweep_dir), *(t.paths.root for t in trials)], trials)
 
 
 def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bool = False) -> Removed:
@@ -226,7 +227,7 @@ def prune_targets(store: Store, older_than: float, states: Sequence[str], now: f
     before = now - older_than
     targets: list[Target] = []
     for record in old_jobs(store, before, wanted):
-        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record]))
+        targets.append(Target("job", record.id, record.name, record.state.value, [record.paths.root], [record]))
     for sweep in old_sweeps(store, before, wanted):
         try:
             targets.append(_sweep_target(store, sweep))

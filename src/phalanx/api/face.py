@@ -13,12 +13,18 @@ name; a name both carry means the newer of the two).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, TextIO
 
 from ..core.identity import Principal
 from ..core.spec import JobSpec
 from ..errors import JobNotFound
+from ..store import JobRecord
+from ..store.sweeps import SweepRecord
 from .ps import PsListing, PsRequest
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..sweeps.settings import SweepSettings
 
 Events = Callable[[str], None]
 Emit = Callable[[str], None]
@@ -49,7 +55,7 @@ class Face(Protocol):
     def run(self, spec: JobSpec, out: TextIO | None, ranks: set[int] | None = None, events: Events | None = None,
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]: ...
     def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]: ...
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
+    def run_sweep(self, spec: JobSpec, settings: SweepSettings, detach: bool = False,
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
@@ -69,12 +75,12 @@ class LocalFace:
 
     # -- lookups -------------------------------------------------------------------------------
 
-    def _store(self) -> Any:
+    def _store(self) -> Store:
         from .query import open_store
 
         return open_store()
 
-    def _sweep_named(self, ref: str) -> Any:
+    def _sweep_named(self, ref: str) -> SweepRecord | None:
         """The sweep ``ref`` names, or None when it names a job (the newer of the two on a name)."""
         from .query import find_sweep
 
@@ -95,12 +101,12 @@ class LocalFace:
                 return None
         return find_sweep(sweep.id, store)
 
-    def _job(self, ref: str) -> Any:
+    def _job(self, ref: str) -> JobRecord:
         from .query import get_job
 
         return get_job(ref)
 
-    def _any_sweep(self, ref: str) -> Any:
+    def _any_sweep(self, ref: str) -> SweepRecord:
         from .query import find_sweep
 
         sweep = find_sweep(ref)
@@ -132,7 +138,7 @@ class LocalFace:
     def sweep(self, ref: str) -> dict[str, Any]:
         return self._sweep_view(self._any_sweep(ref))
 
-    def _sweep_view(self, sweep: Any) -> dict[str, Any]:
+    def _sweep_view(self, sweep: SweepRecord) -> dict[str, Any]:
         from .sweepview import sweep_view
 
         return {"kind": "sweep", **sweep_view(self._store(), sweep)}
@@ -226,7 +232,7 @@ class LocalFace:
 
         return _job_dict(jobs.submit_detached(spec, events=events))
 
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
+    def run_sweep(self, spec: JobSpec, settings: SweepSettings, detach: bool = False,
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]:
         from . import jobs
 
@@ -311,7 +317,7 @@ class LocalFace:
         return str(where), counts
 
 
-def _job_dict(record: Any) -> dict[str, Any]:
+def _job_dict(record: JobRecord) -> dict[str, Any]:
     """A job's record as the face returns it: ``to_dict`` with its duration (computed now)."""
     return {**record.to_dict(), "duration": record.duration}
 

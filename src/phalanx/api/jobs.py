@@ -27,6 +27,7 @@ from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
     from ..store.sweeps import SweepRecord
+    from ..sweeps.settings import SweepSettings
 
 Events = Callable[[str], None]
 
@@ -271,7 +272,7 @@ def download(record: JobRecord, dest: Path | None = None, logs: bool = False, st
 # -- sweeps -------------------------------------------------------------------------
 
 
-def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None) -> tuple[SweepRecord, int | None]:
+def run_sweep(spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None) -> tuple[SweepRecord, int | None]:
     """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
 
     Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 from ..store.listing import AGGS, SORTS, SWEEP_SORTS, Filter, Sort
 
 STATES = tuple(s.value for s in JobState)
@@ -221,7 +222,7 @@ def page(store: Store, query: Query, limit: int = 50, after: str | None = None) 
 # -- sweeps ------------------------------------------------------------------------------------
 
 
-def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
+def sweep_progress(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     """``12/32 done, 2 running, best loss=0.231 (trial 7)`` and its parts."""
     from ..store.listing import trial_states
 
@@ -249,7 +250,7 @@ def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
     return {"text": text, "running": running, "states": states, "best_trial": best_trial, "reason": reason}
 
 
-def sweep_reason(sweep: Any) -> str | None:
+def sweep_reason(sweep: SweepRecord) -> str | None:
     """Why a sweep that ran every trial failed (the runner's ``outcome.json``), or None."""
     if sweep.state is not JobState.FAILED:
         return None
@@ -260,7 +261,7 @@ def sweep_reason(sweep: Any) -> str | None:
     return str(found["reason"]) if isinstance(found, dict) and found.get("reason") else None
 
 
-def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
+def sweep_row(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     from ..store.listing import tags_of, usage_sum
 
     row = sweep.to_dict()

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Iterator
 from ..core.state import is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 from .lists import Query, build_query, check_metrics, job_rows, sweep_progress
 
 
@@ -95,7 +96,7 @@ def _job_line(record: JobRecord, row: dict[str, Any] | None) -> dict[str, Any]:
     return line
 
 
-def _sweep_line(store: Store, sweep: Any, wide: bool) -> dict[str, Any]:
+def _sweep_line(store: Store, sweep: SweepRecord, wide: bool) -> dict[str, Any]:
     line = {**sweep.to_dict(), "kind": "sweep", "_duration": sweep.duration,
             "_progress": sweep_progress(store, sweep)["text"]}
     if wide:

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..core.paths import JobPaths
 from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 
 
-def param_order(sweep: Any) -> list[str]:
+def param_order(sweep: SweepRecord) -> list[str]:
     """The sweep's parameters in the order the command line gives them."""
     try:
         from ..sweeps.space import parse_space
@@ -38,7 +38,7 @@ def pruned_info(record: JobRecord) -> dict[str, Any] | None:
             "reason": cause.get("message") or "pruned by the sweep's early stopping"}
 
 
-def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
+def trial_table(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     """One row per trial: trial number, job id, state, parameters, objective, the final value
     of every other metric, duration, usage, and for pruned trials the step and the reason;
     sorted by the objective (best first; trials without one last, in trial order)."""
@@ -84,7 +84,7 @@ def _bare(name: str) -> str:
     return name.lstrip("-").replace("-", "_").lower()
 
 
-def _last_value(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float | None:
+def _last_value(sweep: SweepRecord, trial: JobRecord, summary: dict[str, Any]) -> float | None:
     """The objective's last value a trial reported (a pruned trial's value when it was stopped)."""
     if not sweep.objective:
         return None
@@ -95,7 +95,7 @@ def _last_value(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float 
     return float(value) if value is not None else None
 
 
-def _live_objective(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float | None:
+def _live_objective(sweep: SweepRecord, trial: JobRecord, summary: dict[str, Any]) -> float | None:
     """A running trial's latest objective value (shown, not used to rank it as final)."""
     if not sweep.objective or trial.state is not JobState.RUNNING:
         return None
@@ -103,7 +103,7 @@ def _live_objective(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> fl
     return float(value) if value is not None else None
 
 
-def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
+def sweep_view(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     """The sweep as ``sweep show`` and ``status SWEEP`` show it: its record, progress and usage
     (``lists.sweep_row``), the trial table and every trial's record."""
     from ..supervise.liveness import effective
@@ -115,7 +115,7 @@ def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
             "trials": [trials[r["id"]].to_dict() for r in table["rows"] if r["id"] in trials]}
 
 
-def trial_list(store: Store, sweep: Any, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
+def trial_list(store: Store, sweep: SweepRecord, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
     """``ps --trials SWEEP``: the sweep's trials in trial order, or sorted by ``sort`` (a metric:
     ``val_loss``, ``acc:max``, ``-acc``; or created, name, state), each its record, its metric
     ``columns`` and how a person reads its state (``PRUNED@120``, ``FAILED(1)``). Trials without
@@ -149,7 +149,7 @@ def trial_list(store: Store, sweep: Any, sort: str | None = None, columns: Seque
             "columns": [c.label for c in cols]}
 
 
-def _trial_metrics(store: Store, sweep: Any, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _trial_metrics(store: Store, sweep: SweepRecord, names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The trials' metric summaries (recorded at their end; a running trial's read from its files);
     a name no trial has is a UsageError listing those they have."""
     from ..store.listing import metrics_of
@@ -168,7 +168,7 @@ def _trial_metrics(store: Store, sweep: Any, names: Sequence[str]) -> dict[str, 
     return recorded
 
 
-def sweep_exit_code(sweep: Any) -> int:
+def sweep_exit_code(sweep: SweepRecord) -> int:
     """``wait``'s exit code: 0 when the sweep succeeded with at least one successful trial, 1
     when it failed (or none of its trials succeeded), 128+signal style codes when stopped."""
     if sweep.state is JobState.SUCCEEDED:
@@ -195,7 +195,7 @@ def follow_sweep_logs(store: Store, sweep_id: str, emit: Callable[[str], None], 
         for record in store.trials(sweep_id):
             if trial is not None and record.trial != trial:
                 continue
-            paths = JobPaths(Path(record.job_dir))
+            paths = record.paths
             for attempt in paths.attempts():
                 for r in paths.ranks(attempt):
                     if rank is not None and r != rank:

@@ -5,9 +5,13 @@ happened: one line when the job starts, one when it ends (``-q`` silences both).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from ..core.spec import JobSpec
+    from ..jobfile.values import Values
 
 
 def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
@@ -89,7 +93,7 @@ def announce(record: dict[str, Any]) -> None:
           f"logs: phalanx logs {record['id']} (in {record['job_dir']})")
 
 
-def terminal_ranks(values: Any, spec: Any) -> set[int] | None:
+def terminal_ranks(values: Values, spec: JobSpec) -> set[int] | None:
     """Which ranks' output the terminal shows: --ranks, torchrun's --local-ranks-filter (local
     ranks of every node) and --redirects (a rank whose output torchrun would redirect to a file
     is not shown; phalanx logs every rank anyway). None: all."""

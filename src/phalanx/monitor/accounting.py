@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..core.paths import JobPaths, read_json
@@ -128,7 +127,7 @@ def _sampled_gpus(paths: JobPaths, attempt: int, nproc_per_node: int) -> tuple[i
 def job_usage(record: Any, now: float | None = None, prices: dict[str, float] | None = None) -> Usage:
     """The usage of a job, from its directory and record (reads a few small files)."""
     now = time.time() if now is None else now
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     options, procs = _spec_options(record)
     nnodes = int(record.nnodes)
     declared, model = _declared_gpus(record.backend, options)

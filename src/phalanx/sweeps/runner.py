@@ -292,7 +292,7 @@ def trial_arguments(spec: JobSpec, home: HomePaths, sweep_id: str, number: int, 
     write to places of their own: ``{trial}``, ``{sweep_id}``, and for a trial that is one plain
     process (whose nodes fill in nothing) ``{job_id}``, ``{state_dir}``, ``{output_dir}``."""
     from ..core.env import fills_templates
-    from ..core.spec import render_trial_template
+    from ..core.arguments import render_trial_template
     from ..storage.statedir import for_job
 
     values: dict[str, Any] = {"trial": number, "sweep_id": sweep_id}

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ..core.state import RESUMABLE, JobState, is_terminal
 from ..errors import PhalanxError, UsageError
 from ..store import JobRecord
+from ..store.sweeps import SweepRecord
 
 JOB_ACTIONS = ("stop", "resume", "retry", "delete")
 SWEEP_ACTIONS = ("stop", "resume", "delete")
@@ -128,7 +129,7 @@ def sweep_action(ref: str, action: str, log: Callable[[str], None] = print) -> d
     return _delete([sweep.id])
 
 
-def sweep_detail(sweep: Any) -> dict[str, Any]:
+def sweep_detail(sweep: SweepRecord) -> dict[str, Any]:
     """The sweep page's data: the sweep's row, its settings, its trial table, its actions."""
     import json
 

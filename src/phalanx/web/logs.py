@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.paths import JobPaths
 from ..core.state import is_terminal
 from ..errors import UsageError
 from ..store import JobRecord
@@ -18,7 +17,7 @@ MAX_MATCHES = 1000
 
 
 def _log_path(record: JobRecord, attempt: int | None, rank: int) -> tuple[int, Path]:
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempt = record.attempt if attempt is None else attempt
     if attempt < 0 or rank < 0:
         raise UsageError("attempt and rank must be 0 or more", "e.g. ?rank=0&attempt=0")

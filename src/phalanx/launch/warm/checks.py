@@ -22,6 +22,30 @@ WATCHED = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO 
 EVENT = struct.Struct("iIII")
 
 
+def another_start(request: dict[str, Any], fds: list[int], interpreter: dict[str, Any], baseline: "tuple[str, ...] | list[str]",
+                  environment: dict[str, str]) -> str | None:
+    """Why the client's cold start is not one this pool's interpreter makes (protocol, interpreter,
+    start-up modules, environment, sys.path, descriptors, session), or None."""
+    from . import proto as warm_proto
+
+    if request.get("protocol") != warm_proto.PROTOCOL:
+        return "the client speaks another protocol"
+    if request.get("interpreter") != interpreter:
+        return "another interpreter (executable, version or flags)"
+    started = request.get("baseline", [])
+    if list(baseline[: len(started)]) != started:
+        return "the interpreter starts with other modules (site, .pth files)"
+    if warm_proto.pool_environment(dict(request["env"])) != environment:
+        return "another environment"
+    if request["path"][1:] != sys.path[1:]:
+        return "another sys.path"
+    if len(fds) != len(request["fd_numbers"]) + 1:
+        return "descriptors missing from the request"
+    if not request["session_leader"]:
+        return "the client does not lead a session of its own (a child could not be placed like it)"
+    return None
+
+
 class Changes:
     """Whether a module file the pool imported, or a directory on its sys.path, changed since:
     then a child would run code other than what a cold start would import now.

@@ -80,7 +80,7 @@ class Pool:
         self.interpreter = warm_proto.interpreter()
         self.poller = select.poll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.restorer = Restorer(recorder, self._learner())
+        self.restorer = Restorer(recorder, warm_child.learner(path, set(self.preloaded)))
 
     # -- what it holds ------------------------------------------------------------------------
 
@@ -279,44 +279,10 @@ class Pool:
         self.by_fd[conn.fileno()] = child
         self.poller.register(conn, select.POLLIN)
 
-    def _learner(self) -> Any:
-        """In a child: tell the pool when the script imports a module worth holding next time."""
-        path, held, told = self.path, set(self.preloaded), set()
-
-        def on_miss(name: str) -> None:
-            # torch imports much of itself lazily (torch._dynamo on the first optimizer step):
-            # what a script's run brought in, the next run finds held.
-            if name.partition(".")[0] not in warm_proto.PRELOADABLE or name in held or name in told:
-                return
-            told.add(name)
-            try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-                    sock.settimeout(1.0)
-                    sock.connect(path)
-                    warm_proto.Channel(sock).send({"op": "learn", "modules": [name]})
-            except OSError:
-                pass
-
-        return on_miss
-
     def unfit(self, request: dict[str, Any], fds: list[int]) -> str | None:
         """Why this pool cannot fork a faithful copy of the client's cold start, or None."""
-        if request.get("protocol") != warm_proto.PROTOCOL:
-            return "the client speaks another protocol"
-        if request.get("interpreter") != self.interpreter:
-            return "another interpreter (executable, version or flags)"
-        started = request.get("baseline", [])
-        if list(self.recorder.baseline[: len(started)]) != started:
-            return "the interpreter starts with other modules (site, .pth files)"
-        if warm_proto.pool_environment(dict(request["env"])) != self.environment:
-            return "another environment"
-        if request["path"][1:] != sys.path[1:]:
-            return "another sys.path"
-        if len(fds) != len(request["fd_numbers"]) + 1:
-            return "descriptors missing from the request"
-        if not request["session_leader"]:
-            return "the client does not lead a session of its own (a child could not be placed like it)"
-        why = self.refusal or warm_checks.threads() or warm_checks.cuda(self.restorer.hidden) or self._stale() or warm_checks.limits(request["rlimits"])
+        why = warm_checks.another_start(request, fds, self.interpreter, self.recorder.baseline, self.environment)
+        why = why or self.refusal or warm_checks.threads() or warm_checks.cuda(self.restorer.hidden) or self._stale() or warm_checks.limits(request["rlimits"])
         held = {*self.preloaded, *self.recorder.loaded}
         return why or warm_checks.shadowed(request.get("shadow_dirs", []), held, set(self.recorder.baseline))
 
