@@ -30,6 +30,7 @@ from ..store.sweeps import SweepRecord
 from ..supervise import endings, liveness
 from ..supervise.job import JobRun
 from ..supervise.submit import create_job, new_job_id, plan_attempt, plan_job
+from .collisions import Collisions
 from .settings import SCHEDULED_PARALLEL, SweepSettings, check, parse_objective, slot_plan
 from .space import parse_space
 
@@ -62,8 +63,6 @@ class SweepRunner:
         self.slots = slot_plan(self.spec, self.settings.parallel)
         self.best = sweep.best_value
         self.total = self.strategy.total
-        from .collisions import Collisions
-
         # Trials whose processes run here: whether two of them write one file is seen as they run.
         self.collisions = Collisions(self.say) if get_backend(self.spec.backend).local_slots else None
 
@@ -265,7 +264,6 @@ class SweepRunner:
         if not self.store.sweeps.transition(sweep_id, state):
             self.store.sweeps.transition(sweep_id, JobState.FAILED)
         return code
-
 
     def _unreported(self) -> str | None:
         """Why the sweep found nothing when it has an objective no trial reported, else None."""
