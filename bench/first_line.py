@@ -1,5 +1,4 @@
 """Prints one line with the wall-clock time as soon as it starts (after joining the group)."""
-import os
 import time
 
 import torch.distributed as dist

@@ -28,7 +28,7 @@ from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
 # Two cores, and most of the time is spent waiting: 3 workers (4 measured fastest, but add load
-# that load-sensitive tests feel; README, "Tests"). PHALANX_TEST_WORKERS overrides it.
+# that load-sensitive tests feel; docs/contributing.md). PHALANX_TEST_WORKERS overrides it.
 WORKERS = 3
 
 # Expensive session fixtures (a daemon, a set of real jobs) used by more than one file, and those
@@ -39,6 +39,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "s3_server": ("tests/cluster/test_channels_s3.py", "tests/cluster/test_sagemaker_fakeplane.py",
                   "tests/cluster/test_sagemaker_moto.py", "tests/cluster/test_state_s3.py"),
     "demo": ("tests/web/test_api.py", "tests/web/test_browser.py"),
+    # a private PostgreSQL (tests/pgserver.py): the store's tests on its second engine
+    "pg_server": ("tests/unit/test_store.py", "tests/unit/test_store_plans.py", "tests/unit/test_store_engines.py",
+                  "tests/unit/test_store_concurrency.py", "tests/unit/test_store_listing.py",
+                  "tests/local/test_pgstore_cli.py"),
 }
 SHARED = ("ray_cluster", "slurm_cluster", "ssh_hosts", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}
@@ -49,7 +53,9 @@ WEIGHT: dict[str, float] = {
     "s3_server": 800, "tests/differential/test_differential.py": 470, "tests/cluster/test_ray.py": 450,
     "tests/cluster/test_slurm.py": 300, "tests/cluster/test_ssh.py": 230, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
     "tests/differential/test_contracts.py": 260, "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
-    "tests/terminal/test_ctrl_c.py": 180, "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
+    "tests/terminal/test_ctrl_c.py": 180, "tests/cluster/test_track_mlflow.py": 200,
+    "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
+    "tests/local/test_health.py": 200, "pg_server": 300,
 }
 
 

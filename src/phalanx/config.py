@@ -28,6 +28,12 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("home", "~/.phalanx", str, "Directory holding the job store and job directories."),
     Setting("backend", "local", str, "Backend used when --backend is not given."),
+    # The store (issue 22): empty for the SQLite file in the home; a team's PostgreSQL by URL.
+    Setting("store", "", str, "Where the job store lives: empty for the SQLite file in the home (phalanx.db), "
+            "postgresql://USER@HOST:PORT/DATABASE for a team's PostgreSQL (see docs/store.md; a password "
+            "belongs in PGPASSWORD, ~/.pgpass or a service, not here)."),
+    Setting("store_retry", 30.0, float, "Seconds a PostgreSQL store keeps retrying a lost connection before "
+            "giving up (the database restarting)."),
     Setting("grace", 30.0, float, "Seconds a stopped job gets between SIGTERM and SIGKILL."),
     Setting("ps_limit", 50, int, "Rows `phalanx ps --all` shows unless --limit is given."),
     Setting("state_sync_interval", 60.0, float, "Seconds between uploads of the state directory to --state."),
@@ -41,8 +47,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("smtp_from", "", str, "The From address (default phalanx@HOST)."),
     Setting("prices", {}, lambda text: _mapping(text, "prices"),
             "Prices per hour: an instance type, a GPU model, or cpu, e.g. {ml.g5.xlarge: 1.41, H100: 2.5, cpu: 0.04}."),
+    # Experiment trackers (issue 23)
+    Setting("track", "", str, "Trackers every job sends to when --track is not given (comma-separated: mlflow, "
+            "tensorboard, wandb)."),
+    Setting("track_wait", 5.0, float, "Seconds a job's start waits at most for its MLflow run to exist (so "
+            "MLFLOW_RUN_ID reaches the script); a tracker that is down never waits that long."),
+    Setting("track_linger", 600.0, float, "Seconds the exporter keeps retrying a tracker that is down after the "
+            "job ended; the points then wait on disk (phalanx status says how many)."),
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
-            "Start local runs and sweep trials from a warm interpreter pool (see README, Warm starts); --cold turns it off per run."),
+            "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
     Setting("warm_max_pools", 4, int, "Warm pools of this user at once: a new one stops the least recently used "
             "idle ones beyond this (0: no limit)."),
@@ -103,6 +116,17 @@ def _check_home(path: Path, what: str) -> None:
         return
 
 
+def user() -> str:
+    """Who phalanx acts for in this process: the login name (what a local job records as its
+    ``user_name``, what ``ps --mine`` means; a team server passes its own user instead)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid without a name (some containers)
+        return str(os.getuid())
+
+
 def _file_values() -> dict[str, Any]:
     path = home() / "config.yaml"
     if not path.exists():
@@ -116,7 +140,7 @@ def _file_values() -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise UsageError(f"cannot parse {path}: {exc}".splitlines()[0], "fix the YAML syntax") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{path} must be a mapping of setting: value", "see docs/configuration.md")
+        raise UsageError(f"{path} must be a mapping of setting: value", "see docs/settings.md")
     unknown = sorted(set(data) - set(_BY_KEY))
     if unknown:
         known = ", ".join(_BY_KEY)

@@ -54,6 +54,13 @@ class StoreError(PhalanxError):
     """The job store is unreadable or from a newer phalanx."""
 
 
+class StoreUnavailable(StoreError):
+    """The job store's server (PostgreSQL) cannot be reached, or did not come back within the
+    time the store retries for (a team server answers 503). The write that raised it was not made,
+    unless the connection broke while its commit was answered (docs/store.md, "Faults"). The
+    message names the host and database, never a password."""
+
+
 class MissingDependency(PhalanxError):
     """An optional dependency (torch, jax, ...) is needed but not installed."""
 
@@ -77,3 +84,18 @@ class DiskFull(PhalanxError):
         self.what, self.where = what, where
         super().__init__(f"disk full while writing {what} under {where}{detail}",
                          hint or "free some space there, or point PHALANX_HOME at a larger disk")
+
+
+class TrackerError(PhalanxError):
+    """An experiment tracker (MLflow, TensorBoard, W&B) could not take what phalanx sent. Never
+    fails a job: the exporter (``track/``) keeps the points and says so in ``phalanx status``."""
+
+
+class TrackerUnavailable(TrackerError):
+    """Down, unreachable, overloaded or refusing our credentials: the same points are sent again
+    later, with backoff."""
+
+
+class TrackerRefused(TrackerError):
+    """The tracker answered that these points (or this request) are invalid: sending them again
+    would fail the same way, so they are counted as dropped."""

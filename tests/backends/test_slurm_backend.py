@@ -250,11 +250,11 @@ def test_every_slurm_option_is_a_flag_and_documented():
     from phalanx.backends.slurm.sbatch import OPTIONS
     from phalanx.cli.main import app
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "slurm.md").read_text()
     helptext = CliRunner().invoke(app, ["run", "--help-all"], terminal_width=200).output
     for option in OPTIONS:
         assert option.flag in helptext and option.help.split(" (")[0][:30] in " ".join(helptext.split())
-        assert f"`{option.flag}" in readme, f"document {option.flag} in README.md"
+        assert f"`{option.flag}" in page, f"document {option.flag} in docs/slurm.md"
 
 
 # -- queue time and lost supervisors --------------------------------------------------------

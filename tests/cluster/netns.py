@@ -210,7 +210,7 @@ def spawn(ns: str, argv: list[str], env: dict[str, str], hostname: str | None = 
     discarded). Stop it with ``stop_group`` or ``destroy``."""
     prefix = ["ip", "netns", "exec", ns]
     if hostname:
-        prefix += ["unshare", "--uts", "sh", "-c", f'hostname "$0" && exec "$@"', hostname]
+        prefix += ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
     out = open(log, "ab") if log is not None else subprocess.DEVNULL
     try:
         return subprocess.Popen([*prefix, *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,

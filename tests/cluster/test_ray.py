@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import textwrap
 import time
 from pathlib import Path

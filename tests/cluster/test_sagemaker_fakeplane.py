@@ -256,7 +256,7 @@ def test_sagemaker_fakeplane_stop_is_stoptrainingjob(plane, aws):
         assert time.monotonic() < deadline
         time.sleep(0.5)
     ps = _phalanx(env, "ps")
-    assert f"RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
+    assert "RUNNING (Training)" in next(line for line in ps.stdout.splitlines() if line.startswith(job_id)), ps.stdout
     stopped = _phalanx(env, "stop", job_id, timeout=500)  # the default bound: --grace (capped) + 360 s
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "checkpoint saved" in log.read_text()  # the ranks got SIGTERM and their grace
@@ -328,6 +328,7 @@ def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_trai
     os.kill(status["supervisor_pid"], 9)
     lost = _phalanx(env, "status", job_id)
     assert "LOST" in lost.stdout and f"SAGEMAKER job phx-{job_id}-a0" in lost.stdout, lost.stdout
+    assert "step=2 " in log.read_text(), "status only looks: the logs it found stay (the attach of resume rewrites them)"
     resumed = _phalanx(env, "resume", "--attach", job_id, timeout=300)  # started with -d: here, to watch it end
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "epoch=1 step=30 loss=" in log.read_text()

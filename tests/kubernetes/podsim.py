@@ -207,10 +207,11 @@ class NetnsKubelet:
                 env = self._env(cluster, run, container)
                 break
             except LookupError as exc:  # as the kubelet does: report it and try again
-                cluster.set_status(run.pod, lambda s: s[key].__setitem__(index, container_status(
-                    name, container["image"], {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}})))
+                message = str(exc)  # bound for the lambda: exc is unbound once this block ends
+                cluster.set_status(run.pod, lambda s, message=message: s[key].__setitem__(index, container_status(
+                    name, container["image"], {"waiting": {"reason": "CreateContainerConfigError", "message": message}})))
                 if run.deleting:
-                    return 1, str(exc)
+                    return 1, message
                 time.sleep(1)
         mounts = run.dir / f"{name}.mounts"
         termination = run.dir / f"{name}.termination-log"
@@ -294,7 +295,8 @@ class NetnsKubelet:
                 path.mkdir(parents=True, exist_ok=True)
             elif "configMap" in vol or "secret" in vol:
                 plural, ref = ("configmaps", vol["configMap"]["name"]) if "configMap" in vol else ("secrets", vol["secret"]["secretName"])
-                obj = cluster.wait_for(lambda: _try_get(cluster, plural, ns, ref), timeout=60, text=f"{plural} {ref}")
+                obj = cluster.wait_for(lambda plural=plural, ref=ref: _try_get(cluster, plural, ns, ref), timeout=60,
+                                       text=f"{plural} {ref}")
                 path.mkdir(parents=True, exist_ok=True)
                 for key, value in (obj.get("data") or {}).items():
                     (path / key).write_bytes(base64.b64decode(value) if plural == "secrets" else value.encode())

@@ -127,8 +127,8 @@ def _launch(objects: list[dict]) -> dict:
 def test_k8s_every_kind_finds_its_rank_and_node_zero_as_its_controller_names_them(plan_of, kind, rank_var, node0):
     plan = plan_of(Resources(3, 2), {"k8s_kind": kind})
     text = plan.submission
-    assert f"--node-rank-from\n" in text or f"'--node-rank-from'" in text or "--node-rank-from" in text
-    assert rank_var in text and f"--wait-for" in text
+    assert "--node-rank-from\n" in text or "'--node-rank-from'" in text or "--node-rank-from" in text
+    assert rank_var in text and "--wait-for" in text
     launch = _launch(manifests.from_yaml(text))
     assert [n["node_rank"] for n in launch["nodes"]] == [0, 1, 2]
     for node in launch["nodes"]:

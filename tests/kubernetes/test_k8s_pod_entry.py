@@ -57,7 +57,7 @@ def _launch_for(kind: str, tmp: Path) -> tuple[Path, str]:
 def test_k8s_pod_entry_maps_each_controllers_env_onto_the_agent(tmp_path, kind):
     launch, workload = _launch_for(kind, tmp_path)
     rank_var = manifests.rank_variable(kind)
-    assert f"--node-rank-from" in workload and rank_var in workload, "the manifest reads the controller's variable"
+    assert "--node-rank-from" in workload and rank_var in workload, "the manifest reads the controller's variable"
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), **CONTROLLER_ENV[kind]}
     proc = subprocess.run([sys.executable, "-m", "phalanx.backends.kubernetes.pod", "--launch", str(launch),
                            "--node-rank-from", rank_var, "--termination-log", str(tmp_path / "termination-log")],

@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ("torch", "starlette", "uvicorn", "plotly", "optuna", "boto3", "ray", "kubernetes", "jax", "sqlalchemy")
+HEAVY = ("torch", "starlette", "uvicorn", "plotly", "optuna", "boto3", "ray", "kubernetes", "jax", "sqlalchemy",
+         "mlflow", "wandb", "tensorboard")
 
 
 def _imported(tmp_path, *args: str) -> set[str]:

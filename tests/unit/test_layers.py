@@ -16,19 +16,19 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("errors",),
     ("core", "config"),  # the job model and the job-directory contract; settings
-    ("monitor", "storage", "store"),  # metrics and resources; data channels, state, outputs; SQLite
+    ("monitor", "health", "storage", "store", "track"),  # metrics and resources; progress, stragglers, anomalies; data channels, state, outputs; the store; tracker exporters
     ("launch",),  # one node: agent, bootstrap, torchrun argv, host facts
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
-    ("api",),  # the face: views (query, lists, sweepview) and verbs (jobs, cleanup); views never act
+    ("api",),  # the face: views (query, lists, ps, jobview, sweepview), verbs (jobs, cleanup), face; views never act
     ("jobfile", "web"),  # job file + flags -> spec; the dashboard
     ("cli",),
     ("__init__", "__main__"),  # the public API, ``python -m phalanx``
 ]
 # Inside the face (``api``): views read and never act, verbs act, and ``face`` puts both behind one
 # object. A view may import neither a verb nor the face; every module of ``api`` is one of the three.
-VIEWS = {"query", "lists", "sweepview", "ps", "jobview"}
+VIEWS = {"query", "lists", "sweepview", "ps", "jobview", "failure"}
 VERBS = {"jobs", "cleanup"}
 FACES = {"face"}
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}

@@ -1,7 +1,7 @@
 """A process forked from the warm pool sees what a cold ``python -u -m phalanx.launch.bootstrap``
 would: the same script, run both ways, compared (tests/warm/probe.py records what a script can see).
 
-Known and accepted differences, excluded here and documented in the README: the glibc-internal
+Known and accepted differences, excluded here and documented in docs/warm.md: the glibc-internal
 handler for signal 33 that a pool whose imports started a thread carries (/proc/self/status
 SigCgt), and str hashes (one hash seed per pool)."""
 
@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 

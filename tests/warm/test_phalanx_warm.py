@@ -70,7 +70,7 @@ def _normal(snapshot: dict, job_id: str, port: str | None) -> dict:
         if fd:
             fd.pop("ino")
     status = start["status"]
-    status["SigCgt"] = format(int(status["SigCgt"], 16) & ~(1 << 32), "016x")  # glibc's signal 33, see README
+    status["SigCgt"] = format(int(status["SigCgt"], 16) & ~(1 << 32), "016x")  # glibc's signal 33, see docs/warm.md
     start["environ"].pop("TORCHELASTIC_ERROR_FILE", None)  # a temporary directory of torchrun's
     return data
 

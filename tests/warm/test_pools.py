@@ -78,7 +78,8 @@ def test_pools_are_capped_least_recently_used_first(pool_dir):
             for n, name in enumerate(("a", "b", "c"), 1)}  # three environments (a variable differs): three pools
     for name in ("a", "b"):
         _first_start(PY, pool_dir, envs[name], max_pools=2)
-        wait_for(lambda: len(pool_info(pool_dir)) == (1 if name == "a" else 2), timeout=300, what=f"pool {name}")
+        wanted = 1 if name == "a" else 2
+        wait_for(lambda: len(pool_info(pool_dir)) == wanted, timeout=300, what=f"pool {name}")  # noqa: B023 - called in this loop pass
     before = {p["key"]: p for p in pool_info(pool_dir)}
     assert served(pool_dir) == 0
     # a is used again: b is now the least recently used.

@@ -1,6 +1,7 @@
 """The face: one object with every verb and view of phalanx, the only thing the CLI, the dashboard
 and the server call. ``Face`` is the contract; ``LocalFace`` serves it from this machine's store
-and job directories; a remote face (``phalanx.remote``) serves the same calls from a team server.
+and job directories. A remote face serving the same calls from a team server is the plan
+(``docs/architecture.md``); it does not exist yet.
 
 Every call acts as the face's ``Principal`` (who asks). Every result is JSON data (dicts, lists,
 numbers, strings), so a server can send it as it is and a remote client gets what a local one
@@ -57,8 +58,10 @@ class Face(Protocol):
     def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]: ...
     def run_sweep(self, spec: JobSpec, settings: SweepSettings, detach: bool = False,
                   events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
-    def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]: ...
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]: ...
@@ -71,7 +74,9 @@ class LocalFace:
     """The face on this machine's store (``$PHALANX_HOME``, or the store ``PHALANX_STORE`` names)."""
 
     def __init__(self, principal: Principal | None = None) -> None:
-        self.principal = principal or Principal.here()
+        from .. import config
+
+        self.principal = principal or Principal.here(config.user())
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -120,7 +125,7 @@ class LocalFace:
         from .. import config
         from .ps import ps
 
-        return ps(self._store(), request, int(config.get("ps_limit")))
+        return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user)
 
     def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
         from .sweepview import trial_list
@@ -159,9 +164,17 @@ class LocalFace:
                               refresh=lambda sweep_id: query.find_sweep(sweep_id, store))
             return
         record = self._job(ref)
-        offsets = query.log_offsets(record, attempt, rank, tail, since, events or (lambda text: None)) \
-            if (tail is not None or since) else None
-        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets)
+        say = events or (lambda text: None)
+        offsets = query.log_offsets(record, attempt, rank, tail, since, say) if (tail is not None or since) else None
+        failed = None
+        if rank is None and record.nnodes * record.nproc_per_node > 1:  # one rank: nothing to put first or fold
+            from .failure import failure
+
+            query.log_paths(record, attempt)  # an attempt that does not exist: its own error first
+            failed = failure(record, attempt)
+            if failed is not None:
+                say(f"job {record.id}: {failed.headline()}")
+        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets, failed=failed)
 
     def metrics(self, ref: str, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]:
         from ..monitor.report import metrics_report
@@ -171,7 +184,10 @@ class LocalFace:
             from .sweepview import trial_table
 
             return {"kind": "sweep", "id": sweep.id, **trial_table(self._store(), sweep)}
-        return {"kind": "job", **metrics_report(self._job(ref), attempt=attempt, rank=rank)}
+        from ..core.state import is_terminal
+
+        record = self._job(ref)
+        return {"kind": "job", **metrics_report(record, attempt=attempt, rank=rank), "ended": is_terminal(record.state)}
 
     def metric_records(self, ref: str, emit: Emit, attempt: int | None = None, rank: int | None = None) -> int:
         from ..monitor.report import export_metrics
@@ -241,8 +257,12 @@ class LocalFace:
         sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events)
         return {**sweep.to_dict(), "reason": sweep_reason(sweep)}, code
 
-    def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Block until the job (or sweep) ends. ``progress`` hears the job's id, state and health
+        (``query.health``) at every look (``wait --progress``)."""
         from . import jobs
+        from .query import health
         from .sweepview import sweep_exit_code
 
         sweep = self._sweep_named(ref)
@@ -251,18 +271,23 @@ class LocalFace:
 
             done = jobs.wait_sweep(sweep.id, timeout)
             return {"kind": "sweep", **done.to_dict(), "reason": sweep_reason(done), "wait_code": sweep_exit_code(done)}
-        record = jobs.wait(ref, timeout=timeout)
+        watch = None if progress is None else (
+            lambda r: progress({"id": r.id, "state": r.state.value, "health": health(r)}))
+        record = jobs.wait(ref, timeout=timeout, watch=watch)
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}
 
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]:
+        """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
+        is stopping already keeps its grace period unless ``now``."""
         from . import jobs
         from .query import find_sweep
 
         sweep = find_sweep(ref)
         if sweep is not None:
             return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
-        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events))}
+        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events, now=now))}
 
     def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:

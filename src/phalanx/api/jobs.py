@@ -1,7 +1,9 @@
 """The library's verbs: run, submit, resume, stop and wait for jobs and sweeps.
 
-Everything ``phalanx`` does from the shell is a function here (acting on jobs) or in
-:mod:`phalanx.api.query` (looking at them). The work itself is :mod:`phalanx.supervise`'s.
+The verbs that act on jobs are here (``rm`` and ``prune`` are :mod:`phalanx.api.cleanup`'s); the
+views that look at them are :mod:`phalanx.api.query`, ``lists``, ``ps``, ``jobview`` and
+``sweepview``; :mod:`phalanx.api.face` puts both behind the one object the CLI and the dashboard
+call. The work itself is :mod:`phalanx.supervise`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..backends.registry import get_backend
+from ..core.contracts import StopRequest, read_stop_request, write_stop_request
 from ..core.paths import read_json, write_atomic, write_json
 from ..core.plan import Plan
 from ..core.spec import JobSpec
@@ -124,10 +127,11 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Events | None) -> tuple[JobRecord, int]:
     from ..launch.console import lend
-    from ..monitor.tail import Stop, follow_attempts
+    from ..monitor.tail import Stop
     from ..supervise.job import supervise
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
+    closed = threading.Event()  # the streamer's reader went away (`phalanx run -n 2 gen.py | head -1`)
     streamer = None
     # A lone process started here gets the terminal (stdin; its output relayed as it comes);
     # the ranks of other jobs are streamed from their logs (rank 0 writing to a terminal of its own).
@@ -135,11 +139,11 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
     if out is not None and not (console is not None and get_backend(plan.backend).lends_console(plan)):
         prefix = record.nnodes * record.nproc_per_node > 1
         streamer = threading.Thread(
-            target=follow_attempts, args=(record.paths, plan.attempt, ranks, prefix, out, done), daemon=True
+            target=_stream, args=(record.paths, plan.attempt, ranks, prefix, out, done, closed), daemon=True
         )
         streamer.start()
     try:
-        code = supervise(store, home(), record, plan, events=events, console=console)
+        code = supervise(store, home(), record, plan, events=events, console=console, output_closed=closed)
     finally:
         done.set()
         if streamer:
@@ -154,6 +158,24 @@ def started_detached(mark: Path) -> bool:
     the mark existed ran in the foreground as far as anyone knows."""
     found = read_json(mark)
     return bool(found.get("detached")) if isinstance(found, dict) else False
+
+
+def _stream(paths: Any, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
+            closed: threading.Event) -> None:
+    """The ranks' output to ``out`` until ``done``. When ``out``'s reader goes away, ``closed`` is
+    set and the supervisor ends the job as python's broken pipe would (``supervise``)."""
+    from ..launch.procs import wake
+    from ..monitor.tail import follow_attempts
+
+    try:
+        follow_attempts(paths, attempt, ranks, prefix, out, done)
+    except BrokenPipeError:
+        try:  # nothing reaches the reader any more, not even Python's last flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        closed.set()
+        wake()
 
 
 def resume(ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
@@ -183,12 +205,15 @@ def resume(ref: str, detach: bool | None = None, out: TextIO | None = None, rank
     return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 
-def stop(ref: str, timeout: float | None = None, events: Events | None = None) -> JobRecord:
+def stop(ref: str, timeout: float | None = None, events: Events | None = None, now: bool = False) -> JobRecord:
     """Stop a job gracefully: SIGTERM to every rank, the job's grace period, then SIGKILL.
 
-    Idempotent: stopping a finished job returns its record unchanged. A LOST job (its
-    supervisor vanished) may have left its scheduler's job running: that is stopped the same
-    way, and the job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
+    Idempotent: stopping a finished job returns its record unchanged, and a stop of a job that
+    is stopping already (another ``stop``, the dashboard's, a Ctrl-C) changes nothing: its ranks
+    keep the rest of their grace period (``events`` hears how much). ``now`` skips the grace
+    period, also of a stop under way: SIGTERM, then SIGKILL at once. A LOST job (its supervisor
+    vanished) may have left its scheduler's job running: that is stopped the same way, and the
+    job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
     the backend's ``stop_margin``, 15 s but for SageMaker) bounds the wait for the ranks to stop; once they all have, the supervisor is saving
     the outputs and the state, which takes as long as the upload does: that is waited for as
     long as the supervisor lives, and ``events`` hears about it once.
@@ -199,15 +224,25 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
         return get_backend(record.backend).stop_elsewhere(store, record, events, leftover.stop)
     if is_terminal(record.state):
         return _stop_leftover(store, record, events)
-    # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
-    store.transition(record.id, JobState.STOPPING)
-    if record.supervisor_pid is None:
+    # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption). Only
+    # the stop that marks it signals: a second signal would cut the grace period short.
+    marked = store.transition(record.id, JobState.STOPPING)
+    if not marked:
+        record = liveness.record_lost(store, store.get(record.id))
+        if is_terminal(record.state):
+            return _stop_leftover(store, record, events)
+        if events and not now:
+            events(_already_stopping(record))
+    if marked or now:
+        write_stop_request(record.paths.stop_request, StopRequest(time.time(), now))  # read on the signal
+    if marked and record.supervisor_pid is None:
         store.transition(record.id, JobState.CANCELLED, exit_code=143)
         return store.get(record.id)
-    try:
-        os.kill(record.supervisor_pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return _stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
+    if (marked or now) and record.supervisor_pid is not None:
+        try:
+            os.kill(record.supervisor_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return _stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
     limit = timeout if timeout is not None else record.spec.grace + get_backend(record.spec.backend).stop_margin
     deadline = time.monotonic() + limit
     saving = False
@@ -228,6 +263,17 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
         time.sleep(0.1)
 
 
+def _already_stopping(record: JobRecord) -> str:
+    """"job ID is already stopping: 2.1 s of grace left" (what a second stop says)."""
+    try:
+        asked = read_stop_request(record.paths.stop_request)
+    except PhalanxError:
+        asked = None
+    left = asked.at + record.spec.grace - time.time() if asked is not None and not asked.now else 0.0
+    grace = f": {left:.1f} s of grace left" if left > 0 else ""
+    return f"job {record.id} is already stopping{grace} (--now ends it at once)"
+
+
 def _ranks_ended(record: JobRecord) -> bool:
     """Every node of the job's current attempt has reported its end."""
     return all(record.paths.node_result(record.attempt, n).exists() for n in range(record.nnodes))
@@ -241,12 +287,16 @@ def _stop_leftover(store: Store, record: JobRecord, events: Events | None) -> Jo
     return store.get(record.id)
 
 
-def wait(ref: str, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
-    """Block until the job ends; returns its record. Raises PhalanxError on timeout. Writes nothing."""
+def wait(ref: str, timeout: float | None = None, poll: float = 0.2,
+         watch: Callable[[JobRecord], None] | None = None) -> JobRecord:
+    """Block until the job ends; returns its record. Raises PhalanxError on timeout. Writes
+    nothing. ``watch`` is called with the record at every look (``wait --progress``)."""
     store = open_store()
     record = get_job(ref, store)
     deadline = None if timeout is None else time.monotonic() + timeout
     while not is_terminal(record.state):
+        if watch is not None:
+            watch(record)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
         time.sleep(poll)

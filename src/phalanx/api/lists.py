@@ -132,7 +132,7 @@ def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = N
 def build_query(states: Iterable[str] | None = None, name: str | None = None, backend: str | None = None,
                 tags: Iterable[str] | None = None, since: str | None = None, search: str | None = None,
                 sort: str | None = None, columns: Iterable[str] | None = None, sweep: str | None = None,
-                sweeps: bool = False) -> Query:
+                sweeps: bool = False, user: str | None = None) -> Query:
     """Everything a listing was asked for, checked (UsageError on anything that does not parse)."""
     from ..monitor.logindex import parse_since
 
@@ -144,7 +144,8 @@ def build_query(states: Iterable[str] | None = None, name: str | None = None, ba
         if backend not in known:
             raise UsageError(f"unknown backend '{backend}'", f"backends: {', '.join(known)}")
     flt = Filter(states=parse_states(states), name=(name or None), backend=(backend or None), tags=parse_tags(tags),
-                 since=parse_since(since, "--since") if since else None, search=(search or None), sweep=sweep)
+                 since=parse_since(since, "--since") if since else None, search=(search or None), sweep=sweep,
+                 user=(user or None))
     return Query(flt, parse_sort(sort, cols, sweeps), cols)
 
 
@@ -184,7 +185,21 @@ def job_row(record: JobRecord, metrics: dict[str, dict[str, Any]] | None = None,
 
         used = job_usage(record)
         row.update(gpu_hours=used.gpu_hours, cpu_hours=used.cpu_hours, cost=used.cost)
+    row.update(job_health(record))
     return row
+
+
+def job_health(record: JobRecord) -> dict[str, Any]:
+    """A list row's progress (``47% ETA 12m``) and health note (the straggler while it runs, or
+    what stopped it), from the job's ``health.json``."""
+    from ..health.progress_file import shown
+
+    seen = shown(record.paths.health, not is_terminal(record.state))
+    progress = seen["progress"]
+    note = (seen["straggler"] or {}).get("short") or ((seen["anomaly"] or {}).get("message") if is_terminal(record.state)
+                                                       else None)
+    return {"progress": progress["short"] if progress else None, "fraction": progress["fraction"] if progress else None,
+            "eta": progress["eta_now"] if progress else None, "health": note}
 
 
 def job_rows(store: Store, records: Sequence[JobRecord], columns: Sequence[Column] = ()) -> list[dict[str, Any]]:
@@ -235,6 +250,7 @@ def sweep_progress(store: Store, sweep: SweepRecord) -> dict[str, Any]:
         except UsageError:
             best_trial = None
     total = sweep.total if sweep.total is not None else "?"
+    eta = sweep_eta(store, sweep) if not is_terminal(sweep.state) else None
     text = f"{sweep.finished}/{total} done"
     if running and not is_terminal(sweep.state):
         text += f", {running} running"
@@ -244,10 +260,38 @@ def sweep_progress(store: Store, sweep: SweepRecord) -> dict[str, Any]:
         text += f", {sweep.pruned} pruned"
     if sweep.best_value is not None:
         text += f", best {sweep.objective}={sweep.best_value:.4g}" + (f" (trial {best_trial})" if best_trial is not None else "")
+    if eta is not None:
+        text += f", ETA {_human(eta)}"
     reason = sweep_reason(sweep)
     if reason:
         text += f"; {reason}"
-    return {"text": text, "running": running, "states": states, "best_trial": best_trial, "reason": reason}
+    return {"text": text, "running": running, "states": states, "best_trial": best_trial, "eta": eta, "reason": reason}
+
+
+def sweep_eta(store: Store, sweep: SweepRecord) -> float | None:
+    """Seconds until the sweep is done, at the pace so far: trials finished plus the share each
+    running trial has done (its progress), over the time since the sweep started."""
+    import time
+
+    from ..health.progress_file import shown
+
+    if not sweep.total or sweep.started_at is None:
+        return None
+    done = float(sweep.finished)
+    for trial in store.trials(sweep.id):
+        if not is_terminal(trial.state):
+            fraction = (shown(trial.paths.health, True)["progress"] or {}).get("fraction")
+            done += float(fraction or 0.0)
+    elapsed = time.time() - float(sweep.started_at)
+    if done <= 0 or elapsed <= 0:
+        return None
+    return max(0.0, (sweep.total - done) * elapsed / done)
+
+
+def _human(seconds: float) -> str:
+    from ..health.progress import human
+
+    return human(seconds)
 
 
 def sweep_reason(sweep: SweepRecord) -> str | None:

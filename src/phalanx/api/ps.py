@@ -29,6 +29,9 @@ class PsRequest:
     columns: tuple[str, ...] = ()
     limit: int | None = None
     wide: bool = False
+    people: bool = True  # rows for a table: each job's progress and health read (a file per job)
+    user: str | None = None  # only what this user submitted
+    mine: bool = False  # only what the asker submitted
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,18 +57,25 @@ class PsListing:
     wide: bool
 
 
-def ps(store: Store, request: PsRequest, default_limit: int) -> PsListing:
-    """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter."""
+def ps(store: Store, request: PsRequest, default_limit: int, me: str) -> PsListing:
+    """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter.
+    ``me``: who asks (``--mine``)."""
     from .query import refresh_hosted
 
     if request.limit is not None and request.limit < 1:
         raise UsageError(f"invalid --limit {request.limit}", "give a number of rows of at least 1, e.g. --limit 20")
+    user = request.user
+    if request.mine:
+        if user is not None and user != me:
+            raise UsageError(f"--mine (you are {me}) and --user {user} contradict", "give one of them")
+        user = me
     refresh_hosted(store, request.backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=request.states, name=request.name, backend=request.backend, tags=request.tags,
-                        since=request.since, search=request.search, sort=request.sort, columns=request.columns)
+                        since=request.since, search=request.search, sort=request.sort, columns=request.columns,
+                        user=user)
     check_metrics(store, query.columns, query.sort)
     filtered = bool(request.states or request.name or request.backend or request.tags or request.since
-                    or request.search or request.sort or request.columns)
+                    or request.search or request.sort or request.columns or user)
     everything = request.all or filtered
     limit = request.limit if request.limit is not None else (default_limit if everything else None)
     if not request.states and not everything:
@@ -79,17 +89,21 @@ def ps(store: Store, request: PsRequest, default_limit: int) -> PsListing:
             jobs = [r for r in chunk if isinstance(r, JobRecord)]
             full = {r["id"]: r for r in job_rows(store, jobs, query.columns)} if detailed else {}
             for record in chunk:
-                yield _job_line(record, full.get(record.id)) if isinstance(record, JobRecord) \
+                yield _job_line(record, full.get(record.id), request.people) if isinstance(record, JobRecord) \
                     else _sweep_line(store, record, request.wide)
 
     return PsListing(rows(), everything, [c.label for c in query.columns], request.wide)
 
 
-def _job_line(record: JobRecord, row: dict[str, Any] | None) -> dict[str, Any]:
+def _job_line(record: JobRecord, row: dict[str, Any] | None, people: bool) -> dict[str, Any]:
+    from .lists import job_health
     from .query import platform_state
 
     line = row if row is not None else record.to_dict()
     line["_duration"] = record.duration
+    if people:
+        seen = row if row is not None else job_health(record)
+        line["_progress"], line["_health"] = seen.get("progress"), seen.get("health")
     platform = platform_state(record)  # the platform's own words (SageMaker: Starting, Training...)
     if platform:
         line["_platform"] = platform
@@ -97,13 +111,22 @@ def _job_line(record: JobRecord, row: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _sweep_line(store: Store, sweep: SweepRecord, wide: bool) -> dict[str, Any]:
-    line = {**sweep.to_dict(), "kind": "sweep", "_duration": sweep.duration,
-            "_progress": sweep_progress(store, sweep)["text"]}
+    progress = sweep_progress(store, sweep)
+    share = f"{100 * sweep.finished / sweep.total:.0f}%" if sweep.total else None
+    eta = f" ETA {_human(progress['eta'])}" if share and progress.get("eta") is not None else ""
+    line = {**sweep.to_dict(), "kind": "sweep", "_duration": sweep.duration, "_sweep": progress["text"],
+            "_progress": (share + eta) if share else None}
     if wide:
         from ..store.listing import usage_sum
 
         line["_usage"] = usage_sum(store, sweep_id=sweep.id)
     return line
+
+
+def _human(seconds: float) -> str:
+    from ..health.progress import human
+
+    return human(seconds)
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -1,6 +1,8 @@
-"""Read-only views of jobs and sweeps: what ``ps``, ``status``, ``logs``, ``metrics`` and the
-dashboard show. Nothing here writes to the store or a job directory, but for jobs supervised in
-a cluster (k8s ``--in-cluster``): ``find_job`` brings this home's copy of their record up to date.
+"""Views of jobs and sweeps: what ``ps``, ``status``, ``logs``, ``metrics`` and the dashboard
+show. They never act on a job. One kind of write happens here, and only for jobs whose supervisor
+runs in a cluster (k8s ``--in-cluster``): ``find_job`` and ``refresh_hosted`` copy their record
+from where they run into this home (the store row, the job's files and its state directory), as any read of them
+must.
 
 A job whose supervisor vanished is shown LOST at once (``supervise.liveness.effective``); the
 first command that acts on it (``resume``, ``stop``) records that.
@@ -18,11 +20,13 @@ from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
 from ..supervise.liveness import effective
+from ..store import open_store as open_store_at
 
 if TYPE_CHECKING:
     from ..core.contracts import SchedulerRecord
     from ..core.spec import JobSpec
     from ..store.sweeps import SweepRecord
+    from .failure import Failure
 
 
 def home() -> HomePaths:
@@ -30,7 +34,7 @@ def home() -> HomePaths:
 
 
 def open_store() -> Store:
-    return Store(home().db)
+    return open_store_at(home().db)
 
 
 # -- jobs and sweeps ----------------------------------------------------------------------------
@@ -165,6 +169,38 @@ def artifacts(record: JobRecord) -> Any:
     return read_artifacts(record.paths)
 
 
+def trackers(record: JobRecord) -> list[dict[str, Any]]:
+    """The job's tracker runs (``--track``): per tracker its run id, link, the points sent,
+    waiting and dropped, the last error, and whether its exporter still runs."""
+    from ..track.conventions import describe, read_state
+
+    spec = read_spec(record)
+    out = []
+    for kind in spec.track:
+        state = read_state(record.paths, kind)
+        alive = _exporter_alive(state.pid)
+        out.append({"kind": kind, "run_id": state.run_id, "url": state.url, "sent": state.sent,
+                    "waiting": state.waiting, "dropped": state.dropped, "error": state.error,
+                    "finished": state.finished, "exporter_running": alive, "line": describe(state, alive)})
+    return out
+
+
+def sweep_tracker(sweep: "SweepRecord") -> str:
+    """The link to a sweep's parent MLflow run (created by its first tracked trial), or ''."""
+    state = read_json(Path(sweep.sweep_dir) / "track" / "mlflow.json") or {}
+    return str(state.get("url") or "")
+
+
+def _exporter_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"phalanx.supervise.exporter" in fh.read()
+    except OSError:
+        return False
+
+
 # -- inside a job -------------------------------------------------------------------------------
 
 
@@ -247,11 +283,13 @@ def log_paths(record: JobRecord, attempt: int | None = None, rank: int | None = 
 def follow_logs(
     record: JobRecord, emit: Callable[[str], None], attempt: int | None = None, rank: int | None = None,
     follow: bool = False, poll: float = 0.2, offsets: dict[int, int] | None = None,
+    failed: Failure | None = None,
 ) -> JobRecord:
     """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
     keep emitting new lines until the job ends (woken by the files changing, not polling
     them). ``offsets``: where each rank's log is read from (``logs --tail/--since``).
-    Returns the latest record."""
+    ``failed``: how the attempt failed (``failure.failure``): its root-cause rank comes first,
+    the traces of the ranks that lost their peer are folded. Returns the latest record."""
     from ..monitor.tail import follow_job
 
     log_paths(record, attempt, rank)  # validates attempt and rank
@@ -265,7 +303,8 @@ def follow_logs(
 
     follow_job(record.paths, record.attempt if attempt is None else attempt, {rank} if rank is not None else None,
                rank is None and record.nnodes * record.nproc_per_node > 1, emit, refresh, follow, latest,
-               also=[home().db], interval=poll, offsets=offsets)
+               also=[home().db], interval=poll, offsets=offsets,
+               order=[failed.rank] if failed is not None else (), folds=failed.folds() if failed is not None else None)
     return record
 
 
@@ -302,6 +341,14 @@ def scheduler_job(record: JobRecord) -> SchedulerRecord | None:
     from ..core.contracts import read_scheduler
 
     return read_scheduler(record.paths.scheduler_job(record.attempt))
+
+
+def health(record: JobRecord) -> dict[str, Any]:
+    """The job's progress and ETA, its straggler (while it runs), the anomaly that stopped it and
+    its stop clocks, as its supervisor last wrote them (``health.json``), with their words."""
+    from ..health.progress_file import shown
+
+    return shown(record.paths.health, not is_terminal(record.state))
 
 
 def platform_state(record: JobRecord) -> str | None:

@@ -19,13 +19,19 @@ from ..store.sweeps import SweepRecord
 
 def param_order(sweep: SweepRecord) -> list[str]:
     """The sweep's parameters in the order the command line gives them."""
+    return list(param_scales(sweep))
+
+
+def param_scales(sweep: Any) -> dict[str, str]:
+    """The sweep's parameters in command-line order, each with the scale of its axis on a plot
+    (``sweeps.space.Param.scale``: log, categorical or linear)."""
     try:
         from ..sweeps.space import parse_space
 
         args = json.loads(sweep.spec_json)["entrypoint"]["args"]
-        return [p.name for p in parse_space(args).params]
+        return {p.name: p.scale for p in parse_space(args).params}
     except Exception:  # noqa: BLE001 - a spec of another version: the trials' order will do
-        return []
+        return {}
 
 
 def pruned_info(record: JobRecord) -> dict[str, Any] | None:
@@ -48,7 +54,8 @@ def trial_table(store: Store, sweep: SweepRecord) -> dict[str, Any]:
 
     trials = [effective(t) for t in store.trials(sweep.id)]  # a vanished runner's trials: LOST (not written)
     recorded = metrics_of(store, [t.id for t in trials])
-    params: list[str] = param_order(sweep)
+    scales = param_scales(sweep)
+    params: list[str] = list(scales)
     metrics: list[str] = []
     rows = []
     for t in trials:
@@ -75,7 +82,8 @@ def trial_table(store: Store, sweep: SweepRecord) -> dict[str, Any]:
                              r["trial"] if r["trial"] is not None else 0))
     # A parameter the script also prints (lr=0.01, HF's learning_rate) is shown once, as the parameter.
     hidden = {"step", "epoch", *(_bare(p) for p in params)}
-    return {"params": params, "metrics": [m for m in metrics if _bare(m) not in hidden], "objective": sweep.objective,
+    return {"params": params, "scales": {p: scales.get(p, "linear") for p in params},
+            "metrics": [m for m in metrics if _bare(m) not in hidden], "objective": sweep.objective,
             "direction": sweep.direction, "rows": rows}
 
 
@@ -111,7 +119,9 @@ def sweep_view(store: Store, sweep: SweepRecord) -> dict[str, Any]:
 
     table = trial_table(store, sweep)
     trials = {t.id: effective(t) for t in store.trials(sweep.id)}  # LOST with their runner (computed, not written)
-    return {**sweep_row(store, sweep), "table": table, "param_order": param_order(sweep),
+    from .query import sweep_tracker
+
+    return {**sweep_row(store, sweep), "table": table, "param_order": param_order(sweep), "tracker": sweep_tracker(sweep),
             "trials": [trials[r["id"]].to_dict() for r in table["rows"] if r["id"] in trials]}
 
 

@@ -1,5 +1,5 @@
 """``phalanx ps`` (jobs and sweeps, filtered, in columns that fit the terminal) and
-``phalanx sweep show`` (a sweep's trial table). Thin: parse, call ``lists``/``sweepview``, render.
+``phalanx sweep show`` (a sweep's trial table). Thin: parse, one call on the face (``cli/face.py``), render.
 
 Imports stay light (no torch, no web stack): ``ps`` is typed often.
 """
@@ -7,17 +7,16 @@ Imports stay light (no torch, no web stack): ``ps`` is typed often.
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 import sys
-from typing import Any, Iterator, List, Optional, Sequence, TextIO
+from typing import Any, List, Optional, Sequence, TextIO
 
 import typer
 
 from .render import ago, duration
 
-PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "COMMAND")
-WIDE = ("BACKEND", "GPU", "CPU", "COST", "TAGS")
+PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "PROGRESS", "COMMAND")
+WIDE = ("BACKEND", "GPU", "CPU", "COST", "TAGS", "HEALTH")  # device time in a unit that fits: 0.02 GPU-h, 3.6 CPU-s
 
 
 def ps_cmd(
@@ -28,10 +27,13 @@ def ps_cmd(
     tag: List[str] = typer.Option([], "--tag", help="Only jobs with this tag, KEY=VALUE or KEY (repeatable: all must hold)."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 2h, 3d, 2025-03-01."),
     search: Optional[str] = typer.Option(None, "--search", "-s", help="Only jobs whose id, name or command contains this."),
+    user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
+    mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
     sort: Optional[str] = typer.Option(None, "--sort", help="[default: created; --trials: trial order] name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
-    wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost and tags."),
+    wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost, tags and health "
+                              "(the slow rank of a running job, what stopped an ended one)."),
     trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead (with --sort and -c on their metrics)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only the ids (e.g. for phalanx rm)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -45,7 +47,8 @@ def ps_cmd(
         _trials(face().trials(trials, sort, tuple(columns)), as_json, quiet)
         return
     request = PsRequest(all=all_jobs, states=tuple(state), name=name, backend=backend, tags=tuple(tag), since=since,
-                        search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide)
+                        search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide,
+                        people=not (as_json or quiet), user=user, mine=mine)
     listing = face().ps(request)
     if as_json:
         from ..api.face import rows_json
@@ -68,20 +71,21 @@ def _render(shown: Sequence[dict[str, Any]], columns: Sequence[str], wide: bool,
     headers = [*PS_HEADERS[:-1], *(c.upper() for c in columns), *(WIDE if wide else ()), "COMMAND"]
     table: list[list[str]] = []
     for row in shown:
-        base = [row["id"], row["name"], _shown_state(row), row["topology"], ago(row["created_at"]), duration(row["_duration"])]
+        base = [row["id"], row["name"], _shown_state(row), row["topology"], ago(row["created_at"]), duration(row["_duration"]),
+                row.get("_progress") or "-"]
         if row.get("kind") != "sweep":
             extra = [_num((row.get("columns") or {}).get(c)) for c in columns]
             if wide:
                 extra += [row["backend"], _hours(row.get("gpu_hours"), "GPU"), _hours(row.get("cpu_hours"), "CPU"),
                           _money(row.get("cost")),
-                          ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-"]
+                          ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-", row.get("_health") or "-"]
             command = short_command(row["command"])
         else:
             extra = ["-" for _ in columns]
             if wide:
                 used = row["_usage"]
-                extra += ["-", _hours(used["gpu_hours"], "GPU"), _hours(used["cpu_hours"], "CPU"), _money(used["cost"]), "-"]
-            command = f"[sweep {row['_progress']}] {short_command(row['command'])}"
+                extra += ["-", _hours(used["gpu_hours"], "GPU"), _hours(used["cpu_hours"], "CPU"), _money(used["cost"]), "-", "-"]
+            command = f"[sweep {row['_sweep']}] {short_command(row['command'])}"
         table.append([*base, *extra, command])
     _fit(table, headers, sys.stdout)
 

@@ -1,13 +1,12 @@
 """``phalanx rm | prune | usage``: remove what ended, say what it freed; add up what jobs used.
 Also the helpers ``status`` and ``logs`` share: the usage line and the offsets of
-``logs --tail/--since``. Thin: parse, call ``cleanup``/``store.listing``, render.
+``logs --tail/--since``. Thin: parse, one call on the face (``cli/face.py``), render.
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -108,7 +107,7 @@ def prune_cmd(
 
 
 def usage_cmd(
-    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state or day."),
+    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state, day or user."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 7d, 2025-03-01."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:

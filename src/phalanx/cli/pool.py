@@ -1,4 +1,4 @@
-"""``phalanx pool status|stop``: the warm interpreter pools of this user (see README, Warm starts)."""
+"""``phalanx pool status|stop``: the warm interpreter pools of this user (docs/warm.md)."""
 
 from __future__ import annotations
 

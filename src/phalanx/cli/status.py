@@ -64,11 +64,15 @@ def render(view: dict[str, Any], out: TextIO) -> None:
     if view.get("state_uri"):
         synced = ago(view["state_synced_at"]) if view.get("state_synced_at") else "never"
         out.write(f"state     {view['state_uri']}  (last upload: {synced})\n")
+    for line in view["health"]["lines"]:  # progress and ETA, the slow rank, the stop clocks
+        out.write(f"{line['label']:<9} {line['text']}\n")
+    for tracker in view["trackers"]:
+        out.write(f"{tracker['kind']:<9} {tracker['line']}\n")
     attempts = view["attempt_history"]
     if len(attempts) > 1 or view["retries"]:
         out.write("\nattempts:\n")
         for a in attempts:
-            retry = "retried" if a["retry"] else a["reason"]
+            retry = ("retried" if a["reason"] in ("retryable", "") else a["reason"]) if a["retry"] else a["reason"]
             code = "-" if a["exit_code"] is None else str(a["exit_code"])
             out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  "
                       f"{a['message'][:70]}  [{retry}]\n")
@@ -76,20 +80,33 @@ def render(view: dict[str, Any], out: TextIO) -> None:
         out.write("\n")
         rows = [
             (str(r["rank"]), "-" if r["node_rank"] is None else str(r["node_rank"]), r["host"] or "-", str(r["pid"] or "-"),
-             "-" if r["exitcode"] is None else str(r["exitcode"]) + (f" ({r['signal']})" if r["signal"] else ""), r["state"])
+             "-" if r["exitcode"] is None else str(r["exitcode"]) + (f" ({r['signal']})" if r["signal"] else ""),
+             r["state"] + (" (root cause)" if r["rank"] == view.get("root_cause_rank") else
+                           " (lost its peer)" if r.get("peer_lost") else ""))
             for r in view["ranks"]
         ]
         table(rows, ("RANK", "NODE", "HOST", "PID", "EXIT", "STATE"), out)
-    if view["summary_lines"]:
-        out.write("\n" + "\n".join(view["summary_lines"]) + "\n")
-    _root_cause(view.get("root_cause"), out)
+    lines = [*view["summary_lines"], *(f"resources {line}" for line in _resources(view.get("resources_summary")))]
+    if view.get("metrics_note"):
+        lines.insert(0, f"metrics   {view['metrics_note']}")
+    if lines:
+        out.write("\n" + "\n".join(lines) + "\n")
+    _root_cause(view, out)
 
 
-def _root_cause(cause: dict[str, Any] | None, out: TextIO) -> None:
+def _resources(summary: dict[str, Any] | None) -> list[str]:
+    from ..monitor.report import resource_summary_line
+
+    return [resource_summary_line(row) for row in summary["nodes"]] if summary else []
+
+
+def _root_cause(view: dict[str, Any], out: TextIO) -> None:
+    cause = view.get("root_cause")
     if not cause:
         return
-    where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
-    out.write(f"\nroot cause: {where}: {cause.get('message')}\n")
+    where = f"rank {cause['rank']} on node {cause.get('node_rank')}: " if "rank" in cause else (
+        f"node {cause['node_rank']}: " if cause.get("node_rank") is not None else "")
+    out.write(f"\nroot cause: {where}{view.get('root_cause_error') or cause.get('message')}\n")
     if cause.get("host"):
         out.write(f"  host: {cause['host']}\n")
     detail = cause.get("traceback") or cause.get("log_tail")
@@ -97,3 +114,5 @@ def _root_cause(cause: dict[str, Any] | None, out: TextIO) -> None:
         out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")
     if cause.get("log"):
         out.write(f"log: {cause['log']}\n")
+    for lost in view.get("peer_lost") or []:
+        out.write(f"{lost['line']} ({lost['error']}; phalanx logs {view['id']} --rank {lost['rank']})\n")

@@ -23,6 +23,8 @@ def render_sweep_status(view: dict[str, Any], as_json: bool) -> None:
               + (f", cost {money(view['cost'])}" if view["cost"] is not None else "") + f" over {view['jobs']} trial(s)\n")
     if view["supervisor_pid"] and view["state"] not in _ENDED:
         out.write(f"runner    pid {view['supervisor_pid']}; follow it: phalanx logs {view['id']} -f\n")
+    if view.get("tracker"):
+        out.write(f"mlflow    {view['tracker']}  (the sweep's run; each trial's is nested under it)\n")
 
 
 def _ended() -> frozenset[str]:

@@ -99,6 +99,37 @@ def node_env(spec: JobSpec, topo: Topology, node_rank: int) -> dict[str, str]:
     return env
 
 
+def wandb_run_id(job_id: str) -> str:
+    """The W&B run id of a job: fixed by the job id, so every attempt, a ``resume`` and the script's
+    own ``wandb.init()`` (handed ``WANDB_RUN_ID``) are the same run."""
+    return f"phalanx-{job_id}"
+
+
+# The places a tracker's client reads from its environment (``--track`` records them at submit).
+TRACKER_PLACES = {
+    "mlflow": ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"),
+    "wandb": ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE", "WANDB_BASE_URL"),
+}
+
+
+def tracker_env(kinds: tuple[str, ...], config: Mapping[str, str], job_id: str, group: str,
+                mlflow_run: str | None) -> dict[str, str]:
+    """With ``--track``: what a script's own tracker code reads to continue the job's run, on every
+    process of every attempt: the places the job tracks to; ``MLFLOW_RUN_ID`` once the run exists;
+    the W&B run (``WANDB_RUN_ID``, resumed: ``WANDB_RESUME=allow``) in the job's group
+    (``WANDB_RUN_GROUP``: the job id, a sweep's id for its trials), which is also how scripts that
+    log from every rank keep their runs together."""
+    env: dict[str, str] = {}
+    for kind in ("mlflow", "wandb"):
+        if kind in kinds:
+            env.update({name: config[name] for name in TRACKER_PLACES[kind] if config.get(name)})
+    if "mlflow" in kinds and mlflow_run:
+        env["MLFLOW_RUN_ID"] = mlflow_run
+    if "wandb" in kinds:
+        env.update({"WANDB_RUN_ID": wandb_run_id(job_id), "WANDB_RESUME": "allow", "WANDB_RUN_GROUP": group})
+    return env
+
+
 # What torchrun's agent sets for every worker it starts (torch/distributed/elastic/agent/
 # server/local_elastic_agent.py, _start_workers; launcher/api.py, TORCHELASTIC_SIGNALS_TO_HANDLE;
 # torch 2.13), besides TORCHELASTIC_ERROR_FILE (the bootstrap sets that one, launch/bootstrap.py):

@@ -8,19 +8,8 @@ it; ``docs/server.md`` says who may do what.
 
 from __future__ import annotations
 
-import getpass
-import os
 from dataclasses import dataclass, field
 from typing import Mapping
-
-
-def local_user() -> str:
-    """The name of the person at this machine (``$USER`` where the password database has none,
-    as in a container started with an arbitrary uid)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER") or f"uid{os.getuid()}"
 
 
 @dataclass(frozen=True)
@@ -39,9 +28,9 @@ class Principal:
     projects: Mapping[str, str] | None = field(default=None, compare=False)
 
     @classmethod
-    def here(cls) -> Principal:
-        """The person at this machine, on their own store."""
-        return cls(user=local_user(), admin=True, local=True)
+    def here(cls, user: str) -> Principal:
+        """The person at this machine (``config.user()``), on their own store."""
+        return cls(user=user, admin=True, local=True)
 
     def may_act_on(self, owner: str | None) -> bool:
         """May stop, resume or remove a job submitted by ``owner`` (None: recorded before

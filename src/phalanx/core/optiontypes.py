@@ -13,7 +13,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 # Beyond any machine or cluster: an error, not a job that waits forever for resources.
 MAX_NODES = 100_000

@@ -1,9 +1,13 @@
-"""JobPaths: the single owner of the on-disk layout of a job. Nobody else joins job paths.
+"""JobPaths: the single owner of the on-disk layout of a job. Nobody else joins job paths (one
+exception left: the k8s ``--in-cluster`` files, joined in ``backends/kubernetes/hosted.py``,
+``record.py`` and ``supervisor.py``).
 
 ::
 
     $PHALANX_HOME/
       phalanx.db                      the store (SQLite, WAL)
+      config.yaml                     settings (config.py), when the user writes one
+      staging/<id>.<pid>/             a job directory being laid out, moved into jobs/ with its row (supervise/submit.py)
       state/<key>/                    PHALANX_STATE_DIR: the job's own, or shared by --name (storage/statedir.py)
       state/.previous/<key>-<stamp>/  a state directory moved aside by --clean-state
       sweeps/<id>/                    a sweep's own files: runner.log (detached), code/ + code.json (the trials' snapshot),
@@ -21,11 +25,17 @@
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         trace.jsonl                   with PHALANX_TRACE=1: when each step of a start or restart happened
+        stop.json                     the latest ``phalanx stop``: when, and whether --now (the grace skipped)
         output/                       PHALANX_OUTPUT_DIR
         code/                         the code snapshot (at submit time): hard links into cache/code/objects
         code.json                     what the snapshot holds: files, bytes, digest, large files left out
         inputs.json                   fingerprint of the job's inputs (--skip-if-done)
         artifacts.json                where outputs and logs were uploaded (--output), file by file
+        inputs/<name>/                on a node of a backend that ships inputs with the job (Ray): its copy of input <name>
+        .reserve                      space the supervisor holds to record the job's end when the disk fills (core/disk.py)
+        k8s-supervisor.json           k8s --in-cluster: where the job's supervisor pod runs
+        supervisor.yaml               k8s --in-cluster: the supervisor pod's objects, as applied
+        supervisor-rbac.yaml          k8s --in-cluster: the Role its service account needs (kubectl apply -f)
         attempt_<k>/
           batch.sh                    the batch script submitted to a scheduler (SLURM)
           batch.log                   the batch script's own output (the scheduler writes it; Ray: the driver's)
@@ -43,6 +53,7 @@
           rank_<r>/output.log         stdout+stderr of global rank r, in order
           rank_<r>/output.idx         "time size" lines: how long output.log was when (logs --since)
           rank_<r>/error.json         the rank's uncaught exception, if any
+          rank_<r>/exit.json          the exit status the rank's bootstrap ended with (for workers torch reaps)
           rank_<r>/proc.json          the rank's pid, node and host, written at start
           rank_<r>/torchelastic_error.json  TORCHELASTIC_ERROR_FILE of a rank started without torchrun (-n 1)
 
@@ -134,6 +145,10 @@ class HomePaths:
         """The code snapshot a sweep's trials share, and its manifest."""
         return self.sweep_dir(sweep_id) / "code", self.sweep_dir(sweep_id) / "code.json"
 
+    def sweep_track(self, sweep_id: str, kind: str) -> Path:
+        """A sweep's parent run in tracker ``kind`` (its trials are the children)."""
+        return self.sweep_dir(sweep_id) / "track" / f"{kind}.json"
+
     def job(self, job_id: str) -> "JobPaths":
         return JobPaths(self.jobs / job_id)
 
@@ -221,6 +236,10 @@ class JobPaths:
         return self.root / "supervisor.log"
 
     @property
+    def stop_request(self) -> Path:
+        return self.root / "stop.json"
+
+    @property
     def attempts_log(self) -> Path:
         return self.root / "attempts.jsonl"
 
@@ -243,6 +262,18 @@ class JobPaths:
     def output_dir(self) -> Path:
         return self.root / "output"
 
+    @property
+    def health(self) -> Path:
+        """Progress and ETA, the straggler, the anomaly, the stop clocks: the supervisor's
+        ``health.json`` (``health/progress_file.py``), read by status, ps and the dashboard."""
+        return self.root / "health.json"
+
+    @property
+    def state_versions(self) -> Path:
+        """Versions of the state directory kept for rollbacks (``--keep-states``,
+        ``storage/versions.py``): ``v<n>/`` each, and ``versions.jsonl``."""
+        return self.root / "states"
+
     def shipped_input(self, name: str) -> Path:
         """A node's copy of input ``name`` where the backend ships inputs with the job (Ray);
         ``shipped_input("")`` is the directory holding them all."""
@@ -264,10 +295,33 @@ class JobPaths:
     def artifacts(self) -> Path:
         return self.root / "artifacts.json"
 
+    @property
+    def track(self) -> Path:
+        """The experiment trackers' files (``--track``): per tracker its run and cursor
+        (``<kind>.json``), the exporter's log and lock, ``ended.json`` once the job has ended."""
+        return self.root / "track"
+
+    def track_state(self, kind: str) -> Path:
+        return self.track / f"{kind}.json"
+
+    @property
+    def track_ended(self) -> Path:
+        return self.track / "ended.json"
+
+    @property
+    def track_log(self) -> Path:
+        return self.track / "export.log"
+
+    @property
+    def track_lock(self) -> Path:
+        return self.track / ".lock"
+
     def not_logs(self) -> frozenset[str]:
         """Names at the top of the job directory that are not its records: the outputs (uploaded
-        on their own), the code snapshot and its manifest, the upload manifest."""
-        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts))
+        on their own), the code snapshot and its manifest, the upload manifest, the kept versions
+        of the state directory."""
+        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts,
+                                          self.state_versions))
 
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"

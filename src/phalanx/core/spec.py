@@ -224,6 +224,14 @@ class JobSpec:
     no_retry_on: tuple[str, ...] = DEFAULT_NO_RETRY  # log patterns that make a failure final
     retry_on_exit_codes: tuple[int, ...] = ()  # if set, only these exit codes are retried
     stall_timeout: float | None = None  # fail when no output/metric for this long
+    max_duration: float | None = None  # seconds the job may run (queue time aside), then TIMEOUT
+    idle_timeout: float | None = None  # seconds its GPUs (or CPUs and output) may idle, then TIMEOUT
+    on_nan: str | None = None  # stop | retry: a watched metric went nan/inf (health/anomaly.py)
+    on_spike: float | None = None  # a watched metric above FACTOR x its recent median counts as divergence
+    watch_metrics: tuple[str, ...] = ()  # the metrics watched (globs); empty: *loss and the objective
+    on_nan_args: str = ""  # arguments recomputed on a retry after divergence ("--lr {lr*0.5}")
+    keep_states: int = 0  # versions of the state directory kept for rollbacks (storage/versions.py)
+    progress: str | None = None  # --progress REGEX (health/progress.py); None: the known formats
     state_uri: str | None = None  # fsspec URI the state directory is synced with
     metrics: tuple[MetricDef, ...] = ()
     auto_metrics: bool = True  # pick up name=value / name: value numbers too
@@ -247,6 +255,15 @@ class JobSpec:
     # Where the job's outcome is announced (--notify): webhook URLs, mailto:ADDR, desktop.
     notify: tuple[str, ...] = ()
     warm: bool = False  # start Python processes from a warm interpreter pool (launch/warm/plan.py)
+    # Experiment trackers (--track: mlflow, tensorboard, wandb), fed from the job's metric and
+    # resource files by an exporter beside the supervisor (track/, supervise/tracking.py):
+    # whose ranks ("0" or "all"), where TensorBoard writes, whether outputs and logs go along,
+    # and the tools' own settings as they were at submit (places and names, never a key).
+    track: tuple[str, ...] = ()
+    track_ranks: str = "0"
+    track_dir: str | None = None
+    track_artifacts: bool = False
+    track_config: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def state_key(self) -> str:

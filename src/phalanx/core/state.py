@@ -7,10 +7,11 @@
        |           |------> PREEMPTED     (the launcher was told to go: SIGTERM/SIGUSR1 from outside)
        |           |------> STOPPING --> CANCELLED   (phalanx stop, Ctrl-C)
        |           |------> PRUNED        (a sweep stopped a hopeless trial early)
+       |           |------> TIMEOUT       (--max-duration reached, or idle for --idle-timeout)
        |           '------> LOST          (the supervisor vanished: shown by reads, recorded by resume/stop)
        '------------------> CANCELLED / FAILED (never started)
 
-    FAILED / CANCELLED / PREEMPTED / LOST --(phalanx resume)--> PENDING
+    FAILED / CANCELLED / PREEMPTED / TIMEOUT / LOST --(phalanx resume)--> PENDING
 
 Job-level retries happen inside RUNNING (the attempt number grows). The supervisor never
 leaves a terminal state; only ``resume`` reopens a job (``can_resume``).
@@ -30,15 +31,18 @@ class JobState(str, Enum):
     CANCELLED = "CANCELLED"
     PREEMPTED = "PREEMPTED"
     PRUNED = "PRUNED"
+    TIMEOUT = "TIMEOUT"
     LOST = "LOST"
 
 
 TERMINAL = frozenset(
-    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.LOST}
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.TIMEOUT,
+     JobState.LOST}
 )
-RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST})
+RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.TIMEOUT, JobState.LOST})
 
-_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.LOST}
+_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.TIMEOUT,
+         JobState.LOST}
 _ALLOWED = {
     JobState.PENDING: {JobState.RUNNING, JobState.STOPPING} | _ENDS,
     JobState.RUNNING: {JobState.STOPPING} | _ENDS,

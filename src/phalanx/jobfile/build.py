@@ -55,10 +55,12 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
         backend_options=_backend_options(v),
         **_labels(v),
+        **_tracking(v),
         **_plain_fields(v),
     )
     if v["no_retry_on"]:
         spec = spec.with_(no_retry_on=tuple(v["no_retry_on"]))
+    spec = _health(spec, v)
     spec = spec.with_(rendezvous=_rendezvous(v, spec), **_data(v, base_dir, workdir, entry))
     spec = _what_the_script_sees(spec, v)
     if v["local_rank_arg"]:
@@ -224,6 +226,36 @@ def _warn_oversubscribed(spec: JobSpec, v: Values) -> None:
         v.warnings.append(f"{here} processes on {cores} CPU core(s) of this machine: they share the cores (slower, not wrong)")
 
 
+# -- health ---------------------------------------------------------------------------------------
+
+
+def _health(spec: JobSpec, v: Values) -> JobSpec:
+    """--on-nan and friends: ``retry`` keeps states and retries unless told otherwise; the
+    arguments a retry recomputes must be the script's own."""
+    on_nan, spike = v["on_nan"], v["on_spike"]
+    changes: dict[str, Any] = {"on_nan": on_nan, "watch_metrics": tuple(v["watch_metrics"] or ()),
+                               "on_nan_args": str(v["on_nan_args"] or ""), "progress": v["progress"]}
+    if on_nan == "retry":
+        if not v.given("keep_states"):
+            changes["keep_states"] = 3
+        if not v.given("max_retries"):
+            changes["max_retries"] = 3
+        if changes.get("keep_states", spec.keep_states) == 0:
+            raise UsageError("--on-nan retry rolls back to a kept state, but --keep-states is 0",
+                             "keep at least one version (--keep-states 3), or use --on-nan stop")
+    if changes["on_nan_args"]:
+        if on_nan != "retry":
+            raise UsageError("--on-nan-args changes the arguments of a retry after divergence, but --on-nan is not retry",
+                             "add --on-nan retry")
+        from ..health.anomaly_args import check
+
+        check(changes["on_nan_args"], spec.entrypoint.args)
+    if v["watch_metrics"] and on_nan is None and spike is None:
+        raise UsageError("--watch-metric names metrics for --on-nan and --on-spike, and neither is given",
+                         "add --on-nan stop (or retry), or --on-spike FACTOR")
+    return spec.with_(**changes)
+
+
 # -- backends ---------------------------------------------------------------------------------------
 
 
@@ -259,6 +291,44 @@ def _labels(v: Values) -> dict[str, Any]:
 
     given = [target for texts in (v["notify"] or ()) for target in texts]
     return {"tags": dict(v["tags"] or {}), "notify": tuple(dict.fromkeys(given)) if given else default_targets()}
+
+
+# -- experiment trackers ------------------------------------------------------------------------------
+
+
+def _tracking(v: Values) -> dict[str, Any]:
+    """``--track`` (else the track setting), and the trackers' own settings as they are now (the
+    job's ``-e`` over this environment), so every attempt and a later resume send to one place."""
+    from ..track.conventions import KINDS, capture, missing_package
+
+    given = list(v["track"] or ())
+    if not given:
+        setting = str(_config("track") or "")
+        given = [k.strip() for k in setting.split(",") if k.strip()]
+        unknown = [k for k in given if k not in KINDS]
+        if unknown:
+            raise UsageError(f"setting 'track' names {', '.join(unknown)}", f"use {', '.join(KINDS)} (comma-separated)")
+    kinds = tuple(dict.fromkeys(given))
+    for name in ("track_ranks", "track_dir", "track_artifacts"):
+        if not kinds and v.given(name) and v[name] not in (None, False, "0"):
+            v.warnings.append(f"{v.where(name)} has no effect without --track")
+    if v["track_dir"] and "tensorboard" not in kinds:
+        v.warnings.append(f"{v.where('track_dir')} is where TensorBoard writes; add --track tensorboard")
+    config = capture(kinds, {**os.environ, **dict(v["env"] or {})})
+    for kind in kinds:
+        package = missing_package(kind, config)
+        if package:
+            from ..errors import MissingDependency
+
+            raise MissingDependency(package, kind)
+    track_dir = v["track_dir"]
+    if track_dir and "://" in track_dir and not track_dir.startswith("file://"):
+        from ..storage.uri import validate_uri
+
+        track_dir = validate_uri(track_dir, what=v.where("track_dir"))
+    elif track_dir:
+        track_dir = str(Path(track_dir.removeprefix("file://")).expanduser().resolve())
+    return {"track": kinds, "track_ranks": str(v["track_ranks"] or "0"), "track_dir": track_dir, "track_config": config}
 
 
 # -- data ---------------------------------------------------------------------------------------------

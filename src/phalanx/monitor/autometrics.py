@@ -8,8 +8,8 @@ are the step and epoch of the other numbers of their line.
 
 Never taken, because they only look like metrics:
 
-- a source location: ``[INFO|trainer.py:4115]``, ``modeling_utils.py:2590`` (a name ending in a
-  source file's extension);
+- a source location, as logging prefixes print it (``[INFO|<module>.py:4115]``, the HF Trainer's): a
+  name ending in a source file's extension;
 - a progress bar's percentage: ``Map: 45%|████``;
 - the last word of a label of several words: ``Writing model shards: 100%``, ``Trainable params:
   5``, ``Modules in train mode: 1`` (a ``name: value`` whose name follows other words from the
@@ -40,8 +40,9 @@ IGNORED = ("rank", "local_rank", "global_rank", "group_rank", "world_size", "loc
 # Where a name ending like a source file is a logging prefix (``trainer.py:4115``), not a metric.
 _SOURCE = re.compile(r"\.(?:py|pyx|pyi|c|cc|cpp|cu|h|hpp|rs|go|java|js|ts|sh)$", re.IGNORECASE)
 
-# A number as scripts print it; junk the class admits (1.2.3) is dropped by float().
-NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+)(?:[eE][-+]?\d+)?"
+# A number as scripts print it; junk the class admits (1.2.3) is dropped by float(). nan and inf
+# are read too (as Python, NumPy and torch print them) so that a diverging loss is seen.
+NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+|(?i:nan|inf(?:inity)?)\b)(?:[eE][-+]?\d+)?"
 # One pass per line finds both metrics and step/epoch: ``name=value`` or ``name: value``
 # (groups: name, separator, number), or ``name value`` / ``Name [3/10]`` (no separator), which
 # counts only for step and epoch. The name must start a token (so --lr=1 or a/b=1 do not

@@ -164,6 +164,18 @@ def read_blocks(path: Path, offset: int = 0, names: Iterable[str] | None = None)
     return blocks, blocks[-1].end if blocks else offset
 
 
+def iter_blocks(path: Path, offset: int = 0) -> Iterator[Block]:
+    """Complete blocks from ``offset`` (a block boundary), each decoded only when the caller gets
+    to it: a reader that stops early (an exporter sending a bounded batch) decodes no more."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return
+    yield from _parse(data, offset, None)
+
+
 def tail_blocks(path: Path, max_bytes: int) -> list[Block]:
     """The last blocks of ``path``, about ``max_bytes`` of them (at least one)."""
     try:

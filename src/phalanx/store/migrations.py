@@ -1,8 +1,10 @@
-"""Numbered schema migrations; ``PRAGMA user_version`` records how many ran.
+"""Numbered schema migrations of the SQLite store; ``PRAGMA user_version`` records how many ran.
 
 Append only: never edit a migration that has shipped. A migration is a script of statements
 separated by ``;`` (a trigger's body may hold ``;`` too: statements are split where SQLite
-says one is complete).
+says one is complete). ``pgmigrations.py`` holds the same numbers for PostgreSQL: migration N
+makes the same tables, columns and index names on both (``tests/unit/test_store_engines.py``
+compares them); add a migration to both, or to neither.
 """
 
 MIGRATIONS: tuple[str, ...] = (
@@ -114,5 +116,17 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX job_metrics_last ON job_metrics (name, last, id);
     CREATE INDEX job_metrics_min ON job_metrics (name, min, id);
     CREATE INDEX job_metrics_max ON job_metrics (name, max, id);
+    """,
+    # 6: the team (issue 22, and the projects of issue 27): who submitted each job and sweep
+    # (NULL: before users were recorded) and its project. `ps --user` walks jobs_user in the
+    # listing's order, as `ps` walks jobs_top. One index only: every connection parses the
+    # schema when it opens, so each index costs every command a little (sweeps are few; an
+    # index by project comes with the listings that filter by it).
+    """
+    ALTER TABLE jobs ADD COLUMN user_name TEXT;
+    ALTER TABLE jobs ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE sweeps ADD COLUMN user_name TEXT;
+    ALTER TABLE sweeps ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+    CREATE INDEX jobs_user ON jobs (user_name, created_at, id) WHERE sweep_id IS NULL;
     """,
 )

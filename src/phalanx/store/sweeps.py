@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
     "best_params command topology spec_json settings_json sweep_dir created_at started_at ended_at "
-    "supervisor_pid supervisor_started"
+    "supervisor_pid supervisor_started user_name project"
 ).split()
 
 
@@ -50,6 +50,8 @@ class SweepRecord:
     ended_at: float | None
     supervisor_pid: int | None
     supervisor_started: float | None
+    user_name: str | None = None  # who submitted it
+    project: str = "default"
 
     @property
     def progress(self) -> str:
@@ -110,9 +112,8 @@ class SweepTable:
         return changed == 1
 
     def _rows(self, sql: str, params: list[Any]) -> list[SweepRecord]:
-        cur = self._store._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM sweeps {sql}", tuple(params))
         out = []
-        for row in cur.fetchall():
+        for row in self._store.engine.rows(f"SELECT {', '.join(_COLUMNS)} FROM sweeps {sql}", tuple(params)):
             data = dict(zip(_COLUMNS, row))
             data["state"] = JobState(data["state"])
             out.append(SweepRecord(**data))

@@ -13,7 +13,7 @@ from typing import Any
 from ..backends import commands
 from ..core.paths import HomePaths, read_json
 from ..core.plan import Plan
-from ..store import JobRecord, Store
+from ..store import JobRecord, open_store
 
 
 def spawn(module_args: list[str], log_path: Path, cwd: str) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
-    store = Store(home.db)
+    store = open_store(home.db)
     record = store.get(args[0])
     plan = Plan.from_dict(read_json(record.paths.plan))
 

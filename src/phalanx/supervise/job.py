@@ -21,6 +21,9 @@
   for ``phalanx resume``. A second signal kills at once;
 - **data**: inputs staged and the state directory pulled before the first attempt, state
   pushed while running and at the end, outputs uploaded at the end (``staging.py``);
+- **health** (``guard.py``): progress and ETA, the slow rank, ``--max-duration`` and
+  ``--idle-timeout`` (TIMEOUT), divergence (``--on-nan``): stopped, or rolled back to a kept
+  version of the state directory and retried (``keeper.py``, ``--keep-states``);
 - the **root cause** is the first failure by timestamp across all ranks and nodes (``outcome.py``).
 
 The supervisor is the only writer of a running job's state. It runs in the ``phalanx run``
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -47,7 +51,7 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import endings, history, leftover, liveness, staging
+from . import endings, history, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -57,9 +61,11 @@ Events = Callable[[str], None]
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
-              console: Console | None = None) -> int:
+              console: Console | None = None, output_closed: threading.Event | None = None) -> int:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
-    the terminal a lone process is lent (a foreground run).
+    the terminal a lone process is lent (a foreground run). ``output_closed``: set when the
+    reader of the ranks' streamed output went away; the job then ends as python's broken pipe
+    would end it (the ranks are stopped; FAILED, exit 1, never retried: ``outcome.output_closed``).
 
     Blocking; main thread only (it handles signals).
     """
@@ -68,11 +74,16 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
     with ChildWatcher() as watcher:
         run.start()
         seen = 0
+        closing = False
         while not run.done:
+            if output_closed is not None and output_closed.is_set() and not closing:
+                closing = True
+                run.stop(StopReason.CANCELLED, signal.SIGPIPE)
             if len(watcher.stop_requests) > seen:
                 signum = watcher.stop_requests[seen]
                 seen = len(watcher.stop_requests)
-                run.stop(stop_reason(store, record.id, signum), signum)
+                reason = stop_reason(store, record.id, signum)
+                run.stop(reason, signum, now=reason is StopReason.CANCELLED and asked_now(record, signum))
             run.tick()
             if not run.done:
                 watcher.wait(run.wait_hint())
@@ -85,6 +96,20 @@ def stop_reason(store: Store, job_id: str, signum: int) -> StopReason:
     if signum == signal.SIGINT or store.get(job_id).state is JobState.STOPPING:
         return StopReason.CANCELLED
     return StopReason.PREEMPTED
+
+
+def asked_now(record: JobRecord, signum: int) -> bool:
+    """Whether the ``phalanx stop`` behind this signal asked to skip the grace period (``--now``)."""
+    from ..core.contracts import read_stop_request
+    from ..errors import ContractError
+
+    if signum == signal.SIGINT:
+        return False
+    try:
+        asked = read_stop_request(record.paths.stop_request)
+    except ContractError:
+        return False
+    return asked is not None and asked.now
 
 
 class JobRun:
@@ -109,6 +134,9 @@ class JobRun:
         self.attempt: AttemptRun | None = None
         self._sync: Any = None
         self._reserve: disk.Reserve | None = None
+        self.ran = 0.0  # seconds the job's nodes have run, over its attempts (--max-duration)
+        self.keeper: Any = None  # versions of the state directory (--keep-states)
+        self.objective = _objective(store, record)
 
     @property
     def done(self) -> bool:
@@ -146,8 +174,14 @@ class JobRun:
             self._finish(sync)
             return
         self._sync = sync
+        self.keeper = self._keeper()
         # Room to record the end if the ranks fill the disk (released in _disk_full)
         self._reserve = disk.Reserve(self.paths.reserve)
+        # --track: the exporter starts beside us; the ranks of every attempt get the tracker ids
+        # (the user's own -e values win)
+        ids = tracking.start(self.paths, self.spec, self.record.id, self.say)
+        if ids:
+            self.spec = self.spec.with_(env={**ids, **self.spec.env})
         if left is not None:
             self._attach(left)
             return
@@ -155,6 +189,8 @@ class JobRun:
             # Started before and nothing of it runs now: a new attempt, never one reusing its files.
             self.plan = plan_attempt(self.backend, self.spec, self.record.id, max(self.paths.attempts()) + 1, self.home)
             self.store.update(self.record.id, attempt=self.plan.attempt)
+        elif ids:  # the plan made at submit lacks them
+            self.plan = plan_attempt(self.backend, self.spec, self.record.id, self.plan.attempt, self.home)
         history.record_lost(self.paths, self.plan.attempt)  # the history has no gaps
         self._start_attempt()
 
@@ -171,7 +207,7 @@ class JobRun:
             self._end(outcome)
             return
         trace.mark(self.paths, "supervisor", "started", attempt=plan.attempt)
-        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say)
+        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say, self.ran, self.objective)
 
     def _attach(self, left: leftover.Leftover) -> None:
         """Watch an attempt that a vanished supervisor started, from where it is now."""
@@ -182,15 +218,17 @@ class JobRun:
         # append to what the vanished supervisor had collected (which would repeat records).
         for rank in self.paths.ranks(left.plan.attempt):
             self.paths.rank_metrics(left.plan.attempt, rank).unlink(missing_ok=True)
-        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say)
+        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say, self.ran,
+                                  self.objective)
 
-    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
-        """Stop the current attempt: cancelled, preempted or pruned. A second call kills."""
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
+        """Stop the current attempt: cancelled, preempted or pruned. A second call, or ``now``
+        (``phalanx stop --now``), kills without the grace period."""
         if self.done or self.attempt is None:
             return
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
             self.store.transition(self.record.id, JobState.STOPPING)
-        self.attempt.stop(reason, signum)
+        self.attempt.stop(reason, signum, now)
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
@@ -225,6 +263,8 @@ class JobRun:
                     raise
         if self._reserve is not None:
             self._reserve.release()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self._sync is not None:
             self._sync.stop()
         outcome = failed(full.message, self.plan.attempt)
@@ -242,8 +282,14 @@ class JobRun:
     def _attempt_over(self, attempt: AttemptRun, outcome: Outcome) -> None:
         plan = attempt.plan
         trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
+        self.ran = attempt.guard.ran
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
+        if retry and outcome.kind is OutcomeKind.DIVERGED:
+            try:
+                reason = self._roll_back(attempt)
+            except Exception as exc:  # noqa: BLE001 - never retry on a state that may hold the bad numbers
+                retry, reason = False, f"could not roll back: {type(exc).__name__}: {exc}"
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
         endings.attempt_over(self, plan.attempt, outcome, retry, reason)  # a retry's notification
         if retry:
@@ -256,10 +302,40 @@ class JobRun:
             return
         self._end(outcome)
 
+    def _keeper(self) -> Any:
+        """Versions of the state directory, with ``--keep-states`` where phalanx holds the state."""
+        if not self.spec.keep_states or self.backend.remote_data:
+            return None
+        from ..storage.versions import Versions
+        from .keeper import Keeper
+
+        return Keeper(self.home.state_dir(self.spec.state_key), Versions(self.paths.state_versions, self.spec.keep_states),
+                      lambda: self.paths.rank_log(self.plan.attempt, 0), lambda: self.plan.attempt, self.say).start()
+
+    def _roll_back(self, attempt: AttemptRun) -> str:
+        """After divergence, before the retry: the state of before it, and the arguments
+        ``--on-nan-args`` computes. Returns the attempt record's reason."""
+        done = ["retrying"]
+        if self.keeper is not None:
+            done.insert(0, self.keeper.rollback(attempt.guard.anomaly()))
+        if self.spec.on_nan_args:
+            from dataclasses import replace
+
+            from ..health.anomaly_args import apply
+
+            entry = self.spec.entrypoint
+            args = apply(self.spec.on_nan_args, entry.args)
+            changed = [a for a in args if a not in entry.args]
+            self.spec = self.spec.with_(entrypoint=replace(entry, args=args))
+            done.append("with " + " ".join(changed or args))
+        return "; ".join(done)
+
     def _end(self, outcome: Outcome) -> None:
         if self.attempt is not None:
             for handle in self.attempt.handles:  # no attempt follows: kept agents may go
                 handle.release()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self._sync is not None:
             self._sync.stop()
         self._finish(outcome)
@@ -284,9 +360,22 @@ def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:
             store.transition(record.id, JobState.FAILED, exit_code=code)
     elif kind is OutcomeKind.PRUNED:
         store.transition(record.id, JobState.PRUNED, exit_code=code)
+    elif kind is OutcomeKind.TIMEOUT:
+        store.transition(record.id, JobState.TIMEOUT, exit_code=code, root_cause=json.dumps(outcome.cause or {}, sort_keys=True))
     elif kind is OutcomeKind.PREEMPTED:
         cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
         store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
     else:
         store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
     return code
+
+
+def _objective(store: Store, record: JobRecord) -> str | None:
+    """A sweep trial's objective metric (watched for divergence with the losses)."""
+    if record.sweep_id is None:
+        return None
+    try:
+        objective = store.sweeps.get(record.sweep_id).objective
+    except Exception:  # noqa: BLE001 - a sweep row written by an older phalanx: no objective to watch
+        return None
+    return str(objective).partition(":")[0] if objective else None

@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from ..backends.base import NodeHandle
+from ..core.contracts import NodeResult
 from ..core.paths import JobPaths, read_json
 from ..core.spec import JobSpec
 from ..monitor import logindex
@@ -24,26 +25,33 @@ class Watch:
 
     EVERY = 1.0  # seconds between reads of the ranks' output
 
-    def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events) -> None:
+    def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events,
+                 observer: Any = None) -> None:
         from .. import config
         from ..monitor.autometrics import Ignored
         from ..monitor.metrics import MetricsCollector
 
         self.paths, self.attempt, self.spec, self.say = paths, attempt, spec, say
         self.handles = handles
+        # observer: told of every piece of output and every value read (the attempt's health guard)
         self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics,
-                                          Ignored.from_setting(config.get("metrics_ignore")))
+                                          Ignored.from_setting(config.get("metrics_ignore")), observer)
         self.collected_at = 0.0
         # The stall clock runs from here, or from when the last node the scheduler held back runs.
         self.stall_from = time.time()
         self.samplers = [self._sampler(h.node_rank) for h in handles if not h.samples_itself]
 
     def _sampler(self, node_rank: int) -> Any:
+        from ..health.straggler_probe import StateProbe
         from ..monitor.resources import ResourceSampler, rank_pids
 
         paths, attempt = self.paths, self.attempt
-        return ResourceSampler(paths.node_resources(attempt, node_rank), node_rank,
-                               lambda: rank_pids(paths, attempt, node_rank), self.spec.sample_interval).start()
+
+        def pids() -> dict[int, int]:
+            return rank_pids(paths, attempt, node_rank)
+
+        return ResourceSampler(paths.node_resources(attempt, node_rank), node_rank, pids, self.spec.sample_interval,
+                               StateProbe(pids)).start()
 
     def due(self) -> bool:
         return time.monotonic() - self.collected_at >= self.EVERY
@@ -124,6 +132,31 @@ def end_stragglers(paths: JobPaths, attempt: int, timeout: float = 10.0) -> None
         ranks = [p for p in ranks if _running(p)]
         if ranks:
             time.sleep(0.05)
+
+
+def end_left_strays(paths: JobPaths, attempt: int, job_id: str, results: list[NodeResult]) -> list[NodeResult]:
+    """For nodes whose agent never reported (killed at the end of the grace period, or lost):
+    what their ranks on this machine left running, which that agent did not get to end
+    (``launch/strays.py``), is killed now (their grace is spent) and added to the node's result."""
+    from dataclasses import replace
+
+    from ..core.contracts import write_node_result
+    from ..launch import strays
+    from ..launch.exits import node_ranks
+
+    here = (socket.gethostname(), os.uname().nodename, None)
+    updated = []
+    for result in results:
+        node = result.node_rank
+        if result.synthesized and node is not None:
+            ranks = {rank: proc for rank, proc in node_ranks(paths, attempt, node).items() if proc.get("host") in here}
+            dirs = {rank: str(paths.rank_dir(attempt, rank)) for rank in ranks}
+            ended = strays.end(job_id, attempt, dirs, 0.0, strays.sessions(ranks)) if dirs else []
+            if ended:
+                result = replace(result, strays=(*result.strays, *ended))
+                write_node_result(paths.node_result(attempt, node), result)
+        updated.append(result)
+    return updated
 
 
 def _running(process: Any) -> bool:

@@ -19,13 +19,14 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from .. import config
 from ..backends.registry import get_backend
 from ..core.contracts import OutcomeKind, StopReason
 from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, JobSpec
 from ..core.state import JobState, is_terminal
 from ..launch.procs import ChildWatcher
-from ..store import JobRecord, Store
+from ..store import JobRecord, Store, open_store
 from ..store.sweeps import SweepRecord
 from ..supervise import endings, liveness
 from ..supervise.job import JobRun
@@ -120,7 +121,7 @@ class SweepRunner:
         for record in self.store.trials(self.sweep.id):
             if record.trial is None:
                 continue
-            if record.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.PRUNED):
+            if record.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.PRUNED, JobState.TIMEOUT):
                 self._cut_off[record.trial] = record
                 continue
             finished.add(record.trial)
@@ -163,7 +164,8 @@ class SweepRunner:
         spec = trial_arguments(spec, self.home, self.sweep.id, number, job_id)
         plan = plan_job(spec, self.home, job_id)
         record = create_job(self.store, self.home, spec, plan, sweep_id=self.sweep.id, trial=number,
-                            params_json=json.dumps(params, sort_keys=True), **identity)
+                            params_json=json.dumps(params, sort_keys=True), user_name=self.sweep.user_name or config.user(),
+                            project=self.sweep.project, **identity)
         self.store.sweeps.count(self.sweep.id, "launched")
         run = JobRun(self.store, self.home, record, plan, self.say)
         run.start(identity)
@@ -237,7 +239,7 @@ class SweepRunner:
                                      best_params=json.dumps(trial.params, sort_keys=True))
         shown = f" {self.settings.objective}={value:g}" if value is not None else ""
         self.say(f"trial {trial.number} {_fmt_params(trial.params)}: {outcome}{shown}{' (best so far)' if better else ''}")
-        return "failed" if outcome in ("failed", "stalled") else outcome
+        return "failed" if outcome in ("failed", "stalled", "diverged", "timeout") else outcome
 
     def _stop_kind(self, signum: int) -> StopReason:
         if signum == signal.SIGINT or self.store.sweeps.get(self.sweep.id).state is JobState.STOPPING:
@@ -327,7 +329,7 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         id=sweep_id, name=spec.name, strategy=settings.strategy, objective=settings.objective,
         direction=settings.direction, total=strategy.total, command=command,
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
-        settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
+        settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir), user_name=config.user(),
     )
     if spec.tags:
         from ..store.listing import set_tags
@@ -338,11 +340,9 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
 
 def main(argv: list[str] | None = None) -> None:
     """Detached entry point: ``python -m phalanx.sweeps.runner SWEEP_ID``."""
-    from .. import config
-
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
-    store = Store(home.db)
+    store = open_store(home.db)
 
     def say(text: str) -> None:
         print(f"phalanx: {text}", flush=True)

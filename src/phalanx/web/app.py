@@ -148,7 +148,9 @@ def api_meta(request: Request) -> Response:
 
 
 def api_job(request: Request) -> Response:
-    return _json(jobview.job_detail(_record(request), Principal.here()))
+    from .. import config
+
+    return _json(jobview.job_detail(_record(request), Principal.here(config.user())))
 
 
 def api_metrics(request: Request) -> Response:
@@ -303,6 +305,7 @@ def create_app(token: str | None = None, loopback: bool = True, check_user: bool
         Route("/static/plotly.min.js", static_plotly, methods=get),
         *(Route(f"/static/{name}", _static(name, kind), methods=get) for name, kind in (
             ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
+            ("jobparts.js", "text/javascript"),
             ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]
     app = Starlette(routes=routes, exception_handlers={PhalanxError: _phalanx_error})

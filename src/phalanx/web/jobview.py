@@ -8,7 +8,6 @@ anything else from the disk.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

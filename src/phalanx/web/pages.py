@@ -111,6 +111,7 @@ def job_page(job_id: str, name: str, state: str, csrf: str) -> str:
     <form id="log-search"><input id="log-query" type="search" placeholder="search this rank's whole log"><button>Search</button></form>
     <label><input id="log-follow" type="checkbox" checked> follow</label>
   </div>
+  <div id="log-note" class="log-note"></div>
   <div id="log-matches" class="matches" hidden></div>
   <pre id="log" class="log"></pre>
 </section>
@@ -118,7 +119,7 @@ def job_page(job_id: str, name: str, state: str, csrf: str) -> str:
   <div class="bar"><h2>Artifacts</h2><span class="grow"></span><span id="art-where" class="muted"></span></div>
   <div id="artifacts"><p class="muted">loading…</p></div>
 </section>"""
-    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("job.js",))
+    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("jobparts.js", "job.js"))
 
 
 def sweep_page(sweep_id: str, name: str, state: str, csrf: str) -> str:

@@ -1,7 +1,7 @@
 """The one door to the Kubernetes API server: plain HTTP(S) with the standard library.
 
-No ``kubernetes`` package: it pins ``python-dateutil>=3`` where botocore (phalanx's object
-store) pins ``<3`` (research §2.3), and phalanx needs a dozen calls, each written out here
+No ``kubernetes`` package: it requires ``python-dateutil>=3`` (kubernetes 37.0.2's wheel metadata)
+where botocore (phalanx's object store) requires ``<3``, and phalanx needs a dozen calls, each written out here
 against the API reference (https://kubernetes.io/docs/reference/kubernetes-api/). Tests point
 it at a fake server by a kubeconfig like any other.
 

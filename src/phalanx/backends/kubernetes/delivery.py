@@ -1,4 +1,4 @@
-"""The code reaches the pods without an image build (research §1.6).
+"""The code reaches the pods without an image build.
 
 The job's code snapshot and phalanx itself travel as one bundle (``storage/bundle.py``):
 
@@ -7,7 +7,8 @@ The job's code snapshot and phalanx itself travel as one bundle (``storage/bundl
   is not uploaded again), and each attempt's Secret holds a presigned GET URL, valid for 7
   days: the pods need no credentials, only ``python3`` to download it;
 - **ConfigMap**, when no object store is configured: the bundle rides in the attempt's
-  ConfigMap, which holds at most 1 MiB (with the launch plan). A bigger bundle is refused
+  ConfigMap, which holds at most 1 MiB (with the launch plan;
+  https://kubernetes.io/docs/concepts/configuration/configmap/). A bigger bundle is refused
   before anything is created, saying so.
 
 The job's state directory (its checkpoints) travels the same way, as a second archive, when

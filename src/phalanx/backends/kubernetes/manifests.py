@@ -2,7 +2,8 @@
 against the real schemas in the tests).
 
 Default kind ``job``: a ``batch/v1`` Indexed Job plus a headless Service, no operator needed
-(research: shared/research/backends.md §1.3). Node ``i`` is the Job's completion index ``i``
+(Kubernetes' "Job with Pod-to-Pod Communication",
+https://kubernetes.io/docs/tasks/job/job-with-pod-to-pod-communication/). Node ``i`` is the Job's completion index ``i``
 and is reached at ``<name>-<i>.<name>`` (the pod's hostname in the Service's subdomain). The
 Job never retries on its own (``backoffLimit: 0``, ``restartPolicy: Never``,
 ``podReplacementPolicy: Failed``): phalanx owns retries, so an attempt is one Job, and a retry

@@ -4,12 +4,15 @@ stream (``pod.py``'s frames) as the node's files in the local job directory. Pur
 
 Field shapes are the API reference's (``PodStatus``, ``ContainerStatus``, ``PodCondition``):
 https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#PodStatus .
-What each signal means is research §1.4:
+What each signal means (the pod lifecycle and disruption pages,
+https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/ and
+https://kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions):
 
 - ``PodScheduled=False``, reason ``Unschedulable``: no node fits (the scheduler's message says
   why, e.g. ``Insufficient nvidia.com/gpu``): QUEUED, not running;
 - a container waiting with ``ErrImagePull``/``ImagePullBackOff``/``InvalidImageName``: the
-  image cannot be had, and the Job would wait forever: failed, naming the image;
+  image cannot be had, and the Job would wait forever (it does not fail on its own:
+  kubernetes/kubernetes#66756): failed, naming the image;
 - ``CreateContainerConfigError`` & co: the pod's configuration is wrong: failed;
 - the fetch init container ended non-zero: the code bundle could not be fetched: failed,
   with its message;

@@ -14,7 +14,6 @@ directory stays the truth. The plan is pure: nothing is asked of the cluster bef
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -136,7 +135,7 @@ class RayBackend(Backend):
     # -- start and attach -------------------------------------------------------------------
 
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
-        from .node import RayJob, RayNode
+        from .node import RayJob
 
         context = plan.context
         request = _request(plan)

@@ -4,7 +4,7 @@ entrypoint and the Ray job id. Pure (``stage`` aside, which writes the working_d
 The ``working_dir`` Ray uploads holds the code snapshot, phalanx itself (so the cluster needs only
 Python, Ray and the user's framework), the state directory to start from and ``job.json``. Ray
 caps a working_dir at its GCS message size (500 MiB, ``GCS_STORAGE_MAX_SIZE`` in Ray's
-``packaging.py``); phalanx snapshots hold at most 100 MB (``storage/snapshot.py``), so the code
+``_private/runtime_env/packaging.py``); phalanx snapshots hold at most 100 MB (``storage/snapshot.py``), so the code
 always fits (a ``--no-snapshot`` working directory is shipped as it is, and refused when too large). A large state directory (checkpoints) travels the
 same way: it is checked against the cap before anything is submitted.
 """
@@ -23,11 +23,11 @@ from ...core.contracts import LaunchFile
 from ...core.plan import Plan
 from ...storage.bundle import code_files, phalanx_files
 
-MAX_WORKING_DIR = 500 * 1024 * 1024  # Ray's GCS_STORAGE_MAX_SIZE (research: backends.md 4.3.7)
+MAX_WORKING_DIR = 500 * 1024 * 1024  # Ray's GCS_STORAGE_MAX_SIZE (ray's _private/runtime_env/packaging.py)
 STOP_MARGIN = 20  # seconds Ray waits after the driver's grace before SIGKILL (RAY_JOB_STOP_WAIT_TIME_S)
 
 # The entrypoint runs with the cluster's PATH, where `python` may not be the interpreter that has
-# Ray (research: backends.md 4.3.5). Ray starts its workers with the right one, and says which on
+# Ray (seen with ray 2.60.0: the system python, ModuleNotFoundError: ray). Ray starts its workers with the right one, and says which on
 # the raylet's command line (--python_worker_command); the job supervisor that runs this shell is
 # such a worker, with RAY_RAYLET_PID in its environment. python3 is the fallback.
 DEFAULT_ENTRYPOINT = (

@@ -137,19 +137,16 @@ class SageMakerBackend(Backend):
         found = aws.describe(record.job_id)
         if found is None or found.get("TrainingJobStatus") in ("Completed", "Failed", "Stopped"):
             return None
-        # What the instances printed arrives again from the start of their streams.
-        for rank in paths.ranks(plan.attempt):
-            paths.rank_log(plan.attempt, rank).unlink(missing_ok=True)
-        for node in plan.nodes:
-            paths.agent_log(plan.attempt, node.node_rank).unlink(missing_ok=True)
         s3 = layout.JobS3(str(record.details.get("s3_prefix")), plan.job_id)
-        return self._handles(aws, record, paths, plan, s3)
+        return self._handles(aws, record, paths, plan, s3, again=True)
 
     @staticmethod
-    def _handles(aws: Any, record: SchedulerRecord, paths: JobPaths, plan: Plan, s3: layout.JobS3) -> list[NodeHandle]:
+    def _handles(aws: Any, record: SchedulerRecord, paths: JobPaths, plan: Plan, s3: layout.JobS3,
+                 again: bool = False) -> list[NodeHandle]:
         from .follow import TrainingJobWatch
 
-        watch = TrainingJobWatch(aws, record.job_id, paths, plan.attempt, len(plan.nodes), s3)
+        # ``again``: the logs arrive again from the start of the instances' streams (follow.py)
+        watch = TrainingJobWatch(aws, record.job_id, paths, plan.attempt, len(plan.nodes), s3, again=again)
         handles: list[NodeHandle] = []
         for node in plan.nodes:
             handle = SageMakerNode(watch, node.node_rank)

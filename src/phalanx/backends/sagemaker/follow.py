@@ -54,8 +54,14 @@ class TrainingJobWatch:
     # How long DescribeTrainingJob may not know a job this process created before that is its end.
     unknown_for = 120.0
 
-    def __init__(self, aws: Aws, name: str, paths: JobPaths, attempt: int, nnodes: int, s3: JobS3) -> None:
+    def __init__(self, aws: Aws, name: str, paths: JobPaths, attempt: int, nnodes: int, s3: JobS3,
+                 again: bool = False) -> None:
         self.aws = aws
+        # Watching an attempt again (``attach``): what the instances printed arrives again from the
+        # start of their streams, so each log is rewritten at its first write, not appended to. Only
+        # then: an attach that is only looked at (``status`` of a LOST job) changes no file.
+        self._rewrite = again
+        self._rewritten: set[Path] = set()
         self.name = name
         self.paths = paths
         self.attempt = attempt
@@ -107,7 +113,8 @@ class TrainingJobWatch:
         for path, content in items:
             try:
                 if isinstance(content, list):
-                    _append(path, content)
+                    _append(path, content, fresh=self._rewrite and path not in self._rewritten)
+                    self._rewritten.add(path)
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     write_json(path, content)
@@ -304,8 +311,8 @@ class TrainingJobWatch:
         self._put(self.paths.agent_log(self.attempt, node), [f"phalanx: {text}"])
 
 
-def _append(path: Path, lines: list[str]) -> None:
+def _append(path: Path, lines: list[str], fresh: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
+    with open(path, "w" if fresh else "a") as fh:
         fh.write("".join(line + "\n" for line in lines))
 

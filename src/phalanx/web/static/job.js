@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   const { C, $, el, get, link, ago, dur, bytes, num, hours, money, stateBadge, actionButtons, layout, chart, smooth,
-    COLORS, markRendered } = window.PHX;
+    COLORS, markRendered, parts } = window.PHX;
   const GiB = 2 ** 30, MiB = 2 ** 20;
 
   // -- metric charts, shared with the compare page ---------------------------------------------
@@ -54,6 +54,7 @@
         ["attempt", `${d.attempt}` + (d.retries ? ` (${d.retries} retried)` : "")],
         ["created", `${ago(d.created_at)}`],
         ["duration", dur(d.duration)],
+        ...(d.health && d.health.progress ? [["progress", null, "", progressBar(d.health.progress)]] : []),
         ["exit", d.exit_code === null ? "-" : String(d.exit_code)],
         ["GPU-hours", hours(u.gpu_hours) + (u.gpus_per_node ? ` (${u.gpus_per_node} GPU/node${u.gpu_model ? ", " + u.gpu_model : ""})` : "")],
         ["CPU-hours", hours(u.cpu_hours)],
@@ -62,6 +63,13 @@
       ];
       if (d.sweep) facts.splice(1, 0, ["sweep", null, "", el("a", { href: "/sweeps/" + d.sweep.id, text: `${d.sweep.id} · trial ${d.sweep.trial}` })]);
       for (const [k, v] of Object.entries(d.settings || {})) facts.push([k.replace(/_/g, " "), Array.isArray(v) ? v.join(", ") : String(v)]);
+      for (const t of d.trackers || []) {
+        const web = /^https?:\/\//.test(t.url || "");
+        const note = ` (${t.sent} sent${t.waiting ? `, ${t.waiting} waiting` : ""}${t.dropped ? `, ${t.dropped} dropped` : ""}${t.error ? "; " + t.error : ""})`;
+        facts.push([t.kind, null, "wide", el("span", { class: "v tracker" },
+          web ? el("a", { href: t.url, target: "_blank", rel: "noopener", text: t.run_id || t.url }) : el("span", { class: "mono", text: t.url || "no run yet" }),
+          el("span", { class: "muted", text: note }))]);
+      }
       const tags = Object.entries(d.tags || {});
       if (tags.length) facts.push(["tags", null, "", el("span", { class: "tags" }, ...tags.map(([k, v]) => el("a", { class: "tag", href: link("/", { tag: `${k}=${v}` }), text: `${k}=${v}` })))]);
       $("job-facts").replaceChildren(...facts.map(([k, v, cls, node]) => el("div", { class: cls || "" },
@@ -69,22 +77,20 @@
       actionButtons($("actions"), "job", d.id, d.actions, refresh);
     }
 
-    function renderCause(d) {
-      const c = d.root_cause;
-      $("cause-box").hidden = !c || d.state === "SUCCEEDED";
-      if (!c) return;
-      const where = c.rank !== undefined ? `rank ${c.rank} on node ${c.node_rank}` : (c.node_rank !== undefined ? `node ${c.node_rank}` : "job");
-      const how = c.signal ? `killed by ${c.signal}` : `exit code ${c.exitcode}`;
-      $("cause").replaceChildren(
-        el("p", {}, el("b", { text: where }), ` (${how}${c.attempt !== undefined ? ", attempt " + c.attempt : ""}): `,
-          el("span", { text: (c.type ? c.type + ": " : "") + (c.message || "") })),
-        (c.traceback || c.log_tail) ? el("pre", { class: "trace", text: c.traceback || c.log_tail }) : null,
-      );
+    function progressBar(p) {
+      const pct = p.fraction === null ? 0 : Math.round(100 * p.fraction);
+      return el("span", { class: "progress-cell", id: "job-progress" },
+        el("div", { class: "progress", title: p.words }, el("div", { class: "done", style: `width:${pct}%` })),
+        el("span", { class: "small", text: p.words }));
     }
 
     function renderHints(d) {
-      $("hints-box").hidden = !d.hints.length;
-      $("hints").replaceChildren(...d.hints.map((h) => el("li", { text: h })));
+      // the health watch's words first (the slow rank, the stop clocks), then the hints
+      const health = ((d.health && d.health.lines) || []).filter((l) => l.label !== "progress" && l.label !== "anomaly");
+      $("hints-box").hidden = !d.hints.length && !health.length;
+      $("hints").replaceChildren(
+        ...health.map((l) => el("li", { class: "health " + l.label, text: l.text })),
+        ...d.hints.map((h) => el("li", { text: h })));
     }
 
     function renderTopology(d) {
@@ -96,8 +102,10 @@
           const rank = n * perNode + i;
           const r = d.ranks.find((x) => x.rank === rank);
           const state = r ? r.state : (d.terminal ? "unknown" : "pending");
-          ranks.push(el("div", { class: "rank " + state, title: r ? `pid ${r.pid} on ${r.host}, ${state}` + (r.exitcode !== null ? `, exit ${r.exitcode}` : "") : state },
-            el("b", { text: "rank " + rank }), el("span", { text: r && r.pid ? `pid ${r.pid} · ${state}` : state })));
+          const slow = d.health && d.health.straggler && d.health.straggler.ranks.includes(rank);
+          const why = rank === d.root_cause_rank ? "root cause" : r && r.peer_lost ? "lost its peer" : state;
+          ranks.push(el("div", { class: "rank " + state + (slow ? " slow" : ""), title: r ? `pid ${r.pid} on ${r.host}, ${state}` + (r.exitcode !== null ? `, exit ${r.exitcode}` : "") : state },
+            el("b", { text: "rank " + rank }), el("span", { text: r && r.pid ? `pid ${r.pid} · ${why}` : why })));
         }
         const host = (d.ranks.find((x) => x.node_rank === n) || {}).host;
         nodes.push(el("div", { class: "node" }, el("div", { class: "node-title", text: `node ${n}` + (host ? " · " + host : "") }), el("div", { class: "ranks" }, ...ranks)));
@@ -195,8 +203,9 @@
 
     // Resources: every attempt, so a job that ended keeps its charts; attempts are marked.
     async function refreshResources() {
-      const data = await get(`/api/jobs/${job}/resources`);
       const box = $("resources");
+      if (detail && detail.resources_summary) { parts.resourceSummary(box, detail.resources_summary); return; }
+      const data = await get(`/api/jobs/${job}/resources`);
       const nodes = Object.entries(data.nodes);
       if (!nodes.length) {
         box.replaceChildren(el("p", { class: "muted", text: detail && detail.terminal
@@ -204,7 +213,7 @@
           : "no resource samples yet (the first comes within a second of the start)" }));
         return;
       }
-      box.querySelector("p.muted")?.remove();
+      box.querySelectorAll("p.muted, .resource-summary").forEach((n) => n.remove());
       const marks = data.starts.length > 1 ? data.starts.map((s) => ({
         type: "line", xref: "x", yref: "paper", x0: new Date(s.time * 1000), x1: new Date(s.time * 1000), y0: 0, y1: 1,
         line: { color: "#94a3b8", width: 1, dash: "dot" } })) : [];
@@ -251,6 +260,8 @@
         if (reset || rank !== log.rank || attempt !== log.attempt) {
           log.rank = rank; log.attempt = attempt; log.next = null;
           pre.textContent = "";
+          const first = detail && attempt === String(detail.attempt) && rank === String(detail.root_cause_rank);
+          $("log-note").textContent = first ? parts.logNote(detail) : "";
         }
         const params = { rank, attempt };
         if (log.next !== null) params.offset = log.next;
@@ -259,8 +270,8 @@
         if (log.next === null && data.offset > 0) pre.textContent = `… ${bytes(data.offset)} earlier (search covers the whole log)\n`;
         if (pre.textContent === "(no output yet)") pre.textContent = "";
         const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
-        if (data.text) {
-          pre.append(document.createTextNode(data.text));
+        if (data.text || data.fold) {
+          parts.appendLog(pre, data);
           if (pre.textContent.length > MAX_SHOWN) pre.textContent = pre.textContent.slice(-MAX_SHOWN);
         }
         log.next = data.next;
@@ -324,13 +335,17 @@
       try {
         detail = await get(`/api/jobs/${job}`);
       } catch (e) { return; }
-      renderHead(detail); renderCause(detail); renderHints(detail); renderTopology(detail); renderAttempts(detail);
+      if (detail.metrics_note && !$("metrics").querySelector("[data-chart]")) $("metrics").replaceChildren(el("p", { class: "muted", text: detail.metrics_note }));
+      renderHead(detail); parts.renderCause(detail); renderHints(detail); renderTopology(detail); renderAttempts(detail);
       markRendered("rendered");
       $("live").classList.toggle("on", !detail.terminal);
       fillSelect($("log-attempt"), detail.attempts.length ? detail.attempts.map((a) => a.attempt) : [detail.attempt]);
       if (log.attempt === null) $("log-attempt").value = String(detail.attempt);
       const ranks = [...new Set(detail.ranks.map((r) => r.rank))].sort((a, b) => a - b);
       fillSelect($("log-rank"), ranks.length ? ranks : [0]);
+      if (log.rank === null && detail.root_cause_rank !== null && ranks.includes(detail.root_cause_rank)) {
+        $("log-rank").value = String(detail.root_cause_rank);  // a failed job's panel opens on the rank that failed first
+      }
       if (metricsEvery-- <= 0 || !refresh.started) {  // charts every 6 s: they cost more than the rest
         const first = !refresh.started;
         refresh.started = true;

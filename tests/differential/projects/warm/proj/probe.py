@@ -22,7 +22,7 @@ def proc_file(name):
 
 def status():
     fields = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
-    caught = int(fields["SigCgt"], 16) & ~(1 << 32)  # glibc's signal 33: see README, Warm starts
+    caught = int(fields["SigCgt"], 16) & ~(1 << 32)  # glibc's signal 33: see docs/warm.md, Known differences
     return {"SigCgt": format(caught, "016x"), **{k: fields[k] for k in ("SigIgn", "SigBlk", "Umask", "NoNewPrivs")}}
 
 
