@@ -88,6 +88,25 @@ def test_rm_of_a_name_several_jobs_carry_refuses_with_the_list(phx_home, project
     assert phalanx("ps", "--all", "-q", check=True).stdout.split() == []
 
 
+def test_rm_of_a_name_a_sweep_and_a_job_carry_refuses_too(phx_home, project):
+    """A sweep's name used to win silently: `rm NAME` removed the newest sweep of that name and kept
+    the job (and the older sweeps) of the same name."""
+    phalanx("run", "-q", "ok.py", cwd=project, check=True)
+    job = phalanx("ps", "--all", "-q", check=True).stdout.split()[0]
+    phalanx("run", "ok.py", "--x", "[1, 2]", cwd=project, check=True)
+    sweep = phalanx("ps", "--all", "-q", check=True).stdout.split()[0]
+    assert sweep != job
+    refused = phalanx("rm", "ok")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"phalanx: error: 1 sweep and 1 job are named 'ok' ({sweep}, {job})"), refused.stderr
+    assert "phalanx rm --all-named ok" in refused.stderr
+    assert phalanx("ps", "--all", "-q", check=True).stdout.split() == [sweep, job], "nothing was removed"
+    gone = phalanx("rm", "--all-named", "ok", check=True)
+    assert gone.stdout.startswith("removed 3 job(s) and 1 sweep(s)"), gone.stdout  # the job and the 2 trials
+    assert phalanx("ps", "--all", "-q", check=True).stdout.split() == []
+    assert phalanx("rm", sweep).returncode != 0, "gone: an id no longer names anything"
+
+
 def test_rm_of_a_name_several_jobs_carry_asks_at_a_terminal(phx_home, project):
     ids = _three_named_ok(project)
     tty = Tty([sys.executable, "-m", "phalanx", "rm", "ok"], str(project), dict(os.environ))

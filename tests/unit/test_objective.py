@@ -74,3 +74,28 @@ def test_the_hf_trainers_own_metrics_count_when_the_script_uses_it(tmp_path):
         taken = _dry_run(tmp_path, hf, "--objective", f"{objective}:min")
         assert taken.returncode == 0, (objective, taken.stderr)
     assert _dry_run(tmp_path, hf, "--objective", "eval_acuracy:max").returncode == 2
+
+
+def test_modules_the_script_imports_count_and_the_projects_other_files_do_not(tmp_path):
+    """Run from a project's root: what the script's own modules print counts (here through a relative
+    import in a package under src/), what its tests print does not (they may print any name)."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "src" / "mypkg").mkdir(parents=True)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "scripts" / "train.py").write_text(
+        "import argparse\nfrom mypkg import loop\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--lr'); p.parse_args()\nloop.run()\n")
+    (tmp_path / "src" / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "mypkg" / "loop.py").write_text("from .report import show\ndef run():\n    show(0.5)\n")
+    (tmp_path / "src" / "mypkg" / "report.py").write_text("def show(a):\n    print(f'val_acc={a}')\n")
+    (tmp_path / "tests" / "test_train.py").write_text("print('val_loss=0.1')\n")
+
+    def dry(objective: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "phalanx", "run", "--dry-run", "--objective", objective,
+                               "scripts/train.py", "--lr", "[0.1, 0.2]"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PHALANX_HOME": str(tmp_path / "home")})
+
+    taken = dry("val_acc:max")
+    assert taken.returncode == 0, taken.stderr
+    refused = dry("val_loss:min")
+    assert refused.returncode == 2 and "(they print val_acc)" in refused.stderr, refused.stderr

@@ -54,34 +54,48 @@ class Removed:
 def resolve(store: Store, refs: Sequence[str], all_named: bool = False) -> list[Target]:
     """The jobs and sweeps ``refs`` name, each checked: UsageError on the first that cannot go.
     A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``). A name
-    several jobs carry is ``Ambiguous`` (the person says which) unless ``all_named``: all of them."""
+    several jobs or sweeps carry is ``Ambiguous`` (the person says which) unless ``all_named``:
+    all of them."""
     targets: list[Target] = []
     for ref in refs:
-        sweep = store.sweeps.find(ref)
-        if sweep is not None:
-            targets.append(_sweep_target(store, sweep))
-            continue
-        for record in _named(store, ref, all_named):
-            targets.append(_job_target(record))
+        targets.extend(_named(store, ref, all_named))
     seen: set[str] = set()
     return [t for t in targets if not (t.id in seen or seen.add(t.id))]  # type: ignore[func-returns-value]
 
 
-def _named(store: Store, ref: str, all_named: bool) -> list[JobRecord]:
-    """The job ``ref`` names by id or id prefix; by name, the one job of that name, or all of them
-    with ``all_named``."""
-    from ..store.listing import jobs_named
+def _named(store: Store, ref: str, all_named: bool) -> list[Target]:
+    """The sweep or job ``ref`` names by id or id prefix; by name, the one sweep or job of that
+    name, or all of them with ``all_named`` (never the newest of several, silently)."""
+    from ..errors import JobNotFound
+    from ..store.listing import jobs_named, sweeps_named
 
-    record = store.find(ref)
-    if record.id == ref or record.id.startswith(ref.lower()) or record.sweep_id is not None:
-        return [effective(record)]
-    named = jobs_named(store, ref, trials=False)
-    if len(named) <= 1 or all_named:
-        return [effective(r) for r in named] or [effective(record)]
-    choices = [{"id": r.id, "name": r.name, "state": effective(r).state.value, "created_at": r.created_at,
-                "command": r.command} for r in named]
-    raise Ambiguous(f"{len(named)} jobs are named '{ref}' ({', '.join(r.id for r in named[:5])}"
-                    f"{', ...' if len(named) > 5 else ''})",
+    sweep = store.sweeps.find(ref)
+    if sweep is not None and sweep.id.startswith(ref.lower()):
+        return [_sweep_target(store, sweep)]
+    try:
+        record: JobRecord | None = store.find(ref)
+    except JobNotFound:
+        if sweep is None:
+            raise
+        record = None
+    if record is not None and record.id.startswith(ref.lower()):
+        return [_job_target(effective(record))]
+    jobs = [effective(r) for r in jobs_named(store, ref, trials=False)]
+    sweeps = sweeps_named(store, ref)
+    if len(jobs) + len(sweeps) <= 1 or all_named:
+        found = [*(_sweep_target(store, s) for s in sweeps), *(_job_target(r) for r in jobs)]
+        if not found and record is not None:  # a trial by its name: refused, naming its sweep
+            found = [_job_target(effective(record))]
+        return found
+    choices = [*({"id": s.id, "name": s.name, "state": s.state.value, "created_at": s.created_at,
+                  "command": f"(sweep) {s.command}"} for s in sweeps),
+               *({"id": r.id, "name": r.name, "state": r.state.value, "created_at": r.created_at,
+                  "command": r.command} for r in jobs)]
+    counted = " and ".join(f"{n} {what}" for n, what in ((len(sweeps), "sweeps"), (len(jobs), "jobs")) if n)
+    if len(sweeps) == 1 or len(jobs) == 1:
+        counted = counted.replace("1 sweeps", "1 sweep").replace("1 jobs", "1 job")
+    ids = [str(c["id"]) for c in choices]
+    raise Ambiguous(f"{counted} are named '{ref}' ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})",
                     f"name the one to remove by its id (phalanx ps --all --name {ref}), or remove them all: "
                     f"phalanx rm --all-named {ref}", choices)
 

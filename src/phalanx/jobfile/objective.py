@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
 import re
 import sys
 from pathlib import Path
@@ -45,23 +44,19 @@ def check_objective(spec: JobSpec, name: str) -> None:
         return  # a command phalanx cannot read: trust the user
     seen, imports = printed(_read(files[0]) or "", files[0])
     hf = "transformers" in imports
+    for path in files[1:]:  # the project's modules the script imports (a few: parsed, never run)
+        found, more = printed(_read(path) or "", path)
+        seen |= found
+        hf = hf or "transformers" in more
     if name in seen or _hf_metric(name, seen, hf):
         return
-    wanted = {name, *(name[len(p):] for p in _HF_PREFIXES if name.startswith(p))}
-    whole = re.compile(r"(?<![\w@./-])(?:" + "|".join(map(re.escape, wanted)) + r")(?![\w@./-])")
-    for path in files[1:]:  # the other files that hold the name as a whole word (a cheap test first)
-        text = _read(path)
-        if text is None or not whole.search(text):
-            continue
-        found, more = printed(text, path)
-        if name in found or _hf_metric(name, found, hf or "transformers" in more):
-            return
     seen = {n for n in seen if n not in ("step", "epoch")}
     close = difflib.get_close_matches(name, sorted(seen), n=1, cutoff=0.6)
-    shown = files[0].name + (f" or the {len(files) - 1} other .py file(s) beside it" if len(files) > 1 else "")
+    shown = files[0].name + (f" or the {len(files) - 1} module(s) of the project it imports" if len(files) > 1 else "")
     listed = sorted(seen)
-    prints = f"{files[0].name} prints {', '.join(listed[:8])}{', ...' if len(listed) > 8 else ''}" if listed \
-        else f"nothing in {files[0].name} prints NAME=VALUE"
+    who = f"{files[0].name} prints" if len(files) == 1 else "they print"
+    prints = f"{who} {', '.join(listed[:8])}{', ...' if len(listed) > 8 else ''}" if listed \
+        else f"nothing in {shown} prints NAME=VALUE"
     raise UsageError(f"--objective '{name}': no --metric defines it and nothing in {shown} prints it as a metric, "
                      f"so no trial would report it ({prints})",
                      (f"did you mean --objective {close[0]}? " if close else "check the name, ")
@@ -118,29 +113,58 @@ def _is_name(node: ast.expr) -> bool:
 
 
 def source_files(spec: JobSpec) -> list[Path]:
-    """The entrypoint's source first, then the project's .py files (the script may print from a module)."""
+    """The entrypoint's source first, then the project's modules it imports, directly or through
+    each other (the script may print from one): found under the script's directory, the working
+    directory and its ``src/``, as Python would find them. Installed packages are not read, nor the
+    project's other files (its tests may print any name)."""
     entry, workdir = spec.entrypoint, Path(spec.workdir)
     first: Path | None = None
     if entry.kind is EntrypointKind.SCRIPT:
-        first = Path(entry.target)
+        first = Path(entry.target) if Path(entry.target).is_absolute() else workdir / entry.target
     elif entry.kind is EntrypointKind.MODULE:
         first = _module_file(entry.target, workdir)
     elif Path(entry.target).is_file() or (workdir / entry.target).is_file():
         first = Path(entry.target) if Path(entry.target).is_file() else workdir / entry.target
     if first is None or not _is_text(first):
         return []
-    files, size = [first], 0
-    for root in dict.fromkeys([first.parent, workdir]):
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in ("__pycache__", "node_modules", "venv")]
-            for name in filenames:
-                path = Path(dirpath) / name
-                if name.endswith(".py") and path not in files:
-                    files.append(path)
-                    size += _size(path)
-                if len(files) >= _SOURCE_FILES or size > _SOURCE_BYTES:
-                    return files
+    roots = [r for r in dict.fromkeys([first.parent, workdir, workdir / "src"]) if r.is_dir()]
+    files, size, at = [first], 0, 0
+    while at < len(files) and len(files) < _SOURCE_FILES and size <= _SOURCE_BYTES:
+        path = files[at]
+        at += 1
+        for found in _imported(path, roots):
+            if found not in files:
+                files.append(found)
+                size += _size(found)
     return files
+
+
+def _imported(path: Path, roots: list[Path]) -> list[Path]:
+    """The project files the imports of ``path`` name (modules, their packages' ``__init__.py``)."""
+    try:
+        tree = ast.parse(_read(path) or "", str(path))
+    except (SyntaxError, ValueError):
+        return []
+    wanted: list[tuple[list[Path], str]] = []  # (where to look, dotted name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            wanted.extend((roots, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            bases = roots if not node.level else [path.parents[node.level - 1]] if node.level <= len(path.parents) else []
+            module = node.module or ""
+            wanted.extend((bases, f"{module}.{alias.name}".strip(".")) for alias in node.names if alias.name != "*")
+            if module:
+                wanted.append((bases, module))
+    found: list[Path] = []
+    for bases, dotted in wanted:
+        parts = [p for p in dotted.split(".") if p]
+        for base in bases:
+            for depth in range(1, len(parts) + 1):
+                rel = Path(*parts[:depth])
+                for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
+                    if candidate.is_file() and candidate not in found:
+                        found.append(candidate)
+    return found
 
 
 def _module_file(module: str, workdir: Path) -> Path | None:

@@ -20,6 +20,10 @@ from .engine import Engine, Tx
 from .records import COLUMNS, JobRecord, from_row
 from .keys import ACTIVE
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .sweeps import SweepRecord
+
 SORTS = ("created", "name", "state", "backend", "gpu_hours", "cost")  # besides metric:NAME:AGG
 SWEEP_SORTS = ("created", "name", "state", "best")
 AGGS = ("last", "min", "max")
@@ -372,6 +376,11 @@ def jobs_named(store: Store, name: str, trials: bool = True) -> list[JobRecord]:
     """Every job (trials included unless ``trials`` is False) with this name, newest first: the
     ones that can share its state directory."""
     return store._rows("WHERE name = ?" + ("" if trials else " AND sweep_id IS NULL") + " ORDER BY created_at DESC", [name])
+
+
+def sweeps_named(store: Store, name: str) -> list[SweepRecord]:
+    """Every sweep with this name, newest first."""
+    return store.sweeps._rows("WHERE name = ? ORDER BY created_at DESC", [name])
 
 
 def _chunks(ids: Sequence[str], size: int = 500) -> Iterable[list[str]]:
