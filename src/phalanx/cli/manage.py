@@ -50,13 +50,13 @@ def _report(removed: dict[str, Any], as_json: bool) -> None:
 
 def rm_cmd(
     refs: List[str] = typer.Argument(..., metavar="JOB_OR_SWEEP...", help="Job or sweep ids, id prefixes or names."),
-    all_named: bool = typer.Option(False, "--all-named", help="A name several jobs carry: remove every one of them."),
+    all_named: bool = typer.Option(False, "--all-named", help="A name several jobs or sweeps carry: remove every one of them."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go, remove nothing."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Delete jobs or sweeps that ended, with their files: logs, metrics, outputs, code
     snapshot, and their state directory unless another job names it. Never a running job. A
-    name several jobs carry: asked which at a terminal, else refused (--all-named: all of them)."""
+    name several jobs or sweeps carry: asked which at a terminal, else refused (--all-named: all of them)."""
     from ..errors import Ambiguous
     from .face import face
 
@@ -71,7 +71,7 @@ def rm_cmd(
 
 
 def _choose(exc: Any) -> List[str]:
-    """Ask the person at the terminal which of the jobs of one name go: numbers, or all."""
+    """Ask the person at the terminal which of the jobs and sweeps of one name go: numbers, or all."""
     from ..errors import PhalanxError
     from .render import ago
 
