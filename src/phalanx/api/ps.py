@@ -79,7 +79,7 @@ def ps(store: Store, request: PsRequest, default_limit: int, me: str) -> PsListi
     everything = request.all or filtered
     limit = request.limit if request.limit is not None else (default_limit if everything else None)
     if not request.states and not everything:
-        query = build_query(states=["active"], columns=request.columns)
+        query = build_query(states=["active"], columns=request.columns, user=user)
     records = _jobs(store, query, limit)
     sweeps = [] if (request.backend or query.sort.key != "created") else _sweeps(store, query, limit, everything)
     detailed = bool(query.columns or request.wide)

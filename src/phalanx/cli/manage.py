@@ -112,7 +112,7 @@ def usage_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """GPU-hours, CPU-hours and estimated cost of the jobs that ended, added up by name (or
-    sweep, backend, state, day). Prices come from the prices setting."""
+    sweep, backend, state, day, user). Prices come from the prices setting."""
     from ..monitor.accounting import hours, money
     from .face import face
     from .listing import _fit

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import sqlite3
 
     from .sweeps import SweepTable
+    from .users import UserTable
 
 # 8 hex digits: short to type and read; collisions are excluded by checking (``new_id``), not
 # made unlikely by length.
@@ -140,6 +141,12 @@ class Store:
         from .sweeps import SweepTable
 
         return SweepTable(self)
+
+    @property
+    def users(self) -> "UserTable":
+        from .users import UserTable
+
+        return UserTable(self)
 
     def trials(self, sweep_id: str) -> list[JobRecord]:
         """A sweep's trial jobs, in trial order."""

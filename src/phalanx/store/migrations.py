@@ -129,4 +129,25 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE sweeps ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
     CREATE INDEX jobs_user ON jobs (user_name, created_at, id) WHERE sweep_id IS NULL;
     """,
+    # 7: the users of a team server (issue 22) and their API tokens. A token is shown once and
+    # stored as a slow hash (scrypt, a salt per token); its public id (the token's first part)
+    # is the key, so checking a token reads one row. Revoked users and tokens stay, dated, so
+    # jobs keep naming who submitted them (the audit log of issue 27 refers to them too). No
+    # index by user: a team's tokens are few, and every connection parses each index.
+    """
+    CREATE TABLE users (
+        name TEXT PRIMARY KEY,
+        admin INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        user_name TEXT NOT NULL,
+        salt TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    """,
 )

@@ -133,4 +133,21 @@ PG_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE sweeps ADD COLUMN project {T} NOT NULL DEFAULT 'default';
     CREATE INDEX jobs_user ON jobs (user_name, created_at, id) WHERE sweep_id IS NULL;
     """,
+    # 7: the users of a team server and their API tokens (stored as salted scrypt hashes)
+    f"""
+    CREATE TABLE users (
+        name {T} PRIMARY KEY,
+        admin BIGINT NOT NULL DEFAULT 0,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION
+    );
+    CREATE TABLE tokens (
+        id {T} PRIMARY KEY,
+        user_name {T} NOT NULL,
+        salt {T} NOT NULL,
+        hash {T} NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION
+    );
+    """,
 )

@@ -308,11 +308,13 @@ def _fmt_params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
-def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSettings) -> SweepRecord:
-    """Record a sweep (PENDING); its trials are created as it runs."""
+def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSettings, user: str | None = None,
+                 sweep_id: str | None = None) -> SweepRecord:
+    """Record a sweep (PENDING); its trials are created as it runs. ``user``: who submits it
+    (default: this process's user); ``sweep_id``: an id drawn already (``new_job_id``)."""
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
-    sweep_id = new_job_id(home)
+    sweep_id = sweep_id or new_job_id(home)
     sweep_dir = home.sweep_dir(sweep_id)
     sweep_dir.mkdir(parents=True)
     command = spec.entrypoint.display()
@@ -329,7 +331,8 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         id=sweep_id, name=spec.name, strategy=settings.strategy, objective=settings.objective,
         direction=settings.direction, total=strategy.total, command=command,
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
-        settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir), user_name=config.user(),
+        settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
+        user_name=user or config.user(),
     )
     if spec.tags:
         from ..store.listing import set_tags

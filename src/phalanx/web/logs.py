@@ -4,8 +4,9 @@ the whole file; a failed job's collateral traces folded. Every path goes through
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 from ..core.state import JobState, is_terminal
 from ..errors import UsageError
@@ -84,3 +85,86 @@ def search_log(record: JobRecord, rank: int, query: str, attempt: int | None = N
     except FileNotFoundError:
         pass
     return {"rank": rank, "attempt": attempt, "query": query, "matches": matches, "truncated": truncated}
+
+
+def follow_log(get: Callable[[], JobRecord], rank: int, attempt: int | None, offset: int | None,
+               send: Callable[[dict[str, Any]], None], gone: threading.Event) -> None:
+    """The dashboard's ``follow``: each new piece of a rank's log (``read_log``'s pieces) sent as
+    it is written, woken by the file changing (``monitor/filewatch.Watch``), not by asking
+    again; ``{"end": true}`` once the job has ended and everything was sent. Blocking; ends
+    early when ``gone`` is set (the page went away)."""
+    from ..monitor.filewatch import Watch
+    from ..monitor.tail import LIVENESS_S
+
+    record = get()
+    attempt, path = _log_path(record, attempt, rank)
+    with Watch(fallback=0.5) as watch:
+        while not gone.is_set():
+            watch.add(path.parent.parent, lambda name, is_dir: is_dir)  # the rank's directory appearing
+            watch.add(path.parent, lambda name, is_dir: name == path.name)
+            piece = read_log(record, rank, attempt, offset)
+            if piece["text"] or piece.get("fold") or offset is None:
+                send(piece)
+            offset = piece["next"]
+            if is_terminal(record.state) and offset >= piece["size"]:
+                send({"end": True, "state": record.state.value})
+                return
+            watch.wait(LIVENESS_S)
+            record = get()
+
+
+def log_events(get: Callable[[], JobRecord], rank: int, attempt: int | None, offset: int | None) -> AsyncIterator[bytes]:
+    """``follow_log`` as the bytes of Server-Sent Events: it runs in a thread of its own (it
+    blocks on the file changing), its pieces cross to the event loop through a bounded queue,
+    a comment every 15 s keeps a quiet answer open, and the thread stops once the page is gone.
+    Call on the event loop."""
+    import asyncio
+    import json
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=32)
+    gone = threading.Event()
+
+    def send(item: Any) -> None:
+        if loop.is_closed():  # the server is shutting down: nobody is left to read
+            return
+        put = queue.put(item)
+        try:
+            future = asyncio.run_coroutine_threadsafe(put, loop)
+        except RuntimeError:  # closed between the check and the call
+            put.close()
+            return
+        while not gone.is_set():
+            try:
+                future.result(timeout=1.0)
+                return
+            except TimeoutError:
+                continue
+        future.cancel()
+
+    def work() -> None:
+        from ..errors import PhalanxError
+
+        try:
+            follow_log(get, rank, attempt, offset, send, gone)
+        except PhalanxError as exc:
+            send({"error": str(exc)})
+        finally:
+            send(None)
+
+    async def events() -> AsyncIterator[bytes]:
+        threading.Thread(target=work, name="phalanx-ui-follow", daemon=True).start()
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), 15.0)
+                except asyncio.TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if item is None:
+                    return
+                yield b"data: " + json.dumps(item).encode() + b"\n\n"
+        finally:
+            gone.set()
+
+    return events()
