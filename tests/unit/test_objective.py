@@ -60,6 +60,7 @@ def test_a_printed_or_declared_objective_is_taken(tmp_path):
     ('print(f"Validation loss: {v}")', set()),  # a label of several words is no metric name, printed or read
     ('print(f"[rank={r}] attempt={a} loss={l}")', {"loss"}),  # identities and counters are not metrics
     ("loss = criterion(out, y)\nprint('done')", set()),  # a variable is not something printed
+    ('torch.save({"model": m.state_dict(), "optimizer": o}, p)\nprint(f"loss={l}")', {"loss"}),  # a checkpoint's keys
 ])
 def test_names_the_script_can_print(source, names):
     found, _ = printed(textwrap.dedent(source))

@@ -83,15 +83,18 @@ def printed(source: str, path: Path | str = "<source>") -> tuple[set[str], set[s
     names: set[str] = set()
     imports: set[str] = set()
     inside: set[int] = set()  # the string parts of f-strings, read with their f-string
-    for node in ast.walk(tree):
+    saved: set[int] = set()  # dicts handed to a save call: a checkpoint's keys (model, optimizer), not metrics
+    for node in ast.walk(tree):  # breadth first: a call before the dicts in its arguments
         if isinstance(node, ast.JoinedStr):
             text = "".join(v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "0" for v in node.values)
             inside.update(id(v) for v in node.values)
             names.update(n for line in text.splitlines() for n in names_in(line))
-        elif isinstance(node, ast.Dict):
+        elif isinstance(node, ast.Dict) and id(node) not in saved:
             names.update(str(k.value) for k in node.keys if isinstance(k, ast.Constant) and _is_name(k))
         elif isinstance(node, ast.Call):
             called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if "save" in called.lower():
+                saved.update(id(a) for a in node.args if isinstance(a, ast.Dict))
             if called == "dict":
                 names.update(k.arg for k in node.keywords if k.arg)
             elif "log" in called.lower() and node.args and _is_name(node.args[0]):
