@@ -330,7 +330,7 @@ def wait(ref: str, timeout: float | None = None, poll: float = 0.2,
     """Block until the job ends; returns its record. Raises PhalanxError on timeout. Writes
     nothing. ``watch`` is called with the record at every look (``wait --progress``)."""
     store = open_store()
-    record = get_job(ref, store)
+    record = _settled(store, get_job(ref, store))
     deadline = None if timeout is None else time.monotonic() + timeout
     while not is_terminal(record.state):
         if watch is not None:
@@ -339,7 +339,18 @@ def wait(ref: str, timeout: float | None = None, poll: float = 0.2,
             raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
         time.sleep(poll)
         # get_job: a job supervised in a cluster (k8s --in-cluster) is brought up to date from it
-        record = get_job(record.id, store) if liveness.elsewhere(record) else effective(store.get(record.id))
+        record = get_job(record.id, store) if liveness.elsewhere(record) else _settled(store, effective(store.get(record.id)))
+    return record
+
+
+def _settled(store: Store, record: JobRecord) -> JobRecord:
+    """A job seen LOST that is not recorded LOST is read once more: its supervisor may have recorded
+    the end and exited between the read of the row and the look at its process (a short job's
+    ``run -d`` then ``wait`` said LOST now and then)."""
+    if record.state is JobState.LOST:
+        again = store.get(record.id)
+        if is_terminal(again.state):
+            return again
     return record
 
 
