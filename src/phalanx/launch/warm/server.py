@@ -233,7 +233,6 @@ class Pool:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return None
-        self.last_active = time.monotonic()
         channel = warm_proto.Channel(conn)
         fds: list[int] = []
         try:
@@ -252,6 +251,9 @@ class Pool:
             request["peer"] = client  # as the kernel saw it connect, not as the client says
             op = request.get("op")
             if op == "run":
+                # Only work counts as use: a status (pool status, another pool making room) must not
+                # keep a pool from its idle exit, nor make it the most recently used.
+                self.last_active = time.monotonic()
                 why = self._unfit_after_preload(request, fds)
                 if why is None:
                     return request, fds, conn, channel
