@@ -70,8 +70,11 @@ def _warm_pools(tmp_path_factory):
     them. At the end, nothing the suite started may still run (``left_running``)."""
     directory = tmp_path_factory.mktemp("warm")
     os.chmod(directory, 0o700)
-    saved = {k: os.environ.get(k) for k in ("PHALANX_WARM_DIR", "PHALANX_WARM")}
+    saved = {k: os.environ.get(k) for k in ("PHALANX_WARM_DIR", "PHALANX_WARM", "PHALANX_WARM_MAX_POOLS")}
     os.environ["PHALANX_WARM_DIR"] = str(directory)
+    # No cap on pools: the suite's tests run with variables of their own (one pool each), and a cap would
+    # stop pools tests are using between two runs. tests/warm/test_pools.py tests the cap.
+    os.environ["PHALANX_WARM_MAX_POOLS"] = "0"
     os.environ["PHALANX_WARM"] = "1" if os.environ.get("PHALANX_TEST_WARM") == "1" else "0"
     yield directory
     from phalanx.launch.warm import plan as warm
@@ -129,7 +132,7 @@ def stop_pools(warm, directory: str, timeout: float = 30.0) -> None:
     """Stop every pool in ``directory`` and wait until each has exited."""
     import time
 
-    pids = [p["pid"] for p in warm.stop(directory)]
+    pids = [p["pid"] for p in warm.stop(directory, everywhere=True)]
     deadline = time.monotonic() + timeout
     while pids and time.monotonic() < deadline:
         pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]

@@ -57,6 +57,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
             "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
+    Setting("warm_max_pools", 4, int, "Warm pools of this user at once: a new one stops the least recently used "
+            "idle ones beyond this (0: no limit)."),
+    Setting("metrics_ignore", "", str, "Names (or globs) the automatic metric pick-up leaves out, comma-separated: "
+            "replaces the built-in list (docs/metrics.md); +NAME,... adds to it."),
     # Secrets (issue 27): where this user's secrets are kept (docs/secrets.md)
     Setting("secrets_file", "", str, "This user's secrets file (mode 0600; default $XDG_CONFIG_HOME/phalanx/secrets.json, "
             "~/.config/phalanx/secrets.json): outside the phalanx home on purpose."),

@@ -6,6 +6,8 @@ on one line, without a traceback (``--debug`` shows it), exiting with ``exit_cod
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PhalanxError(Exception):
     """Base of every error phalanx raises on purpose.
@@ -32,6 +34,16 @@ class UsageError(PhalanxError):
 
 class JobNotFound(UsageError):
     """No job matches the given id, id prefix or name."""
+
+
+class Ambiguous(UsageError):
+    """A name that stands for several things where the user must say which: ``choices`` are
+    their rows (plain data: ``id``, ``name``, ``state``, ``created_at``, ``command``), so a
+    person at a terminal can be asked and a script is shown the list."""
+
+    def __init__(self, message: str, hint: str, choices: "list[dict[str, Any]]") -> None:
+        self.choices = choices
+        super().__init__(message, hint)
 
 
 class BackendError(PhalanxError):

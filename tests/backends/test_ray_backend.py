@@ -211,13 +211,13 @@ def test_preflight_passes_a_cluster_that_fits_or_may_grow(tmp_path, monkeypatch)
 
 def test_cli_never_imports_ray():
     probe = ("import sys\nfrom phalanx.cli.main import main\n"
-             "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+             "try:\n    main(['run', '--help-all'])\nexcept SystemExit:\n    pass\n"
              "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
              "import phalanx.backends.ray.options\n"
              "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\nprint('clean')\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("clean"), proc.stderr
-    assert "--address" in subprocess.run([sys.executable, "-m", "phalanx", "run", "--help"], capture_output=True,
+    assert "--address" in subprocess.run([sys.executable, "-m", "phalanx", "run", "--help-all"], capture_output=True,
                                          text=True, timeout=60).stdout
 
 

@@ -251,7 +251,7 @@ def test_every_slurm_option_is_a_flag_and_documented():
     from phalanx.cli.main import app
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "slurm.md").read_text()
-    helptext = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    helptext = CliRunner().invoke(app, ["run", "--help-all"], terminal_width=200).output
     for option in OPTIONS:
         assert option.flag in helptext and option.help.split(" (")[0][:30] in " ".join(helptext.split())
         assert f"`{option.flag}" in page, f"document {option.flag} in docs/slurm.md"

@@ -270,7 +270,7 @@ def test_the_job_outlives_its_supervisor_and_resume_watches_it(ray_env, phx_home
         time.sleep(0.5)
     shown = phalanx("status", job_id).stdout
     assert f"RAY job phalanx-{job_id}-0" in shown and "still runs without a supervisor" in shown, shown
-    resumed = phalanx("resume", job_id, timeout=180)
+    resumed = phalanx("resume", "--attach", job_id, timeout=180)  # started with -d: here, to watch it end
     status = _status(job_id)
     assert resumed.returncode == 0 and status["state"] == "SUCCEEDED", (resumed.stderr, status)
     assert status["attempt"] == 0 and not Path(status["job_dir"], "attempt_1").exists()  # watched, not resubmitted

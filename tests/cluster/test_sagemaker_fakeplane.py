@@ -329,7 +329,7 @@ def test_sagemaker_fakeplane_a_lost_supervisor_is_replaced_without_a_second_trai
     lost = _phalanx(env, "status", job_id)
     assert "LOST" in lost.stdout and f"SAGEMAKER job phx-{job_id}-a0" in lost.stdout, lost.stdout
     assert "step=2 " in log.read_text(), "status only looks: the logs it found stay (the attach of resume rewrites them)"
-    resumed = _phalanx(env, "resume", job_id, timeout=300)
+    resumed = _phalanx(env, "resume", "--attach", job_id, timeout=300)  # started with -d: here, to watch it end
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     # 100 steps of 0.2 s: the training job still runs when resume looks (three CLI calls under
     # load take seconds; a job that completed meanwhile would be planned again, not watched)

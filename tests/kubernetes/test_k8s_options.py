@@ -153,7 +153,7 @@ def test_k8s_every_option_is_a_flag_and_documented():
 
     root = Path(__file__).resolve().parents[2]
     page = (root / "docs" / "kubernetes.md").read_text()
-    helptext = " ".join(CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output.split())
+    helptext = " ".join(CliRunner().invoke(app, ["run", "--help-all"], terminal_width=200).output.split())
     for option in options.OPTIONS:
         if option.name == "pod":  # the job file's section (or backend_options.pod), not a flag
             assert "kubernetes:" in page
@@ -169,7 +169,7 @@ def test_k8s_help_imports_only_the_options_module():
     import sys
 
     probe = ("import sys\nfrom typer.testing import CliRunner\nfrom phalanx.cli.main import app\n"
-             "CliRunner().invoke(app, ['--help']); CliRunner().invoke(app, ['run', '--help'])\n"
+             "CliRunner().invoke(app, ['--help']); CliRunner().invoke(app, ['run', '--help-all'])\n"
              "print(sorted(m for m in sys.modules if 'kubernetes' in m or m.split('.')[0] in ('yaml', 'jsonschema', 'fsspec')))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "['phalanx.backends.kubernetes', 'phalanx.backends.kubernetes.options']", out

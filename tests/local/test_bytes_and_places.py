@@ -137,7 +137,7 @@ def test_arguments_that_are_not_utf8(project: Path, tmp_path: Path, monkeypatch)
     wait_for(lambda: (home / "jobs" / stopped / "attempt_0" / "rank_0" / "proc.json").exists(), "the job to start")
     ok(cli("stop", stopped, cwd=project, home=home))
     go.touch()
-    assert f"argv {hexes(ARG)}\n" in ok(cli("resume", stopped, cwd=project, home=home))
+    assert f"argv {hexes(ARG)}\n" in ok(cli("resume", "--attach", stopped, cwd=project, home=home))
 
     # a sweep's trials
     ok(cli("run", "train.py", ARG, "--lr", "[1, 2]", cwd=project, home=home))

@@ -100,7 +100,7 @@ def test_kill9_supervisor_is_lost_then_resume_finishes(phx_home):
     supervisor.kill()
     _wait_for(lambda: _alive(tree) == [], timeout=30, what="no worker to survive")
     assert _status(job_id)["state"] == "LOST"
-    resumed = phalanx("resume", job_id, check=True)
+    resumed = phalanx("resume", "--attach", job_id, check=True)  # started with -d: here, to watch it
     assert "resumed from step=" in resumed.stdout and "[0] done" in resumed.stdout
     assert _status(job_id)["state"] == "SUCCEEDED"
 

@@ -51,7 +51,7 @@ def test_a_sweep_answers_to_every_command(phx_home, trial_script):
     assert trials[0].split()[:4] == ["TRIAL", "ID", "STATE", "LOSS"] and len(trials) == 7
     assert "lr=0.1 depth=2" in trials[1]
     status = phalanx("status", "grid", check=True).stdout
-    assert "6/6 done" in status and "usage     0 GPU-hours" in status and "over 6 trial(s)" in status
+    assert "6/6 done" in status and "usage     0 GPU-h" in status and "over 6 trial(s)" in status
     table = phalanx("sweep", "show", "grid", check=True).stdout.splitlines()
     head = next(i for i, line in enumerate(table) if line.startswith("TRIAL"))
     assert table[head].split() == ["TRIAL", "JOB", "STATE", "loss", "lr", "depth", "acc", "DURATION"]

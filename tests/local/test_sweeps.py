@@ -120,7 +120,7 @@ def test_interrupted_sweep_resumes_only_unfinished_trials(phx_home, trial_script
     _wait_for(lambda: _alive(tree) == [], timeout=30, what="trials to die with their runner")
     assert json.loads(phalanx("sweep", "show", sweep_id, "--json").stdout)["state"] == "LOST"
     before = {e["trial"] for e in _events(log) if e["event"] == "end"}
-    phalanx("resume", sweep_id, check=True, timeout=120)
+    phalanx("resume", "--attach", sweep_id, check=True, timeout=120)  # started with -d: here, to wait for it
     ends = [e["trial"] for e in _events(log) if e["event"] == "end"]
     assert sorted(set(ends)) == ["0", "1", "2", "3"]
     assert all(ends.count(t) == 1 for t in before), "finished trials must not run again"

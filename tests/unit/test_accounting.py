@@ -149,3 +149,13 @@ def test_times_and_bad_ones():
     for bad in ("yesterday", "10 parsecs", "-5m", ""):
         with pytest.raises(UsageError):
             parse_since(bad)
+
+
+@pytest.mark.parametrize("value, shown", [
+    (None, "-"), (0.0, "0 CPU-h"), (6.48e-05, "0.23 CPU-s"), (0.001, "3.6 CPU-s"), (0.0123, "0.012 CPU-h"),
+    (0.02, "0.02 CPU-h"), (3.25, "3.2 CPU-h"), (1234.5, "1,234.5 CPU-h"),
+])
+def test_device_time_is_shown_in_a_unit_that_fits(value, shown):
+    from phalanx.monitor.accounting import hours
+
+    assert hours(value, "CPU") == shown

@@ -171,7 +171,7 @@ ARGV: list[tuple[list[str], int, str]] = [
     (["run", "--grace"], 2, "requires an argument"),
     (["frobnicate"], 2, "no such command 'frobnicate'"),
     (["stauts", "x"], 2, "did you mean 'status'?"),
-    (["help", "nosuch"], 2, "no such command 'nosuch'"),
+    (["help", "nosuch"], 2, "no such command or backend 'nosuch'"),
     (["--bogus"], 2, "no such option"),
     (["status", ""], 2, "a job id, id prefix or name is needed, got ''"),
     (["logs", " "], 2, "a job id, id prefix or name is needed"),

@@ -73,8 +73,10 @@ def test_older_jsonl_files_read_the_same_everywhere(paths):
     MetricsCollector(paths, 0).poll()
     records = read_metrics(paths)
 
-    class Record:
-        id, job_dir, nnodes, nproc_per_node, attempt = "abc", str(paths.root), 1, 1, 0
+    job_paths = paths
+
+    class Record:  # what the report reads of a JobRecord (``paths``: its job directory)
+        id, job_dir, nnodes, nproc_per_node, attempt, paths = "abc", str(job_paths.root), 1, 1, 0, job_paths
 
     report, status = metrics_report(Record()), status_summary_lines(Record())
     exported = io.StringIO()

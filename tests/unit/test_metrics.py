@@ -200,9 +200,10 @@ def test_metrics_report_and_errors(paths):
 
     write(paths, 0, "step=1 loss=0.9\nstep=2 loss=0.5\n")
     MetricsCollector(paths, 0).poll()
+    paths_ = paths
 
-    class Record:
-        id, job_dir, nnodes, nproc_per_node, attempt = "abc", str(paths.root), 1, 2, 0
+    class Record:  # what the report reads of a JobRecord (``paths``: its job directory)
+        id, job_dir, nnodes, nproc_per_node, attempt, paths = "abc", str(paths_.root), 1, 2, 0, paths_
 
     report = metrics_report(Record())
     assert report["rank"] == 0 and report["metrics"]["loss"]["last"] == 0.5

@@ -37,7 +37,7 @@ def _cli_flags():
     from phalanx.cli.main import app
 
     run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
-    return {flag for p in run.params for flag in getattr(p, "opts", []) if flag.startswith("-")} - {"-h", "--help"}
+    return {flag for p in run.params for flag in getattr(p, "opts", []) if flag.startswith("-")} - {"-h", "--help", "--help-all"}
 
 
 def test_docs_cli_and_job_file_list_the_same_options():
@@ -103,7 +103,7 @@ def test_an_installed_backend_adds_its_options_without_being_imported(tmp_path):
         (site / rel).write_text(text)
     (tmp_path / "t.py").write_text("print('ok')\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(site), "PHALANX_HOME": str(tmp_path / "home")}
-    probe = ("import sys\nfrom phalanx.cli.main import main\ntry:\n    main(['run', '--help'])\nexcept SystemExit:\n"
+    probe = ("import sys\nfrom phalanx.cli.main import main\ntry:\n    main(['run', '--help-all'])\nexcept SystemExit:\n"
              "    pass\nprint('HEAVY' if 'HEAVY_SDK_IMPORTED' in sys.modules else 'LIGHT')\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
     assert "--mine-zone" in out and "mine: Zone of the mine backend." in " ".join(out.split())

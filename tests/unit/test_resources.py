@@ -112,6 +112,7 @@ class _Record:
         from phalanx.core.state import JobState
 
         self.id, self.job_dir, self.nnodes, self.nproc_per_node, self.attempt = "feedbeef", str(paths.root), 2, 2, 0
+        self.paths = paths
         self.state = JobState(state)
 
 

@@ -81,7 +81,7 @@ def demo(tmp_path_factory) -> Demo:
     env = {"PHALANX_HOME": str(home), "OMP_NUM_THREADS": "1"}
     # Once phalanx run collects metrics and samples resources itself, let it; until then
     # this fixture does it around the job, the way the supervisor will.
-    wired = "--sample-interval" in phalanx("run", "--help", env=env).stdout
+    wired = "--sample-interval" in phalanx("run", "--help-all", env=env).stdout
     options = ["--sample-interval", "0.25", "--metric", FINAL] if wired else []
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():

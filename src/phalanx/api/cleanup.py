@@ -21,8 +21,9 @@ from typing import Any, Sequence
 
 from ..core.paths import HomePaths
 from ..core.state import TERMINAL, is_terminal
-from ..errors import UsageError
+from ..errors import Ambiguous, UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 from ..supervise.liveness import effective
 
 
@@ -51,29 +52,66 @@ class Removed:
         return dict(self.__dict__)
 
 
-def resolve(store: Store, refs: Sequence[str]) -> list[Target]:
+def resolve(store: Store, refs: Sequence[str], all_named: bool = False) -> list[Target]:
     """The jobs and sweeps ``refs`` name, each checked: UsageError on the first that cannot go.
-    A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``)."""
+    A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``). A name
+    several jobs or sweeps carry is ``Ambiguous`` (the person says which) unless ``all_named``:
+    all of them."""
     targets: list[Target] = []
     for ref in refs:
-        sweep = store.sweeps.find(ref)
-        if sweep is not None:
-            targets.append(_sweep_target(store, sweep))
-            continue
-        record = effective(store.find(ref))
-        if not is_terminal(record.state):
-            raise UsageError(f"job {record.id} is {record.state.value}: phalanx removes only jobs that ended",
-                             f"stop it first: phalanx stop {record.id}")
-        if record.sweep_id is not None:
-            raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
-                             f"remove the whole sweep: phalanx rm {record.sweep_id}")
-        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record],
-                              record.user_name))
+        targets.extend(_named(store, ref, all_named))
     seen: set[str] = set()
     return [t for t in targets if not (t.id in seen or seen.add(t.id))]  # type: ignore[func-returns-value]
 
 
-def _sweep_target(store: Store, sweep: Any) -> Target:
+def _named(store: Store, ref: str, all_named: bool) -> list[Target]:
+    """The sweep or job ``ref`` names by id or id prefix; by name, the one sweep or job of that
+    name, or all of them with ``all_named`` (never the newest of several, silently)."""
+    from ..errors import JobNotFound
+    from ..store.listing import jobs_named, sweeps_named
+
+    sweep = store.sweeps.find(ref)
+    if sweep is not None and sweep.id.startswith(ref.lower()):
+        return [_sweep_target(store, sweep)]
+    try:
+        record: JobRecord | None = store.find(ref)
+    except JobNotFound:
+        if sweep is None:
+            raise
+        record = None
+    if record is not None and record.id.startswith(ref.lower()):
+        return [_job_target(effective(record))]
+    jobs = [effective(r) for r in jobs_named(store, ref, trials=False)]
+    sweeps = sweeps_named(store, ref)
+    if len(jobs) + len(sweeps) <= 1 or all_named:
+        found = [*(_sweep_target(store, s) for s in sweeps), *(_job_target(r) for r in jobs)]
+        if not found and record is not None:  # a trial by its name: refused, naming its sweep
+            found = [_job_target(effective(record))]
+        return found
+    choices = [*({"id": s.id, "name": s.name, "state": s.state.value, "created_at": s.created_at,
+                  "command": f"(sweep) {s.command}"} for s in sweeps),
+               *({"id": r.id, "name": r.name, "state": r.state.value, "created_at": r.created_at,
+                  "command": r.command} for r in jobs)]
+    counted = " and ".join(f"{n} {what}" for n, what in ((len(sweeps), "sweeps"), (len(jobs), "jobs")) if n)
+    if len(sweeps) == 1 or len(jobs) == 1:
+        counted = counted.replace("1 sweeps", "1 sweep").replace("1 jobs", "1 job")
+    ids = [str(c["id"]) for c in choices]
+    raise Ambiguous(f"{counted} are named '{ref}' ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})",
+                    f"name the one to remove by its id (phalanx ps --all --name {ref}), or remove them all: "
+                    f"phalanx rm --all-named {ref}", choices)
+
+
+def _job_target(record: JobRecord) -> Target:
+    if not is_terminal(record.state):
+        raise UsageError(f"job {record.id} is {record.state.value}: phalanx removes only jobs that ended",
+                         f"stop it first: phalanx stop {record.id}")
+    if record.sweep_id is not None:
+        raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
+                         f"remove the whole sweep: phalanx rm {record.sweep_id}")
+    return Target("job", record.id, record.name, record.state.value, [record.paths.root], [record], record.user_name)
+
+
+def _sweep_target(store: Store, sweep: SweepRecord) -> Target:
     if not is_terminal(sweep.state):
         raise UsageError(f"sweep {sweep.id} is {sweep.state.value}: phalanx removes only sweeps that ended",
                          f"stop it first: phalanx stop {sweep.id}")
@@ -83,7 +121,7 @@ def _sweep_target(store: Store, sweep: Any) -> Target:
         raise UsageError(f"sweep {sweep.id} still has {len(running)} trial(s) running (e.g. job {running[0].id})",
                          f"stop them first: phalanx stop {sweep.id}")
     return Target("sweep", sweep.id, sweep.name, sweep.state.value,
-                  [Path(sweep.sweep_dir), *(Path(t.job_dir) for t in trials)], trials, sweep.user_name)
+                  [Path(sweep.sweep_dir), *(t.paths.root for t in trials)], trials, sweep.user_name)
 
 
 def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bool = False) -> Removed:
@@ -208,7 +246,7 @@ def prune_targets(store: Store, older_than: float, states: Sequence[str], now: f
     before = now - older_than
     targets: list[Target] = []
     for record in old_jobs(store, before, wanted):
-        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record],
+        targets.append(Target("job", record.id, record.name, record.state.value, [record.paths.root], [record],
                               record.user_name))
     for sweep in old_sweeps(store, before, wanted):
         try:

@@ -16,12 +16,18 @@ name; a name both carry means the newer of the two).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, TextIO
 
 from ..core.identity import Principal
 from ..core.spec import JobSpec
 from ..errors import JobNotFound
+from ..store import JobRecord
+from ..store.sweeps import SweepRecord
 from .ps import PsListing, PsRequest
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..sweeps.settings import SweepSettings
 
 Events = Callable[[str], None]
 Emit = Callable[[str], None]
@@ -37,7 +43,7 @@ class Face(Protocol):
     # -- views: read, never act ---------------------------------------------------------------
     def whoami(self) -> dict[str, Any]: ...
     def ps(self, request: PsRequest) -> PsListing: ...
-    def trials(self, ref: str) -> dict[str, Any]: ...
+    def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]: ...
     def status(self, ref: str) -> dict[str, Any]: ...
     def sweep(self, ref: str) -> dict[str, Any]: ...
     def logs(self, ref: str, emit: Emit, follow: bool = False, rank: int | None = None, attempt: int | None = None,
@@ -54,7 +60,7 @@ class Face(Protocol):
     def run(self, spec: JobSpec, out: TextIO | None, ranks: set[int] | None = None, events: Events | None = None,
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]: ...
     def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]: ...
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+    def run_sweep(self, spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None,
                   sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]: ...
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
                log_from: int = 0) -> tuple[dict[str, Any], int]: ...
@@ -64,9 +70,9 @@ class Face(Protocol):
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
              now: bool = False) -> dict[str, Any]: ...
-    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+    def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
-    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]: ...
+    def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]: ...
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]: ...
     def download(self, ref: str, dest: Path | None = None, logs: bool = False, state: bool = False,
                  events: Events | None = None) -> tuple[str, dict[str, int]]: ...
@@ -100,12 +106,12 @@ class LocalFace:
 
     # -- lookups -------------------------------------------------------------------------------
 
-    def _store(self) -> Any:
+    def _store(self) -> Store:
         from .query import open_store
 
         return open_store()
 
-    def _sweep_named(self, ref: str) -> Any:
+    def _sweep_named(self, ref: str) -> SweepRecord | None:
         """The sweep ``ref`` names, or None when it names a job (the newer of the two on a name)."""
         from .query import find_sweep
 
@@ -126,12 +132,12 @@ class LocalFace:
                 return None
         return find_sweep(sweep.id, store)
 
-    def _job(self, ref: str) -> Any:
+    def _job(self, ref: str) -> JobRecord:
         from .query import get_job
 
         return get_job(ref)
 
-    def _any_sweep(self, ref: str) -> Any:
+    def _any_sweep(self, ref: str) -> SweepRecord:
         from .query import find_sweep
 
         sweep = find_sweep(ref)
@@ -153,10 +159,10 @@ class LocalFace:
 
         return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user)
 
-    def trials(self, ref: str) -> dict[str, Any]:
+    def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
         from .sweepview import trial_list
 
-        return trial_list(self._store(), self._any_sweep(ref))
+        return trial_list(self._store(), self._any_sweep(ref), sort, columns)
 
     def status(self, ref: str) -> dict[str, Any]:
         from .jobview import job_view
@@ -169,7 +175,7 @@ class LocalFace:
     def sweep(self, ref: str) -> dict[str, Any]:
         return self._sweep_view(self._any_sweep(ref))
 
-    def _sweep_view(self, sweep: Any) -> dict[str, Any]:
+    def _sweep_view(self, sweep: SweepRecord) -> dict[str, Any]:
         from .sweepview import sweep_view
 
         return {"kind": "sweep", **sweep_view(self._store(), sweep)}
@@ -284,13 +290,14 @@ class LocalFace:
         found = jobs.doctor(spec, events=events, burn=burn)
         return {**found.to_dict(), "text": found.render()}
 
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+    def run_sweep(self, spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None,
                   sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:
         from . import jobs
+        from .lists import sweep_reason
 
         sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
                                      sweep_id=sweep_id)
-        return sweep.to_dict(), code
+        return {**sweep.to_dict(), "reason": sweep_reason(sweep)}, code
 
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
                log_from: int = 0) -> tuple[dict[str, Any], int]:
@@ -319,8 +326,10 @@ class LocalFace:
 
         sweep = self._sweep_named(ref)
         if sweep is not None:
+            from .lists import sweep_reason
+
             done = jobs.wait_sweep(sweep.id, timeout)
-            return {"kind": "sweep", **done.to_dict(), "wait_code": sweep_exit_code(done)}
+            return {"kind": "sweep", **done.to_dict(), "reason": sweep_reason(done), "wait_code": sweep_exit_code(done)}
         watch = None if progress is None else (
             lambda r: progress({"id": r.id, "state": r.state.value, "health": health(r)}))
         record = jobs.wait(ref, timeout=timeout, watch=watch)
@@ -342,8 +351,10 @@ class LocalFace:
         self.check_may_act("job", record.id, record.user_name, "stop")
         return {"kind": "job", **_job_dict(jobs.stop(record.id, timeout=timeout, events=events, now=now))}
 
-    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+    def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
+        """``detach`` None: the way ``phalanx run`` started it. The result's ``detached`` says
+        which way it went (then the code is None)."""
         from . import jobs
         from .query import find_sweep
 
@@ -351,18 +362,20 @@ class LocalFace:
         if sweep is not None:
             self.check_may_act("sweep", sweep.id, sweep.user_name, "resume")
             done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
-            return {"kind": "sweep", **done.to_dict()}, code
+            return {"kind": "sweep", **done.to_dict(), "detached": code is None}, code
         found = self._job(ref)
         self.check_may_act("job", found.id, found.user_name, "resume")
         record, code = jobs.resume(found.id, detach=detach, out=out, ranks=ranks, events=events)
-        return {"kind": "job", **_job_dict(record)}, code
+        return {"kind": "job", **_job_dict(record), "detached": code is None}, code
 
-    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]:
+    def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]:
+        """A name several jobs carry raises ``Ambiguous`` (with them as its choices) unless
+        ``all_named``."""
         from .cleanup import remove, resolve
         from .query import home
 
         store = self._store()
-        targets = resolve(store, refs)  # every one checked before anything goes
+        targets = resolve(store, refs, all_named)  # every one checked before anything goes
         for target in targets:
             self.check_may_act(target.kind, target.id, target.owner, "remove")
         return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
@@ -423,7 +436,7 @@ class LocalFace:
         return {"name": name, "removed": True}
 
 
-def _job_dict(record: Any) -> dict[str, Any]:
+def _job_dict(record: JobRecord) -> dict[str, Any]:
     """A job's record as the face returns it: ``to_dict`` with its duration (computed now)."""
     return {**record.to_dict(), "duration": record.duration}
 

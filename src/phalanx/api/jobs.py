@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..backends.registry import get_backend
 from ..core.contracts import StopRequest, read_stop_request, write_stop_request
-from ..core.paths import write_atomic
+from ..core.paths import read_json, write_atomic, write_json
 from ..core.plan import Plan
 from ..core.spec import JobSpec
 from ..core.state import JobState, can_resume, is_terminal
@@ -30,6 +30,7 @@ from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
     from ..store.sweeps import SweepRecord
+    from ..sweeps.settings import SweepSettings
 
 Events = Callable[[str], None]
 
@@ -81,6 +82,7 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         return done, 0
     plan = submit.plan_job(spec, where)
     record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user), **liveness.identity())
+    write_json(record.paths.start_mode, {"detached": False})
     if started is not None:
         started(record)
     _say_at_submit(store, record, events, plan=plan)
@@ -101,6 +103,7 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
         return done
     plan = submit.plan_job(spec, where, job_id)
     record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user))
+    write_json(record.paths.start_mode, {"detached": True})
     _say_at_submit(store, record, events, plan=plan)
     # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
     try:
@@ -185,6 +188,13 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
     return store.get(record.id), code
 
 
+def started_detached(mark: Path) -> bool:
+    """Whether ``phalanx run -d`` started it (``JobPaths.start_mode``); a job recorded before
+    the mark existed ran in the foreground as far as anyone knows."""
+    found = read_json(mark)
+    return bool(found.get("detached")) if isinstance(found, dict) else False
+
+
 def _stream(paths: Any, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
             closed: threading.Event) -> None:
     """The ranks' output to ``out`` until ``done``. When ``out``'s reader goes away, ``closed`` is
@@ -203,16 +213,20 @@ def _stream(paths: Any, attempt: int, ranks: set[int] | None, prefix: bool, out:
         wake()
 
 
-def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+def resume(ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
            events: Events | None = None) -> tuple[JobRecord, int | None]:
     """Continue a failed, cancelled, preempted or lost job as a new attempt of the same job:
     same id, same state directory (so the script resumes from its last checkpoint). A lost job
-    whose scheduler kept its attempt running is watched again instead (``leftover.resume_plan``)."""
+    whose scheduler kept its attempt running is watched again instead (``leftover.resume_plan``).
+    ``detach`` None: as ``phalanx run`` started it (``-d``: in the background again). Returns the
+    record and the exit code (None: it runs in the background)."""
     store = open_store()
     record = liveness.record_lost(store, store.find(ref))  # acting on it: a LOST job is recorded so
     if not can_resume(record.state):
         hint = "it has finished successfully" if record.state is JobState.SUCCEEDED else "it is still running"
         raise UsageError(f"job {record.id} is {record.state.value}: nothing to resume", f"{hint}; see: phalanx status {record.id}")
+    if detach is None:
+        detach = started_detached(record.paths.start_mode)
     plan = leftover.resume_plan(record, home())
     write_atomic(record.paths.plan, plan.to_json())
     if detach:
@@ -326,7 +340,7 @@ def wait(ref: str, timeout: float | None = None, poll: float = 0.2,
     """Block until the job ends; returns its record. Raises PhalanxError on timeout. Writes
     nothing. ``watch`` is called with the record at every look (``wait --progress``)."""
     store = open_store()
-    record = get_job(ref, store)
+    record = _settled(store, get_job(ref, store))
     deadline = None if timeout is None else time.monotonic() + timeout
     while not is_terminal(record.state):
         if watch is not None:
@@ -335,7 +349,18 @@ def wait(ref: str, timeout: float | None = None, poll: float = 0.2,
             raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
         time.sleep(poll)
         # get_job: a job supervised in a cluster (k8s --in-cluster) is brought up to date from it
-        record = get_job(record.id, store) if liveness.elsewhere(record) else effective(store.get(record.id))
+        record = get_job(record.id, store) if liveness.elsewhere(record) else _settled(store, effective(store.get(record.id)))
+    return record
+
+
+def _settled(store: Store, record: JobRecord) -> JobRecord:
+    """A job seen LOST that is not recorded LOST is read once more: its supervisor may have recorded
+    the end and exited between the read of the row and the look at its process (a short job's
+    ``run -d`` then ``wait`` said LOST now and then)."""
+    if record.state is JobState.LOST:
+        again = store.get(record.id)
+        if is_terminal(again.state):
+            return again
     return record
 
 
@@ -356,7 +381,7 @@ def download(record: JobRecord, dest: Path | None = None, logs: bool = False, st
 # -- sweeps -------------------------------------------------------------------------
 
 
-def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+def run_sweep(spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None,
               user: str | None = None, sweep_id: str | None = None) -> tuple[SweepRecord, int | None]:
     """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
     ``user`` and ``sweep_id`` as for ``submit_detached``.
@@ -367,6 +392,7 @@ def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events
     store, where = open_store(), home()
     submit.check_storage(spec, where)
     sweep = create_sweep(store, where, spec, settings, user=user, sweep_id=sweep_id)
+    write_json(where.sweep_start_mode(sweep.id), {"detached": detach})
     if detach:
         store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), spec.workdir))
         return store.sweeps.get(sweep.id), None
@@ -419,11 +445,14 @@ def _stop_lost_trials(store: Store, sweep: SweepRecord) -> SweepRecord:
     return sweep
 
 
-def resume_sweep(sweep: SweepRecord, detach: bool = False, events: Events | None = None) -> tuple[SweepRecord, int | None]:
-    """Run what did not finish: unfinished trials continue, untried ones start."""
+def resume_sweep(sweep: SweepRecord, detach: bool | None = None, events: Events | None = None) -> tuple[SweepRecord, int | None]:
+    """Run what did not finish: unfinished trials continue, untried ones start. ``detach`` None:
+    as ``phalanx run`` started the sweep."""
     from ..sweeps.runner import SweepRunner
 
     store, where = open_store(), home()
+    if detach is None:
+        detach = started_detached(where.sweep_start_mode(sweep.id))
     sweep = liveness.record_sweep_lost(store, store.sweeps.get(sweep.id))
     if not can_resume(sweep.state):
         raise UsageError(f"sweep {sweep.id} is {sweep.state.value}: nothing to resume", f"see: phalanx sweep show {sweep.id}")

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 from ..store.listing import AGGS, SORTS, SWEEP_SORTS, Filter, Sort
 
 STATES = tuple(s.value for s in JobState)
@@ -111,8 +112,9 @@ def parse_columns(texts: Iterable[str] | None) -> tuple[Column, ...]:
 
 
 def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = None) -> None:
-    """A column or sort naming a metric that no job has is a typo: say which names exist."""
-    from ..store.listing import has_metric, metric_names
+    """A column or sort naming a metric that no job has is a typo: say which names exist. One that
+    only sweeps' trials have is listed with the trials: say so, and how."""
+    from ..store.listing import has_metric, metric_names, metric_only_on_trials
 
     wanted = [c.metric for c in columns] + ([sort.metric] if sort is not None and sort.metric else [])
     for name in dict.fromkeys(wanted):
@@ -120,6 +122,11 @@ def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = N
             known = metric_names(store, 30)
             raise UsageError(f"no job has a metric '{name}'",
                              f"metrics jobs have: {', '.join(known)}" if known else "no finished job has recorded metrics yet")
+        sweeps = metric_only_on_trials(store, name)
+        if sweeps:
+            how = f"--sort {name}" if sort is not None and sort.metric == name else f"-c {name}"
+            raise UsageError(f"only sweep trials have a metric '{name}' (sweep {', '.join(sweeps)})",
+                             f"list them: phalanx ps --trials {sweeps[0]} {how}")
 
 
 def build_query(states: Iterable[str] | None = None, name: str | None = None, backend: str | None = None,
@@ -230,7 +237,7 @@ def page(store: Store, query: Query, limit: int = 50, after: str | None = None) 
 # -- sweeps ------------------------------------------------------------------------------------
 
 
-def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
+def sweep_progress(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     """``12/32 done, 2 running, best loss=0.231 (trial 7)`` and its parts."""
     from ..store.listing import trial_states
 
@@ -255,10 +262,13 @@ def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
         text += f", best {sweep.objective}={sweep.best_value:.4g}" + (f" (trial {best_trial})" if best_trial is not None else "")
     if eta is not None:
         text += f", ETA {_human(eta)}"
-    return {"text": text, "running": running, "states": states, "best_trial": best_trial, "eta": eta}
+    reason = sweep_reason(sweep)
+    if reason:
+        text += f"; {reason}"
+    return {"text": text, "running": running, "states": states, "best_trial": best_trial, "eta": eta, "reason": reason}
 
 
-def sweep_eta(store: Store, sweep: Any) -> float | None:
+def sweep_eta(store: Store, sweep: SweepRecord) -> float | None:
     """Seconds until the sweep is done, at the pace so far: trials finished plus the share each
     running trial has done (its progress), over the time since the sweep started."""
     import time
@@ -284,7 +294,18 @@ def _human(seconds: float) -> str:
     return human(seconds)
 
 
-def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
+def sweep_reason(sweep: SweepRecord) -> str | None:
+    """Why a sweep that ran every trial failed (the runner's ``outcome.json``), or None."""
+    if sweep.state is not JobState.FAILED:
+        return None
+    from ..core.paths import read_json
+    from .query import home
+
+    found = read_json(home().sweep_outcome(sweep.id))
+    return str(found["reason"]) if isinstance(found, dict) and found.get("reason") else None
+
+
+def sweep_row(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     from ..store.listing import tags_of, usage_sum
 
     row = sweep.to_dict()
@@ -293,6 +314,7 @@ def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:
     row["progress_text"] = progress["text"]
     row["running"] = progress["running"]
     row["best_trial"] = progress["best_trial"]
+    row["reason"] = progress["reason"]
     row["command_short"] = short_command(sweep.command)
     row["duration"] = sweep.duration
     row["tags"] = tags_of(store, [sweep.id]).get(sweep.id, {})

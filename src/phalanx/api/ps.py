@@ -9,6 +9,7 @@ from typing import Any, Iterable, Iterator
 from ..core.state import is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 from .lists import Query, build_query, check_metrics, job_rows, sweep_progress
 
 
@@ -109,7 +110,7 @@ def _job_line(record: JobRecord, row: dict[str, Any] | None, people: bool) -> di
     return line
 
 
-def _sweep_line(store: Store, sweep: Any, wide: bool) -> dict[str, Any]:
+def _sweep_line(store: Store, sweep: SweepRecord, wide: bool) -> dict[str, Any]:
     progress = sweep_progress(store, sweep)
     share = f"{100 * sweep.finished / sweep.total:.0f}%" if sweep.total else None
     eta = f" ETA {_human(progress['eta'])}" if share and progress.get("eta") is not None else ""

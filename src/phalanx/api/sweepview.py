@@ -9,14 +9,15 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from ..core.paths import JobPaths
 from ..core.state import JobState, is_terminal
+from ..errors import UsageError
 from ..store import JobRecord, Store
+from ..store.sweeps import SweepRecord
 
 
-def param_order(sweep: Any) -> list[str]:
+def param_order(sweep: SweepRecord) -> list[str]:
     """The sweep's parameters in the order the command line gives them."""
     return list(param_scales(sweep))
 
@@ -43,7 +44,7 @@ def pruned_info(record: JobRecord) -> dict[str, Any] | None:
             "reason": cause.get("message") or "pruned by the sweep's early stopping"}
 
 
-def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
+def trial_table(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     """One row per trial: trial number, job id, state, parameters, objective, the final value
     of every other metric, duration, usage, and for pruned trials the step and the reason;
     sorted by the objective (best first; trials without one last, in trial order)."""
@@ -79,13 +80,19 @@ def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
     rows.sort(key=lambda r: (r["objective"] is None or not math.isfinite(r["objective"]),
                              sign * (r["objective"] if r["objective"] is not None and math.isfinite(r["objective"]) else 0.0),
                              r["trial"] if r["trial"] is not None else 0))
-    hidden = {"step", "epoch"}
+    # A parameter the script also prints (lr=0.01, HF's learning_rate) is shown once, as the parameter.
+    hidden = {"step", "epoch", *(_bare(p) for p in params)}
     return {"params": params, "scales": {p: scales.get(p, "linear") for p in params},
-            "metrics": [m for m in metrics if m not in hidden], "objective": sweep.objective,
+            "metrics": [m for m in metrics if _bare(m) not in hidden], "objective": sweep.objective,
             "direction": sweep.direction, "rows": rows}
 
 
-def _last_value(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float | None:
+def _bare(name: str) -> str:
+    """A parameter's or metric's name as both may spell it: ``--learning-rate``, ``learning_rate``."""
+    return name.lstrip("-").replace("-", "_").lower()
+
+
+def _last_value(sweep: SweepRecord, trial: JobRecord, summary: dict[str, Any]) -> float | None:
     """The objective's last value a trial reported (a pruned trial's value when it was stopped)."""
     if not sweep.objective:
         return None
@@ -96,7 +103,7 @@ def _last_value(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float 
     return float(value) if value is not None else None
 
 
-def _live_objective(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> float | None:
+def _live_objective(sweep: SweepRecord, trial: JobRecord, summary: dict[str, Any]) -> float | None:
     """A running trial's latest objective value (shown, not used to rank it as final)."""
     if not sweep.objective or trial.state is not JobState.RUNNING:
         return None
@@ -104,7 +111,7 @@ def _live_objective(sweep: Any, trial: JobRecord, summary: dict[str, Any]) -> fl
     return float(value) if value is not None else None
 
 
-def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
+def sweep_view(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     """The sweep as ``sweep show`` and ``status SWEEP`` show it: its record, progress and usage
     (``lists.sweep_row``), the trial table and every trial's record."""
     from ..supervise.liveness import effective
@@ -118,11 +125,18 @@ def sweep_view(store: Store, sweep: Any) -> dict[str, Any]:
             "trials": [trials[r["id"]].to_dict() for r in table["rows"] if r["id"] in trials]}
 
 
-def trial_list(store: Store, sweep: Any) -> dict[str, Any]:
-    """``ps --trials SWEEP``: the sweep's trials in trial order, each its record plus how a person
-    reads its state (``PRUNED@120``, ``FAILED(1)``)."""
+def trial_list(store: Store, sweep: SweepRecord, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
+    """``ps --trials SWEEP``: the sweep's trials in trial order, or sorted by ``sort`` (a metric:
+    ``val_loss``, ``acc:max``, ``-acc``; or created, name, state), each its record, its metric
+    ``columns`` and how a person reads its state (``PRUNED@120``, ``FAILED(1)``). Trials without
+    the sorted metric come last, in trial order."""
     from ..supervise.liveness import effective
+    from .lists import parse_columns, parse_sort
 
+    cols = parse_columns(columns)
+    order = parse_sort(sort, cols)
+    wanted = [c.metric for c in cols] + ([order.metric] if order.metric else [])
+    summaries = _trial_metrics(store, sweep, wanted) if wanted else {}
     rows = []
     for trial in store.trials(sweep.id):
         trial = effective(trial)
@@ -131,11 +145,40 @@ def trial_list(store: Store, sweep: Any) -> dict[str, Any]:
             shown = f"PRUNED@{pruned['step']}"
         else:
             shown = trial.state.value if trial.exit_code in (None, 0) else f"{trial.state.value}({trial.exit_code})"
-        rows.append({**trial.to_dict(), "_state": shown, "_duration": trial.duration})
-    return {"sweep": {"id": sweep.id, "objective": sweep.objective}, "param_order": param_order(sweep), "rows": rows}
+        summary = summaries.get(trial.id) or {}
+        rows.append({**trial.to_dict(), "_state": shown, "_duration": trial.duration,
+                     "columns": {c.label: (summary.get(c.metric) or {}).get(c.agg) for c in cols},
+                     "_key": (summary.get(order.metric) or {}).get(order.agg) if order.metric else None})
+    if order.metric:
+        rows.sort(key=lambda r: (r["_key"] is None, -r["_key"] if r["_key"] is not None and order.descending
+                                 else r["_key"] if r["_key"] is not None else 0.0, r["trial"] or 0))
+    elif sort:
+        key = {"created": "created_at"}.get(order.key, order.key)
+        rows.sort(key=lambda r: (r.get(key) is None, r.get(key) or 0), reverse=order.descending)
+    return {"sweep": {"id": sweep.id, "objective": sweep.objective}, "param_order": param_order(sweep), "rows": rows,
+            "columns": [c.label for c in cols]}
 
 
-def sweep_exit_code(sweep: Any) -> int:
+def _trial_metrics(store: Store, sweep: SweepRecord, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The trials' metric summaries (recorded at their end; a running trial's read from its files);
+    a name no trial has is a UsageError listing those they have."""
+    from ..store.listing import metrics_of
+    from ..supervise.endings import metric_summary
+
+    trials = store.trials(sweep.id)
+    recorded = metrics_of(store, [t.id for t in trials])
+    for t in trials:
+        if t.id not in recorded and not is_terminal(t.state):
+            recorded[t.id] = metric_summary(t)
+    have = sorted({n for summary in recorded.values() for n in summary})
+    for name in dict.fromkeys(names):
+        if name not in have:
+            raise UsageError(f"no trial of sweep {sweep.id} has a metric '{name}'",
+                             f"metrics its trials have: {', '.join(have)}" if have else "its trials have recorded no metrics yet")
+    return recorded
+
+
+def sweep_exit_code(sweep: SweepRecord) -> int:
     """``wait``'s exit code: 0 when the sweep succeeded with at least one successful trial, 1
     when it failed (or none of its trials succeeded), 128+signal style codes when stopped."""
     if sweep.state is JobState.SUCCEEDED:
@@ -162,7 +205,7 @@ def follow_sweep_logs(store: Store, sweep_id: str, emit: Callable[[str], None], 
         for record in store.trials(sweep_id):
             if trial is not None and record.trial != trial:
                 continue
-            paths = JobPaths(Path(record.job_dir))
+            paths = record.paths
             for attempt in paths.attempts():
                 for r in paths.ranks(attempt):
                     if rank is not None and r != rank:

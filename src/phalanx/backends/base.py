@@ -32,7 +32,7 @@ argv, no file, no plan, no manifest, no log: ``secret_env``, docs/secrets.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import abc
 import random
@@ -49,6 +49,11 @@ from ..launch.console import Console
 from ..launch.explain import annotate
 from ..launch.host import HostFacts
 from .options import BackendOption, validate
+
+if TYPE_CHECKING:  # the records of jobs whose supervisor a backend hosts (k8s --in-cluster)
+    from ..store import JobRecord, Store
+
+Events = Callable[[str], None]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -258,13 +263,14 @@ class Backend(abc.ABC):
         """Checks that need the outside world (credentials, buckets), run once before the job
         is recorded, so bad input fails with nothing created. Raises UsageError. Default: none."""
 
-    def host_supervisor(self, record: Any, plan: Plan, events: Any = None) -> dict[str, Any] | None:
+    def host_supervisor(self, record: JobRecord, plan: Plan, events: Events | None = None) -> dict[str, Any] | None:
         """A detached job (``-d``) whose supervisor this backend runs itself, away from this
         machine (k8s ``--in-cluster``: a supervisor pod): start it and return the job's
         supervisor columns. None (the default): a supervisor process here."""
         return None
 
-    def stop_elsewhere(self, store: Any, record: Any, events: Any, stop_attempt: Any) -> Any:
+    def stop_elsewhere(self, store: Store, record: JobRecord, events: Events | None,
+                       stop_attempt: Callable[..., Any]) -> JobRecord:
         """``phalanx stop`` of a job whose supervisor ``host_supervisor`` started; its record.
         ``stop_attempt(store, record, events)`` stops what a lost supervisor left running
         (``supervise.leftover.stop``, passed in: backends sit below supervise)."""
@@ -273,19 +279,19 @@ class Backend(abc.ABC):
     # The jobs whose supervisor this backend hosts, seen from any machine (``query``, ``ps``).
     # Only backends named in ``builtin.HOSTS_SUPERVISORS`` are asked.
 
-    def refresh_hosted(self, store: Any, record: Any, home: HomePaths) -> Any:
+    def refresh_hosted(self, store: Store, record: JobRecord, home: HomePaths) -> JobRecord:
         """``record`` (a job it supervises) brought up to date in ``store`` from where it runs."""
         return record
 
-    def find_hosted(self, ref: str, store: Any, home: HomePaths) -> Any:
+    def find_hosted(self, ref: str, store: Store, home: HomePaths) -> JobRecord | None:
         """The job of id ``ref`` that this home never saw, imported into ``store``; None if none."""
         return None
 
-    def import_hosted(self, store: Any, home: HomePaths) -> int:
+    def import_hosted(self, store: Store, home: HomePaths) -> int:
         """Every job it supervises, imported into or refreshed in ``store``; how many."""
         return 0
 
-    def describe_hosted(self, record: Any) -> str:
+    def describe_hosted(self, record: JobRecord) -> str:
         """Where the supervisor of ``record`` runs, in words."""
         return f"supervised by the {self.name} backend"
 

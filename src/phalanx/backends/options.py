@@ -208,10 +208,18 @@ def backend_options(chosen: str | None = None) -> tuple[Option, ...]:
             out.append(lead.as_option(names))
             continue
         # Different meanings per backend: say each, with its default.
-        parts = [f"{b}: {o.help}" + (f" [default: {o.default}]" if o.default not in (None, False, ()) else "")
-                 for b, o in decls]
+        parts = [f"{b}: {_default_first(o)}" for b, o in decls]
         out.append(lead.as_option(names, help=" ".join(parts), default=None))
     return (*out, *sections)
+
+
+def _default_first(option: BackendOption) -> str:
+    """One backend's part of a shared option's help, its default first."""
+    from ..core.options import default_first
+
+    written, text = default_first(option.help)
+    default = option.default if option.default not in (None, False, ()) else written
+    return f"[default: {default}] {text}" if default is not None else text
 
 
 def validate(backend: str, declared_options: Sequence[BackendOption], given: Mapping[str, Any]) -> dict[str, Any]:

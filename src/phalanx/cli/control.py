@@ -32,6 +32,12 @@ def event(text: str) -> None:
     sys.stderr.flush()
 
 
+def started_in_background(ref: str, sweep: bool = False) -> None:
+    """``-d``: the id went to stdout; one line on stderr says how to follow and stop it."""
+    event(f"{'sweep' if sweep else 'job'} {ref} runs in the background; follow it: phalanx logs -f {ref}; "
+          f"stop it: phalanx stop {ref}")
+
+
 def parse_ranks(text: str | None) -> set[int] | None:
     from ..errors import UsageError
 
@@ -118,8 +124,9 @@ def wait_cmd(
         sys.stderr.write("\n")  # below the line redrawn in place
     if done["kind"] == "sweep":
         best = f", best {done['objective']}={done['best_value']:.6g}" if done["best_value"] is not None else ""
+        reason = f"; {done['reason']}" if done.get("reason") else ""
         typer.echo(f"{done['id']} {done['state']}: {done['progress']} trials ({done['failed']} failed, "
-                   f"{done['pruned']} pruned){best}", err=True)
+                   f"{done['pruned']} pruned){best}{reason}", err=True)
     else:
         typer.echo(f"{done['id']} {done['state']}" + ("" if done["exit_code"] is None else f" (exit {done['exit_code']})"),
                    err=True)
@@ -172,21 +179,27 @@ def stop_cmd(
 
 def resume_cmd(
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
-    detach: bool = typer.Option(False, "-d", "--detach", help="Resume in the background."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="[default: as phalanx run started it] Resume in the background."),
+    attach: bool = typer.Option(False, "--attach", help="[default: as phalanx run started it] Resume here, in the foreground."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only show the output of these ranks."),
 ) -> None:
     """Continue a failed, cancelled, preempted or lost job from its state directory (a new
-    attempt), or a sweep: only the trials that did not finish run."""
+    attempt), or a sweep: only the trials that did not finish run. It runs as `phalanx run`
+    started it (in the background after -d) unless -d or --attach says otherwise."""
+    from ..errors import UsageError
     from .face import face
 
+    if detach and attach:
+        raise UsageError("-d and --attach both given", "pick one: -d resumes in the background, --attach here")
     rank_filter = parse_ranks(ranks)
-    done, code = face().resume(job, detach=detach, out=sys.stdout, ranks=rank_filter, events=event)
-    if done["kind"] == "sweep":
-        typer.echo(done["id"] if detach else f"phalanx: sweep {done['id']} {done['state'].lower()}: {done['progress']} trials",
-                   err=not detach)
-        raise typer.Exit(code or 0)
-    if detach:
+    done, code = face().resume(job, detach=True if detach else False if attach else None, out=sys.stdout,
+                               ranks=rank_filter, events=event)
+    if done["detached"]:
         typer.echo(done["id"])
+        started_in_background(done["id"], sweep=done["kind"] == "sweep")
         return
+    if done["kind"] == "sweep":
+        typer.echo(f"phalanx: sweep {done['id']} {done['state'].lower()}: {done['progress']} trials", err=True)
+        raise typer.Exit(code or 0)
     report_end(done, shown=rank_filter)
     raise typer.Exit(code if code is not None else 0)

@@ -16,7 +16,7 @@ import typer
 from .render import ago, duration
 
 PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "PROGRESS", "COMMAND")
-WIDE = ("BACKEND", "GPU-H", "CPU-H", "COST", "TAGS", "HEALTH")
+WIDE = ("BACKEND", "GPU", "CPU", "COST", "TAGS", "HEALTH")  # device time in a unit that fits: 0.02 GPU-h, 3.6 CPU-s
 
 
 def ps_cmd(
@@ -29,12 +29,12 @@ def ps_cmd(
     search: Optional[str] = typer.Option(None, "--search", "-s", help="Only jobs whose id, name or command contains this."),
     user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
     mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
-    sort: Optional[str] = typer.Option(None, "--sort", help="created (default), name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
+    sort: Optional[str] = typer.Option(None, "--sort", help="[default: created; --trials: trial order] name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
     wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost, tags and health "
                               "(the slow rank of a running job, what stopped an ended one)."),
-    trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead."),
+    trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead (with --sort and -c on their metrics)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only the ids (e.g. for phalanx rm)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -44,7 +44,7 @@ def ps_cmd(
     from .face import face
 
     if trials is not None:
-        _trials(face().trials(trials), as_json, quiet)
+        _trials(face().trials(trials, sort, tuple(columns)), as_json, quiet)
         return
     request = PsRequest(all=all_jobs, states=tuple(state), name=name, backend=backend, tags=tuple(tag), since=since,
                         search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide,
@@ -76,14 +76,15 @@ def _render(shown: Sequence[dict[str, Any]], columns: Sequence[str], wide: bool,
         if row.get("kind") != "sweep":
             extra = [_num((row.get("columns") or {}).get(c)) for c in columns]
             if wide:
-                extra += [row["backend"], _hours(row.get("gpu_hours")), _hours(row.get("cpu_hours")), _money(row.get("cost")),
+                extra += [row["backend"], _hours(row.get("gpu_hours"), "GPU"), _hours(row.get("cpu_hours"), "CPU"),
+                          _money(row.get("cost")),
                           ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-", row.get("_health") or "-"]
             command = short_command(row["command"])
         else:
             extra = ["-" for _ in columns]
             if wide:
                 used = row["_usage"]
-                extra += ["-", _hours(used["gpu_hours"]), _hours(used["cpu_hours"]), _money(used["cost"]), "-", "-"]
+                extra += ["-", _hours(used["gpu_hours"], "GPU"), _hours(used["cpu_hours"], "CPU"), _money(used["cost"]), "-", "-"]
             command = f"[sweep {row['_sweep']}] {short_command(row['command'])}"
         table.append([*base, *extra, command])
     _fit(table, headers, sys.stdout)
@@ -123,10 +124,10 @@ def _num(value: Any) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def _hours(value: Any) -> str:
+def _hours(value: Any, device: str) -> str:
     from ..monitor.accounting import hours
 
-    return hours(value)
+    return hours(value, device)
 
 
 def _money(value: Any) -> str:
@@ -147,12 +148,15 @@ def _trials(found: dict[str, Any], as_json: bool, quiet: bool) -> None:
     sweep = found["sweep"]
     objective = (sweep["objective"] or "objective").upper()
     order = found["param_order"]
+    columns = found.get("columns") or []
     rows = [[str(r["trial"]), r["id"], r["_state"], "-" if r["objective"] is None else f"{r['objective']:.6g}",
-             ago(r["created_at"]), duration(r["_duration"]), _params(r["params"], order)] for r in records]
+             *(_num(r["columns"].get(c)) for c in columns), ago(r["created_at"]), duration(r["_duration"]),
+             _params(r["params"], order)] for r in records]
     if not rows:
         typer.echo(f"sweep {sweep['id']} has no trials yet")
         return
-    _fit(rows, ("TRIAL", "ID", "STATE", objective, "CREATED", "DURATION", "PARAMS"), sys.stdout)
+    _fit(rows, ("TRIAL", "ID", "STATE", objective, *(c.upper() for c in columns), "CREATED", "DURATION", "PARAMS"),
+         sys.stdout)
 
 
 def _params(values: dict[str, Any] | None, order: Sequence[str] = ()) -> str:

@@ -59,13 +59,19 @@ app.command("doctor", cls=DoctorCommand)(lambda: None)
 
 
 @app.command("help")
-def help_cmd(command: Optional[List[str]] = typer.Argument(None, help="A command, e.g. run or sweep show.")) -> None:
-    """Show the help of phalanx or of one of its commands (phalanx help run)."""
+def help_cmd(command: Optional[List[str]] = typer.Argument(None, help="A command (run, sweep show) or a backend (slurm).")) -> None:
+    """Show the help of phalanx, of one of its commands (phalanx help run), or the options of one
+    backend (phalanx help slurm)."""
     group = _command()
     ctx = click.get_current_context().find_root()
     target: click.Command = group
     for name in command or []:
         sub = target.get_command(ctx, name) if isinstance(target, click.Group) else None
+        if sub is None and target is group and len(command or []) == 1:
+            from .runflags import backend_help
+
+            typer.echo(backend_help(name), nl=False)  # a backend's options, or the error naming both lists
+            return
         if sub is None:
             from ..errors import UsageError
 

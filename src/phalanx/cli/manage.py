@@ -50,14 +50,48 @@ def _report(removed: dict[str, Any], as_json: bool) -> None:
 
 def rm_cmd(
     refs: List[str] = typer.Argument(..., metavar="JOB_OR_SWEEP...", help="Job or sweep ids, id prefixes or names."),
+    all_named: bool = typer.Option(False, "--all-named", help="A name several jobs or sweeps carry: remove every one of them."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go, remove nothing."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Delete jobs or sweeps that ended, with their files: logs, metrics, outputs, code
-    snapshot, and their state directory unless another job names it. Never a running job."""
+    snapshot, and their state directory unless another job names it. Never a running job. A
+    name several jobs or sweeps carry: asked which at a terminal, else refused (--all-named: all of them)."""
+    from ..errors import Ambiguous
     from .face import face
 
-    _report(face().rm(refs, dry_run), as_json)
+    try:
+        removed = face().rm(refs, dry_run, all_named)
+    except Ambiguous as exc:
+        if as_json or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise  # a script is shown the list and --all-named
+        name, ids = str(exc.choices[0]["name"]), _choose(exc)
+        removed = face().rm([i for ref in refs for i in (ids if ref == name else [ref])], dry_run)
+    _report(removed, as_json)
+
+
+def _choose(exc: Any) -> List[str]:
+    """Ask the person at the terminal which of the jobs and sweeps of one name go: numbers, or all."""
+    from ..errors import PhalanxError
+    from .render import ago
+
+    err = sys.stderr
+    err.write(f"phalanx: {exc.message}:\n")
+    for i, job in enumerate(exc.choices, 1):
+        err.write(f"  {i:>2}  {job['id']}  {job['state']:<10} {ago(job['created_at']):>8}  {job['command']}\n")
+    err.write("remove which? numbers (1 3), 'all', or nothing to cancel: ")
+    err.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer == "all":
+        return [str(j["id"]) for j in exc.choices]
+    try:
+        numbers = [int(word) for word in answer.replace(",", " ").split()]
+        picked = [exc.choices[n - 1] for n in numbers if n >= 1]
+    except (ValueError, IndexError):
+        raise PhalanxError(f"'{answer}' is not among 1-{len(exc.choices)} or all", "nothing was removed") from None
+    if not picked or len(picked) != len(numbers):
+        raise PhalanxError("nothing removed", f"answer with numbers from 1 to {len(exc.choices)}, or all")
+    return list(dict.fromkeys(str(j["id"]) for j in picked))
 
 
 def prune_cmd(
@@ -91,18 +125,20 @@ def usage_cmd(
     if not rows:
         typer.echo("no jobs yet")
         return
-    table = [[str(r["group"]), str(r["jobs"]), hours(r["gpu_hours"]), hours(r["cpu_hours"]), money(r["cost"])] for r in rows]
+    table = [[str(r["group"]), str(r["jobs"]), hours(r["gpu_hours"], "GPU"), hours(r["cpu_hours"], "CPU"), money(r["cost"])]
+             for r in rows]
     total = [sum(r[k] or 0.0 for r in rows) for k in ("gpu_hours", "cpu_hours")]
     costs = [r["cost"] for r in rows if r["cost"] is not None]
-    table.append(["total", str(sum(r["jobs"] for r in rows)), hours(total[0]), hours(total[1]), money(sum(costs)) if costs else "-"])
-    _fit(table, (by.upper(), "JOBS", "GPU-H", "CPU-H", "COST"), sys.stdout)
+    table.append(["total", str(sum(r["jobs"] for r in rows)), hours(total[0], "GPU"), hours(total[1], "CPU"),
+                  money(sum(costs)) if costs else "-"])
+    _fit(table, (by.upper(), "JOBS", "GPU", "CPU", "COST"), sys.stdout)
 
 
 # -- shared with status and logs -------------------------------------------------------------
 
 
 def usage_text(used: dict[str, Any]) -> str:
-    """``usage     0.52 GPU-hours (2 GPUs/node, A100), 4.1 CPU-hours, cost 1.30 (A100)``; the
+    """``usage     0.52 GPU-h (2 GPUs/node, A100), 4.1 CPU-h, cost 1.30 (A100)``; the
     attempts add up (a retry's time counts). ``used``: ``monitor.accounting.Usage`` as data."""
     from ..monitor.accounting import hours, money
 
@@ -112,4 +148,4 @@ def usage_text(used: dict[str, Any]) -> str:
     cost = f", cost {money(used['cost'])} ({used['priced_by']})" if used["cost"] is not None else ""
     billed = " (billed time)" if used["billed"] else ""
     attempts = f" over {len(used['attempts'])} attempts" if len(used["attempts"]) > 1 else ""
-    return f"usage     {hours(used['gpu_hours'])} GPU-hours{gpus}, {hours(used['cpu_hours'])} CPU-hours{cost}{billed}{attempts}\n"
+    return f"usage     {hours(used['gpu_hours'], 'GPU')}{gpus}, {hours(used['cpu_hours'], 'CPU')}{cost}{billed}{attempts}\n"

@@ -7,7 +7,7 @@ regenerate it with::
 
 from __future__ import annotations
 
-from ..core.options import GROUPS, Option
+from ..core.options import GROUPS, Option, default_first
 
 HEADER = """# Options of `phalanx run` and of job files
 
@@ -34,10 +34,14 @@ def _flags(option: Option) -> str:
 
 
 def _row(option: Option) -> str:
+    from ..backends.builtin import BACKENDS
+
     key = f"`{option.file_key}`" if option.file_key else "—"
     backends = ", ".join(option.backends) or "all"
+    meaning = option.help.replace("{backends}", ", ".join(sorted(BACKENDS)))
+    written, meaning = (None, meaning) if option.expands else default_first(meaning)
     default = f"`{option.default_text()}`" if option.default_text() and not option.default_doc else option.default_doc
-    return f"| {_flags(option)} | {key} | {_cell(option.help)} | {_cell(default or '')} | {backends} |"
+    return f"| {_flags(option)} | {key} | {_cell(meaning)} | {_cell(default or written or '')} | {backends} |"
 
 
 def render() -> str:

@@ -18,19 +18,15 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ..core.options import Option
 
-RUN_HELP = """Run SCRIPT (or -m MODULE, or any COMMAND) like `python SCRIPT ARGS`, distributed.
+RUN_HELP = """Run SCRIPT (or -m MODULE, or a COMMAND) like python, distributed; the words after
+SCRIPT are its own, even options phalanx also has.
 
 \b
-  phalanx run train.py --lr 0.01          one process, like python train.py
-  phalanx run -n 4 train.py               1 node x 4 processes (torchrun)
-  phalanx run -n 2x2 train.py             2 nodes x 2 processes
-  phalanx run --nproc-per-node 4 train.py torchrun's spelling: every torchrun command line works
-  phalanx run -m my_pkg.train --epochs 3  a module
-  phalanx run -- bash -c 'echo $RANK'     any command
-  phalanx run -f job.yaml --lr 0.1        a job file; CLI arguments override it
+  phalanx run train.py --lr 0.01             one process, like python train.py
+  phalanx run -n 2x4 train.py                2 nodes x 4 processes (torchrun)
+  phalanx run train.py --lr "[0.001, 0.01]"  a sweep: one trial per value"""
 
-Everything after the script (or -m MODULE) is passed to it unchanged, even options phalanx
-also has. Every option and job-file key: docs/options.md."""
+HELP_ALL = "--help-all"
 
 _MODULE_FLAGS = ("-m", "--module")
 
@@ -58,7 +54,7 @@ def split_argv(args: list[str], options: tuple[Option, ...]) -> list[str]:
             return out + ["--", *args[i:]]
         name, eq, _ = word.partition("=")
         option = flags.get(name if word.startswith("--") else word)
-        if option is None and word in ("-h", "--help"):
+        if option is None and word in ("-h", "--help", HELP_ALL):
             out.append(word)
             i += 1
             continue
@@ -87,16 +83,40 @@ def _suggest(word: str, flags: dict[str, Option]) -> str:
     return f"did you mean {close[0]}?" if close else "see: phalanx run --help"
 
 
-def _param(option: Option) -> click.Option:
-    default = option.default_text()
-    help_text = option.help + (f" [default: {default}]" if default and not option.is_flag else "")
-    if option.group == "backend" and not help_text.startswith(f"{option.backends[0]}: "):  # shared: says each
-        help_text = f"{', '.join(option.backends)}: {help_text}"
+def installed_backends() -> list[str]:
+    """Every backend this installation can run (the built-ins and the entry points), without
+    importing any of them."""
+    from ..backends.builtin import BACKENDS
+    from ..backends.options import installed_entry_points
+
+    return sorted({**installed_entry_points("phalanx.backends"), **BACKENDS})
+
+
+def option_help(option: Option, backends: list[str], brief: bool = False) -> str:
+    """An option's help line: its default first (``[default: X]``), then, for an option some
+    backends share, whose it is, then what it does."""
+    text = option.described(backends, brief=brief)
+    if option.group == "backend" and not option.help.startswith(f"{option.backends[0]}: "):  # shared: says each
+        default, sep, rest = text.partition("] ") if text.startswith("[default: ") else ("", "", text)
+        text = f"{default}{sep}{', '.join(option.backends)}: {rest}"
+    return text
+
+
+def _param(option: Option, backends: list[str]) -> click.Option:
+    help_text = option_help(option, backends)
     if option.is_flag:
         return click.Option([*option.flags, option.name], is_flag=True, flag_value=option.flag_value, default=None,
                             help=help_text)
     return click.Option([*option.flags, option.name], type=click.UNPROCESSED, multiple=option.repeatable,
                         default=None, metavar=option.shown_metavar, help=help_text)
+
+
+def _help_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    ctx.meta[HELP_ALL] = True
+    click.echo(ctx.get_help(), color=ctx.color)
+    ctx.exit()
 
 
 class RunCommand(TyperCommand):
@@ -123,9 +143,12 @@ class RunCommand(TyperCommand):
     @property  # type: ignore[override]
     def params(self) -> list[click.Parameter]:
         if self._params is None:
+            backends = installed_backends()
             self._params = [
                 click.Argument(["words"], nargs=-1, type=click.UNPROCESSED, metavar="[SCRIPT|COMMAND] [ARGS]..."),
-                *(_param(o) for o in self.table),
+                *(_param(o, backends) for o in self.table),
+                click.Option([HELP_ALL], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
+                             help="Show every option: torchrun's, retries, data, sweeps, each backend's."),
             ]
         return self._params
 
@@ -137,17 +160,69 @@ class RunCommand(TyperCommand):
         return super().parse_args(ctx, split_argv(list(args), self.table))
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The common options (``Option.brief``), or with ``--help-all`` every option by group."""
         from ..core.options import GROUPS
 
-        records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
         help_option = self.get_help_option(ctx)
+        record = help_option.get_help_record(ctx) if help_option else None
+        extra = [record] if record is not None else []
+        if not ctx.meta.get(HELP_ALL):
+            backends = installed_backends()
+            rows = [(_flags_text(o), option_help(o, backends, brief=True)) for o in self.table if o.common]
+            with formatter.section("Common options"):
+                formatter.write_dl([*rows, *extra, (HELP_ALL, "Every option (phalanx help BACKEND: a backend's).")])
+            return
+        records = {p.name: p.get_help_record(ctx) for p in self.get_params(ctx)}
         for group, title in GROUPS.items():
-            rows = [records[o.name] for o in self.table if o.group == group and records.get(o.name)]
-            if group == "what" and help_option is not None:
-                rows.append(help_option.get_help_record(ctx))
-            if rows:
+            shown = [r for r in (records.get(o.name) for o in self.table if o.group == group) if r is not None]
+            if group == "what":
+                shown += extra
+            if shown:
                 with formatter.section(title):
-                    formatter.write_dl([r for r in rows if r is not None])
+                    formatter.write_dl(shown)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if ctx.meta.get(HELP_ALL):
+            return
+        hidden = sum(1 for o in self.table if o.flags and not o.common)
+        formatter.write_paragraph()
+        formatter.write_text(f"{hidden} more (torchrun's, state, data, sweeps, backends'): phalanx run {HELP_ALL}; "
+                             "one backend's: phalanx help BACKEND.")
+
+
+def _flags_text(option: Option) -> str:
+    """``-n, --n TOPOLOGY``: the spellings (torchrun's underscore twins left out) and the metavar."""
+    flags = [f for f in option.flags if "_" not in f]
+    return ", ".join(flags) + (f" {option.shown_metavar}" if option.takes_value and option.shown_metavar else "")
+
+
+def backend_help(name: str) -> str:
+    """``phalanx help BACKEND``: the options only that backend takes (its own, as it declares
+    them, and for local torchrun's rendezvous settings), each with its default first, and its
+    job-file sections."""
+    from ..backends.options import declared, declared_sections
+    from ..errors import UsageError
+
+    backends = installed_backends()
+    if name not in backends:
+        raise UsageError(f"no such command or backend '{name}'", f"commands: phalanx --help; backends: {', '.join(backends)}")
+    own = declared(name)
+    options = [o for o in run_options() if name in o.backends and o.group != "backend"]
+    options += [o.as_option((name,)) for o in own if o.cli]
+    formatter = click.HelpFormatter()
+    formatter.write_usage(f"phalanx run --backend {name}", "[OPTIONS] [SCRIPT|COMMAND] [ARGS]...")
+    formatter.write_paragraph()
+    formatter.write_text(f"The options of the {name} backend (in a job file: under backend_options:, or in the "
+                         f"section shown). Every option: phalanx run {HELP_ALL}.")
+    rows = [(_flags_text(o), o.described(backends)) for o in options]
+    with formatter.section(f"Options of the {name} backend"):
+        formatter.write_dl(rows or [("(none)", f"the {name} backend takes only the common options")])
+    sections = [(f"{s.key}:", s.help) for s in declared_sections(name)]
+    sections += [(f"backend_options.{o.name}:", o.help) for o in own if not o.cli]
+    if sections:
+        with formatter.section("Job-file keys"):
+            formatter.write_dl(sections)
+    return formatter.getvalue()
 
 
 def _callback(words: tuple[str, ...], **given: Any) -> None:

@@ -5,14 +5,18 @@ happened: one line when the job starts, one when it ends (``-q`` silences both).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from ..core.spec import JobSpec
+    from ..jobfile.values import Values
 
 
 def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
     from ..jobfile import RunOptions, build_spec, build_sweep, resolve
-    from .control import event, report_end
+    from .control import event, report_end, started_in_background
     from .render import dump_json, warn
 
     backend_names = {o.name for o in _backend_options()}
@@ -41,7 +45,7 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
         from .sweep import run_sweep_cli
 
         run_sweep_cli(spec, sweep, dry_run=bool(values["dry_run"]), detach=bool(values["detach"]), as_json=as_json,
-                      clean=bool(values["clean_state"]), warnings=values.warnings, notes=values.notes)
+                      clean=bool(values["clean_state"]), warnings=values.warnings, notes=values.notes, quiet=quiet)
         return
     from .face import face
 
@@ -64,6 +68,8 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
             dump_json({"id": record["id"], "name": record["name"], "job_dir": record["job_dir"]}, sys.stdout)
         else:
             typer.echo(record["id"])
+        if not quiet:
+            started_in_background(record["id"])
         return
     shown = terminal_ranks(values, spec)
     out = sys.stderr if as_json else sys.stdout  # --json: stdout holds only the JSON
@@ -89,7 +95,7 @@ def announce(record: dict[str, Any]) -> None:
           f"logs: phalanx logs {record['id']} (in {record['job_dir']})")
 
 
-def terminal_ranks(values: Any, spec: Any) -> set[int] | None:
+def terminal_ranks(values: Values, spec: JobSpec) -> set[int] | None:
     """Which ranks' output the terminal shows: --ranks, torchrun's --local-ranks-filter (local
     ranks of every node) and --redirects (a rank whose output torchrun would redirect to a file
     is not shown; phalanx logs every rank anyway). None: all."""

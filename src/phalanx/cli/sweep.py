@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from .args import job_ref
+
+if TYPE_CHECKING:
+    from ..core.spec import JobSpec
+    from ..sweeps.settings import SweepSettings
 from .render import dump_json, warn
 
 sweep_app = typer.Typer(help="Inspect sweeps (a sweep is started by `phalanx run` with a search space).",
                         no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
-def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json: bool, clean: bool,
-                  warnings: list[str] | None = None, notes: list[str] | None = None) -> None:
+def run_sweep_cli(spec: JobSpec, settings: SweepSettings, dry_run: bool, detach: bool, as_json: bool, clean: bool,
+                  warnings: list[str] | None = None, notes: list[str] | None = None, quiet: bool = False) -> None:
     from ..sweeps.settings import check, slot_plan
     from ..sweeps.space import parse_space
     from .control import event
@@ -30,7 +34,7 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
         jobs.check_storage(spec)  # what a real sweep checks first
         slots = slot_plan(spec, settings.parallel)
         warn(warnings or [], notes)
-        out = {
+        out: dict[str, Any] = {
             "strategy": settings.strategy, "trials": strategy.total, "concurrent": len(slots),
             "params": [p.name for p in space.params],
             "first": [space.apply(strategy.params_for(n)) for n in range(min(3, strategy.total))]
@@ -49,15 +53,20 @@ def run_sweep_cli(spec: Any, settings: Any, dry_run: bool, detach: bool, as_json
 
     record, code = face().run_sweep(spec, settings, detach=detach, events=event)
     if detach:
+        from .control import started_in_background
+
         if as_json:
             dump_json({"id": record["id"], "sweep": True, "name": record["name"]}, sys.stdout)
         else:
             typer.echo(record["id"])
+        if not quiet:
+            started_in_background(record["id"], sweep=True)
         return
     best = f"; best {record['objective']}={record['best_value']:g} (job {record['best_job']})" \
         if record["best_value"] is not None else ""
+    reason = f"; {record['reason']}" if record.get("reason") else ""
     typer.echo(f"phalanx: sweep {record['id']} {record['state'].lower()}: {record['finished']}/{record['total']} trials "
-               f"({record['failed']} failed, {record['pruned']} pruned){best}", err=True)
+               f"({record['failed']} failed, {record['pruned']} pruned){best}{reason}", err=True)
     if as_json:
         dump_json(record, sys.stdout)
     raise typer.Exit(code or 0)

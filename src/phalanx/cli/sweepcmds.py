@@ -19,7 +19,7 @@ def render_sweep_status(view: dict[str, Any], as_json: bool) -> None:
         return
     render_sweep(view, sys.stdout)
     out = sys.stdout
-    out.write(f"\nusage     {hours(view['gpu_hours'])} GPU-hours, {hours(view['cpu_hours'])} CPU-hours"
+    out.write(f"\nusage     {hours(view['gpu_hours'], 'GPU')}, {hours(view['cpu_hours'], 'CPU')}"
               + (f", cost {money(view['cost'])}" if view["cost"] is not None else "") + f" over {view['jobs']} trial(s)\n")
     if view["supervisor_pid"] and view["state"] not in _ENDED:
         out.write(f"runner    pid {view['supervisor_pid']}; follow it: phalanx logs {view['id']} -f\n")

@@ -14,6 +14,7 @@ job file; the job file beats ``default``. Pure data; no I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,9 @@ class Option:
     # A backend's job-file section (``sagemaker:``): its value is a mapping of that backend's
     # options, which go into the spec as if given one by one, under those given by name.
     expands: bool = False
+    # Set for the options most people need: their one-line help in the short ``phalanx run --help``
+    # (the rest are in ``--help-all``). ``{backends}`` in it or in ``help``: the installed backends.
+    brief: str = ""
 
     @property
     def file_key(self) -> str | None:
@@ -122,6 +126,22 @@ class Option:
     def shown_metavar(self) -> str:
         return self.metavar or self.type.metavar
 
+    @property
+    def common(self) -> bool:
+        return bool(self.brief)
+
+    def described(self, backends: "tuple[str, ...] | list[str]", brief: bool = False) -> str:
+        """Its help (or brief) with ``{backends}`` filled in, the default first: ``[default: X] ...``."""
+        text = (self.brief if brief and self.brief else self.help).replace("{backends}", ", ".join(backends))
+        if text.startswith("[default: ") or self.expands:  # says it first already; a section's keys say theirs
+            return text
+        written, text = default_first(text)
+        default = self.default_text() if (self.default_doc or not self.is_flag) else ""
+        default = default or written or ""
+        if brief:  # one line: the default without its qualifiers
+            default = default.split(" (")[0].split(", ")[0]
+        return f"[default: {default}] {text}" if default else text
+
     def default_text(self) -> str:
         if self.default_doc:
             return self.default_doc
@@ -132,12 +152,29 @@ class Option:
         return str(self.default)
 
 
+_WRITTEN_DEFAULT = (
+    re.compile(r"\s*\(default:?\s+((?:[^()]|\([^()]*\))*)\)"),  # "... (default: X)"
+    re.compile(r";\s*default:?\s+((?:[^()]|\([^()]*\))*?)(?=\))"),  # "(...; default X)"
+    re.compile(r";\s*default:?\s+(.*?)(?=\.(?:\s|$))"),  # "...; default: X."
+)
+
+
+def default_first(text: str) -> tuple[str | None, str]:
+    """A default written inside a help text (``AWS region (default: AWS_PROFILE).``), and the
+    text without it: help lines say their default first, whoever wrote them."""
+    for pattern in _WRITTEN_DEFAULT:
+        found = pattern.search(text)
+        if found:
+            return found.group(1).strip(), (text[:found.start()] + text[found.end():]).strip()
+    return None, text
+
+
 # -- the table -----------------------------------------------------------------------------
 
 RUN_OPTIONS: tuple[Option, ...] = (
     # What runs
     Option("job_file", Str(expected="a path"), "A YAML job file (- reads standard input); options given here override it.",
-           ("-f", "--file"), file=None, metavar="FILE"),
+           ("-f", "--file"), file=None, metavar="FILE", brief="A YAML job file; options here override it."),
     Option("script", Str(expected="a path"), "The Python file to run (on the command line: the first word after the options).",
            file="script", field="entrypoint"),
     Option("module", Custom(expected="a module name", parser=python_name), "Run a Python module, like python -m; "
@@ -151,11 +188,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("no_python", Bool(), "Run the first word as a command, not with python, even if it is a .py file "
            "(torchrun's --no-python).", ("--no-python", "--no_python"), flag_value=True, field="entrypoint"),
     Option("name", Str(), "Job name: the state directory and `phalanx status NAME` go by it.", ("--name",),
-           field="name", default_doc="the script's or module's name"),
+           field="name", default_doc="the script's name", brief="The job's name."),
     Option("workdir", Str(expected="a path"), "Directory the job runs in.", ("--workdir",), field="workdir",
            default_doc="the current directory (the job file's, with -f)", metavar="DIR"),
     Option("env", MappingOf(key=env_name), "Extra environment variable KEY=VALUE (repeatable; job file: a mapping).",
-           ("-e", "--env"), field="env"),
+           ("-e", "--env"), field="env", brief="An environment variable (repeatable)."),
     Option("secrets", SecretRefs(parser=secret_ref), "Put the secret NAME (phalanx secret set NAME) in the ranks' "
            "environment as the variable NAME, or VAR=NAME as VAR (repeatable; job file: a list). Only the ranks see "
            "the value: records, --dry-run and logs hold the name (see docs/secrets.md).", ("--secret",),
@@ -174,14 +211,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("local_rank_arg", Choice(choices=("--local-rank", "--local_rank")), "Append this argument with each "
            "worker's local rank (--local-rank=N), as python -m torch.distributed.launch did without --use-env.",
            ("--local-rank-arg", "--local_rank_arg"), field="entrypoint", metavar="FLAG"),
-    Option("backend", Str(), "Where the job runs: local, ssh, slurm, or an installed backend.", ("--backend",),
-           field="backend", default_doc="local (setting: backend)"),
-    Option("warm", Bool(), "Start the job's Python processes from a warm interpreter pool (local backend; see "
-           "phalanx pool --help). --cold (or --no-warm): every process starts cold.", ("--cold", "--no-warm"),
-           field="warm", default_doc="true (setting: warm)", flag_value=False),
+    Option("backend", Str(), "Where the job runs: {backends} (the installed backends; phalanx help BACKEND "
+           "lists one's options).", ("--backend",), field="backend", default_doc="local (setting: backend)",
+           metavar="NAME", brief="{backends}."),
+    Option("warm", Bool(), "Start every Python process of the job cold, not from a warm interpreter pool "
+           "(see phalanx pool --help).", ("--cold", "--no-warm"), field="warm",
+           default_doc="warm on the local backend (setting: warm)", flag_value=False),
     # Topology
     Option("n", Custom(expected="a topology", parser=topology), "Topology: NPROC or NNODESxNPROC (e.g. 4, 2x4).",
-           ("-n", "--n"), group="topology", field="resources", metavar="TOPOLOGY", label="-n"),
+           ("-n", "--n"), group="topology", field="resources", metavar="TOPOLOGY", label="-n",
+           default_doc="one process, as python runs it", brief="4 or 2x4 (nodes x processes)."),
     Option("nnodes", Custom(expected="a node count", parser=node_range), "Number of nodes, or MIN:MAX for an "
            "elastic job that runs with as many nodes as join (torchrun's spelling).", ("--nnodes",),
            group="topology", field="resources", metavar="N|MIN:MAX"),
@@ -237,14 +276,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("as_json", Bool(), "Machine-readable output: only JSON on stdout (the script's output goes to stderr).",
            ("--json",), group="terminal", file=None, flag_value=True),
     Option("dry_run", Bool(), "Check everything a run checks, print the plan (per-node argv and env), and exit.",
-           ("--dry-run",), group="terminal", file=None, flag_value=True),
-    Option("detach", Bool(), "Run in the background; print the job id.", ("-d", "--detach"), group="terminal",
-           file=None, flag_value=True),
+           ("--dry-run",), group="terminal", file=None, flag_value=True,
+           brief="Print the plan; start nothing."),
+    Option("detach", Bool(), "Run in the background: print the job id (stdout) and how to follow it (stderr).",
+           ("-d", "--detach"), group="terminal", file=None, flag_value=True,
+           brief="Run in the background; print the job id."),
     # Failures, retries and state
     Option("grace", Float(), "Seconds between SIGTERM and SIGKILL when stopping.", ("--grace",), group="survival",
            field="grace", default_doc="30 (setting: grace)"),
     Option("max_retries", Int(high=10_000), "Rerun the whole job up to N times after a failure.", ("--max-retries",),
-           group="survival", field="max_retries", default=0),
+           group="survival", field="max_retries", default=0, brief="Runs again after a failure."),
     Option("no_retry_on", ListOf(item=Custom(expected="a regular expression", parser=regex)), "A failure whose output "
            "matches this regex is final (repeatable; replaces the defaults; job file: a list, or one pattern).",
            ("--no-retry-on",), group="survival", field="no_retry_on", metavar="REGEX",
@@ -294,9 +335,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("metrics", MappingOf(key=metric_name, item=Custom(expected="a regular expression", parser=metric_regex),
                                 expected="a mapping of metric name to regular expression", metavar="NAME=REGEX"),
            "A metric NAME=REGEX over each rank's output; group 1 is the value (repeatable; job file: a mapping).",
-           ("--metric",), group="monitoring", field="metrics"),
-    Option("auto_metrics", Bool(), "Pick up name=value numbers automatically (--no-auto-metrics: do not).",
-           ("--no-auto-metrics",), group="monitoring", field="auto_metrics", default=True, flag_value=False),
+           ("--metric",), group="monitoring", field="metrics", brief="A metric in the output: group 1 is its value."),
+    Option("auto_metrics", Bool(), "Do not pick up name=value numbers from the output (only --metric ones).",
+           ("--no-auto-metrics",), group="monitoring", field="auto_metrics", default=True, flag_value=False,
+           default_doc="on: name=value and name: value numbers are metrics (docs/metrics.md)"),
     Option("sample_interval", Float(positive=True), "Seconds between resource samples.", ("--sample-interval",),
            group="monitoring", field="sample_interval", default=5.0),
     Option("progress", Custom(expected="a regular expression", parser=progress_regex), "Read progress (and the "
@@ -314,9 +356,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("skip_if_done", Bool(), "Do nothing if the last successful run of this name had the same code, "
            "command and inputs.", ("--skip-if-done",), group="data", field="skip_if_done", default=False,
            flag_value=True),
-    Option("snapshot", Bool(), "Run from a copy of the working directory taken at submit time "
-           "(--no-snapshot: from the directory itself).", ("--no-snapshot",), group="data", field="snapshot",
-           default=True, flag_value=False),
+    Option("snapshot", Bool(), "Run from the working directory itself, not from a copy of it taken at submit time "
+           "(edits made while the job runs, or before a retry, reach it).", ("--no-snapshot",), group="data",
+           field="snapshot", default=True, flag_value=False,
+           default_doc="a copy of the working directory taken at submit time"),
     # Labels and notifications
     Option("tags", MappingOf(key=tag_key, item=Str(allow_empty=True, expected="a tag value", longest=TAG_VALUE_LONGEST),
                              expected="a mapping of tag key to value"),
@@ -348,16 +391,16 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("strategy", Choice(choices=("grid", "random", "tpe")), "grid, random or tpe.", ("--strategy",),
            group="sweep", file="sweep.strategy", default_doc="grid when every value is finite, else random"),
     Option("trials", Int(low=1), "Number of trials (random, tpe; caps a grid).", ("--trials",), group="sweep",
-           file="sweep.trials"),
+           file="sweep.trials", default_doc="every point of a grid (random and tpe need it)"),
     Option("seed", Int(low=None), "Seed of random and tpe.", ("--seed",), group="sweep", file="sweep.seed",
            default=0),
-    Option("objective", Custom(expected="an objective", parser=objective), "METRIC:min or METRIC:max; the metric "
-           "must be a --metric or appear in the script.", ("--objective",), group="sweep", file="sweep.objective",
-           metavar="METRIC:DIR"),
+    Option("objective", Custom(expected="an objective", parser=objective), "METRIC:min or METRIC:max: a --metric, or "
+           "a NAME=VALUE (NAME: VALUE) the script prints; a sweep in which no trial reports it fails.", ("--objective",),
+           group="sweep", file="sweep.objective", metavar="METRIC:DIR", brief="A sweep's objective: loss:min, acc:max."),
     Option("early_stop", Choice(choices=("median", "halving")), "Prune hopeless trials: median or halving.",
            ("--early-stop",), group="sweep", file="sweep.early_stop"),
     Option("parallel", Int(low=1), "At most this many trials at once.", ("--parallel",), group="sweep",
-           file="sweep.parallel", default_doc="as many as fit"),
+           file="sweep.parallel", default_doc="as many as fit", brief="A sweep's trials at once."),
     Option("fail_fast", Bool(), "Stop at the first failed trial.", ("--fail-fast",), group="sweep",
            file="sweep.fail_fast", default=False, flag_value=True),
 )

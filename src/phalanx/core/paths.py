@@ -129,6 +129,14 @@ class HomePaths:
         """Where ``--clean-state`` moves a state directory aside (never deleted)."""
         return self.root / "state" / ".previous" / f"{safe_name(name)}-{stamp}"
 
+    def sweep_outcome(self, sweep_id: str) -> Path:
+        """Why a sweep that ran every trial failed (``{"reason": ...}``: no trial reported its objective)."""
+        return self.sweep_dir(sweep_id) / "outcome.json"
+
+    def sweep_start_mode(self, sweep_id: str) -> Path:
+        """How ``phalanx run`` started the sweep (as ``JobPaths.start_mode``)."""
+        return self.sweep_dir(sweep_id) / "start.json"
+
     def sweep_sampler(self, sweep_id: str) -> Path:
         """The search's sampler state (pickled Optuna sampler), kept so a resume continues it."""
         return self.sweep_dir(sweep_id) / "sampler.pkl"
@@ -239,6 +247,11 @@ class JobPaths:
     @property
     def attempts_log(self) -> Path:
         return self.root / "attempts.jsonl"
+
+    @property
+    def start_mode(self) -> Path:
+        """How ``phalanx run`` started the job (``{"detached": true}`` for ``-d``): ``resume`` starts it so again."""
+        return self.root / "start.json"
 
     @property
     def reserve(self) -> Path:

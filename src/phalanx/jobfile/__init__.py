@@ -23,7 +23,7 @@ from ..core.lazy import exports
 
 # Imported on first use: `phalanx run --help` needs the option table (values), not the builders.
 _WHERE = {
-    "build_spec": "build", "JobFile": "read", "build_sweep": "sweep", "check_objective": "sweep",
+    "build_spec": "build", "JobFile": "read", "build_sweep": "sweep", "check_objective": "objective",
     "RunOptions": "values", "Values": "values", "all_options": "values", "load_job_file": "values", "resolve": "values",
 }
 __all__ = sorted(_WHERE)

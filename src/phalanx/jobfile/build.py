@@ -12,6 +12,7 @@ from typing import Any, get_type_hints
 
 from ..core.env import python_as_typed
 from ..core.options import RENDEZVOUS_OPTIONS, RUN_OPTIONS, SWEEP_OPTIONS, TOPOLOGY_OPTIONS
+from ..core.arguments import merge_args
 from ..core.spec import (
     Entrypoint,
     EntrypointKind,
@@ -21,7 +22,6 @@ from ..core.spec import (
     Rendezvous,
     Resources,
     Spawn,
-    merge_args,
 )
 from ..errors import UsageError
 from .values import RunOptions, Values, all_options, resolve

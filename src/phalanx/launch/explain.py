@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..core.env import fills_templates, initializes_jax, runs_as_python
-from ..core.spec import EntrypointKind, Framework, JobSpec, Spawn, code_root, has_template
+from ..core.arguments import has_template
+from ..core.spec import EntrypointKind, Framework, JobSpec, Spawn, code_root
 from .imports import infer_framework, module_file
 from ..core.plan import Plan
 

@@ -11,7 +11,8 @@ from typing import Any, Mapping
 from ..core.env import Topology, fills_templates, initializes_jax, node_env, process_env, runs_as_python, template_values
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, ProcessPlan, is_late, quote_user_text
-from ..core.spec import JobSpec, render_template
+from ..core.arguments import render_template
+from ..core.spec import JobSpec
 from ..secrets.mask import VARS_ENV
 from .torchrun import BOOTSTRAP_MODULE, JAX_INIT, torchrun_argv, worker_command
 

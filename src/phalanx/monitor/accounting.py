@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..core.paths import JobPaths, read_json
@@ -128,7 +127,7 @@ def _sampled_gpus(paths: JobPaths, attempt: int, nproc_per_node: int) -> tuple[i
 def job_usage(record: Any, now: float | None = None, prices: dict[str, float] | None = None) -> Usage:
     """The usage of a job, from its directory and record (reads a few small files)."""
     now = time.time() if now is None else now
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     options, procs = _spec_options(record)
     nnodes = int(record.nnodes)
     declared, model = _declared_gpus(record.backend, options)
@@ -188,11 +187,19 @@ def _prices() -> dict[str, float]:
     return dict(config.get("prices") or {})
 
 
-def hours(value: float | None) -> str:
-    """``0.0123`` -> ``0.012``; None -> ``-``."""
+def hours(value: float | None, device: str = "") -> str:
+    """Device time for people, in a unit that fits it: ``0.02 CPU-h``, ``3.6 CPU-s`` (under 36 s),
+    ``1,234.5 GPU-h``; ``0`` for none used; ``-`` for unknown. Without ``device``, the number of
+    hours alone (``0.012``)."""
     if value is None:
         return "-"
-    return f"{value:.3g}" if value < 10 else f"{value:,.1f}"
+    if not device:
+        return f"{value:.3g}" if value < 10 else f"{value:,.1f}"
+    if value <= 0:
+        return f"0 {device}-h"
+    if value < 0.01:
+        return f"{value * 3600:.2g} {device}-s"
+    return f"{value:.2g} {device}-h" if value < 10 else f"{value:,.1f} {device}-h"
 
 
 def money(value: float | None) -> str:

@@ -13,13 +13,13 @@ here reads both.
 Where numbers come from:
 
 - ``--metric NAME=REGEX`` definitions (SageMaker-style): group 1 of every match is a value.
-- automatic pick-up (``auto``, on by default): ``name=value`` and ``name: value`` numbers, e.g.
-  ``loss=0.31 acc: 0.9``. ``step``, ``global_step``, ``iter``, ``iteration`` and ``epoch``
-  (also written ``step 12``, ``Epoch [3/10]``) are not metrics: they are the step/epoch of the
-  other numbers on their line, and carry over to later lines until the next one (a validation
-  line printed after step 500 belongs to step 500). A number a definition already matched, or
-  whose name a definition uses, is not picked up twice. Obvious non-metrics (rank, pid, port,
-  seed, world_size) are skipped. Malformed numbers are ignored, never fatal; non-finite ones
+- automatic pick-up (``auto``, on by default): ``name=value`` and ``name: value`` numbers that
+  look like metrics, e.g. ``loss=0.31 acc: 0.9``, with the step and epoch of their line
+  (``step 12``, ``Epoch [3/10]``), which carry over to later lines until the next one (a
+  validation line printed after step 500 belongs to step 500). What counts, and what is left out
+  (source locations, progress-bar labels, the ``metrics_ignore`` names), is ``autometrics.py``'s.
+  A number a definition already matched, or whose name a definition uses, is not picked up
+  twice. Malformed numbers are ignored, never fatal; non-finite ones
   (``loss=nan``, ``inf``) are no record either, but the collector's ``observer`` hears of them
   (``--on-nan``: the supervisor's ``health`` watch).
 - ``PHALANX_METRICS_FILE``: a script that prefers explicit logging appends JSON lines to the
@@ -44,6 +44,8 @@ from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 from ..core.paths import JobPaths
 from ..core.spec import MetricDef
+from .autometrics import CONTEXT, DEF, DEFAULT_IGNORED, EPOCH, STEP, Ignored, Match, maybe_context, plan_shape
+from .autometrics import EPOCH_KEYS, STEP_KEYS, digit_agnostic  # noqa: F401  (re-exported: long-standing import paths)
 from .metricfile import NONE, Columns, encode_block
 from .metricfile import read_jsonl, tail_jsonl  # noqa: F401  (re-exported: long-standing import paths)
 from .readback import read_metrics, summarize  # noqa: F401
@@ -53,42 +55,8 @@ READ_CHUNK = 4 << 20
 # A "line" longer than this without a newline is read as it is rather than buffered forever.
 MAX_LINE = 1 << 20
 
-STEP_KEYS = ("global_step", "step", "iteration", "iter")
-EPOCH_KEYS = ("epoch",)
-# Numbers scripts print that are identities or settings, not measurements.
-NOT_METRICS = frozenset({"rank", "local_rank", "global_rank", "world_size", "pid", "port", "seed", "node_rank", "gpu", "device"})
-
-# A number as scripts print it; junk the class admits (1.2.3) is dropped by float(). nan and inf
-# are read too (as Python, NumPy and torch print them) so that a diverging loss is seen.
-_NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+|(?i:nan|inf(?:inity)?)\b)(?:[eE][-+]?\d+)?"
-# One pass per line finds both metrics and step/epoch: ``name=value`` or ``name: value``
-# (groups: name, separator, number), or ``name value`` / ``Name [3/10]`` (no separator), which
-# counts only for step and epoch. The name must start a token (so --lr=1 or a/b=1 do not
-# half-match) and the number must end one (so 12:30:01, 1.5x or 10ms are not numbers); names
-# longer than 100 characters are data, not names.
-_SCAN = re.compile(
-    r"""(?:^|(?<=[\s,;({\[|'"]))([A-Za-z_][\w@./-]{0,99}+)['"]?(?:([=:])[ \t]*|[ \t]+)\[?[ \t]*("""
-    + _NUMBER
-    + r""")(?:/\d+)?(?=[\s,;|)\]}'"%]|$)"""
-)
-_CONTEXT = {**{k: "step" for k in STEP_KEYS}, **{k: "epoch" for k in EPOCH_KEYS}}
 _DIGITS = bytes.maketrans(b"123456789", b"000000000")
-_STEP, _EPOCH, _METRIC, _DEF = 0, 1, 2, 3
-# (kind, name start, name end, JSON name or None when the name has digits, number start, number end)
-_Match = tuple[int, int, int, "str | None", int, int]
 MAX_PLANS = 4096  # line shapes remembered; a training loop prints a handful
-
-
-def digit_agnostic(pattern: str) -> bool:
-    """Does the regex treat every digit alike? True when its only digits are in ``0-9``
-    ranges (``\\d`` has none): then its matches in a line depend only on the line's shape."""
-    return not any(c.isdigit() for c in pattern.replace("0-9", ""))
-
-
-def _maybe_context(line: str) -> bool:
-    """Could ``line`` name a step or an epoch? (Cheap substring tests before the regex.)"""
-    low = line.lower()
-    return "step" in low or "epoch" in low or "iter" in low
 
 
 def _finite(text: Any) -> float | None:
@@ -166,13 +134,14 @@ class MetricsCollector:
     """
 
     def __init__(self, paths: JobPaths, attempt: int, defs: Sequence[MetricDef] = (), auto: bool = True,
-                 observer: Observer | None = None) -> None:
+                 ignored: Ignored = DEFAULT_IGNORED, observer: Observer | None = None) -> None:
         self.paths = paths
         self.observer = observer
         self._nonfinite: dict[str, NonFinite] = {}  # the first of each name in one read
         self._rank = 0  # the rank being read (for NonFinite)
         self.attempt = attempt
         self.auto = auto
+        self.ignored = ignored  # names the pick-up leaves out (autometrics: the metrics_ignore setting)
         compiled = [(re.compile(d.regex, re.MULTILINE), d.name) for d in defs]
         self._def_rx = [(rx, name) for rx, name in compiled if rx.groups >= 1]  # parse_metric ensures it
         # Definitions that treat all digits alike run once per line shape (see _plan); the
@@ -180,7 +149,7 @@ class MetricsCollector:
         self._shape_defs = [(rx, name) for rx, name in self._def_rx if digit_agnostic(rx.pattern)]
         self._line_rx = [(rx, name) for rx, name in self._def_rx if not digit_agnostic(rx.pattern)]
         self._defs = [(rx.findall, name, rx.groups == 1) for rx, name in self._line_rx]
-        self._plans: dict[bytes, tuple[_Match, ...]] = {}
+        self._plans: dict[bytes, tuple[Match, ...]] = {}
         self._def_names = frozenset(d.name for d in defs)
         self._ranks: dict[int, _RankState] = {}
         self.last_activity: float = time.time()
@@ -293,7 +262,7 @@ class MetricsCollector:
             for findall, name, single in defs:
                 for g in findall(line):
                     found.append((name, g if single else g[0]))
-            if by_shape or auto and ("=" in line or ":" in line) or _maybe_context(line):
+            if by_shape or auto and ("=" in line or ":" in line) or maybe_context(line):
                 plan = plans.get(shape)
                 if plan is None:
                     plan = self._plan(shape.decode("utf-8", errors="replace"))
@@ -303,11 +272,11 @@ class MetricsCollector:
                 by_defs = bool(found)
                 taken: list[tuple[int, int]] | None = None  # spans of numbers definitions matched
                 for kind, ns, ne, known, vs, ve in plan:
-                    if kind == _DEF:
+                    if kind == DEF:
                         found.append((known, line[vs:ve]))  # type: ignore[arg-type]
-                    elif kind == _STEP:
+                    elif kind == STEP:
                         step = _counter(int(line[vs:ve]))
-                    elif kind == _EPOCH:
+                    elif kind == EPOCH:
                         epoch = _counter(int(line[vs:ve]))
                     elif auto:
                         if by_defs:  # rare: a picked-up number on a line a definition matched
@@ -344,41 +313,10 @@ class MetricsCollector:
         state.step, state.epoch = step, epoch
         return count
 
-    def _plan(self, shape: str) -> tuple[_Match, ...]:
-        """What the digit-agnostic definitions and the scan find in a line of this shape
-        (digits replaced by 0): per match its kind, the name's span, its JSON name (None if the
-        name has digits), and the number's span.
-
-        Those regexes treat all digits alike, so lines of one shape have their names and
-        numbers at the same places: they run once per shape, not once per line.
-        """
-        plan: list[_Match] = []
-        taken: list[tuple[int, int]] = []
-        for rx, def_name in self._shape_defs:
-            for d in rx.finditer(shape):
-                if d.group(1) is not None:
-                    plan.append((_DEF, 0, 0, def_name, *d.span(1)))
-                    taken.append(d.span(1))
-        for m in _SCAN.finditer(shape):
-            name, sep, number = m.group(1), m.group(2), m.group(3)
-            low = name.lower()
-            key = _CONTEXT.get(low)
-            if key is not None:
-                if number.isdigit():
-                    plan.append((_STEP if key == "step" else _EPOCH, 0, 0, None, *m.span(3)))
-                continue
-            if not sep or low in NOT_METRICS:
-                continue
-            start, end = m.span(3)
-            if any(s < end and start < e for s, e in taken):
-                continue  # a definition reports this number
-            known: str | None = None
-            if "0" not in name:
-                if name in self._def_names:
-                    continue
-                known = name
-            plan.append((_METRIC, *m.span(1), known, *m.span(3)))
-        return tuple(plan)
+    def _plan(self, shape: str) -> tuple[Match, ...]:
+        """What this collector's digit-agnostic definitions and the pick-up find in a line of
+        this shape (``autometrics.plan_shape``)."""
+        return plan_shape(shape, self._shape_defs, self._def_names, self.ignored)
 
     def _user_lines(self, text: str, block: dict[str, Columns], count: int) -> int:
         for line in text.splitlines():
@@ -396,7 +334,7 @@ class MetricsCollector:
             if isinstance(obj.get("name"), str) and "value" in obj:
                 pairs: Iterable[tuple[str, Any]] = [(obj["name"], obj["value"])]
             else:
-                pairs = ((k, v) for k, v in obj.items() if k.lower() not in _CONTEXT and k != "time")
+                pairs = ((k, v) for k, v in obj.items() if k.lower() not in CONTEXT and k != "time")
             s = NONE if step is None else step
             e = NONE if epoch is None else epoch
             for name, raw in pairs:

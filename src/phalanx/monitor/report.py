@@ -4,7 +4,6 @@ lines, ``top`` frames."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..core.contracts import Stray
@@ -67,7 +66,7 @@ def metrics_report(record: Any, attempt: int | None = None, rank: int | None = N
     by step, for one rank (default 0) of one attempt or of all attempts (default)."""
     from ..errors import UsageError
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     known = paths.attempts()
     if attempt is not None and attempt not in known:
         raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, known)) or 'none yet'}")
@@ -91,7 +90,7 @@ def export_metrics(record: Any, out: Any, attempt: int | None = None, rank: int 
     from ..errors import UsageError
     from .readback import export_jsonl
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     known = paths.attempts()
     if attempt is not None and attempt not in known:
         raise UsageError(f"job {record.id} has no attempt {attempt}", f"attempts: {', '.join(map(str, known)) or 'none yet'}")
@@ -105,7 +104,7 @@ def status_summary_lines(record: Any) -> list[str]:
     from .hints import hints
     from .resources import recent_resources
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempt = record.attempt
     lines: list[str] = []
     rank = default_rank(paths, [attempt])
@@ -167,7 +166,7 @@ def top_frame(record: Any) -> dict[str, Any]:
     from .hints import hints
     from .resources import latest_samples, recent_resources
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempt = record.attempt
     now = time.time()
     nodes = []

@@ -77,8 +77,9 @@ class RemoteFace:
 
         return PsListing(rows(), bool(head["everything"]), list(head["columns"]), bool(head["wide"]))
 
-    def trials(self, ref: str) -> dict[str, Any]:
-        return self.client.call("GET", ref_path("sweeps", ref, "/trials"))  # type: ignore[no-any-return]
+    def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
+        params = ([("sort", sort)] if sort else []) + [("column", c) for c in columns]
+        return self.client.call("GET", ref_path("sweeps", ref, "/trials"), params)  # type: ignore[no-any-return]
 
     def status(self, ref: str) -> dict[str, Any]:
         return self.client.call("GET", self._job(ref))  # type: ignore[no-any-return]
@@ -170,11 +171,13 @@ class RemoteFace:
         return self._streamed("POST", self._job(ref, "/stop"), body={"timeout": timeout, "now": now},
                               events=events)  # type: ignore[no-any-return]
 
-    def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
+    def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
-        body = {"detach": detach, "ranks": sorted(ranks) if ranks is not None else None}
+        """``detach`` None: here, attached (the server runs every job in the background, so how it
+        was first started says nothing; -d sends it there)."""
+        body = {"detach": bool(detach), "ranks": sorted(ranks) if ranks is not None else None}
         result = self._foreground("POST", self._job(ref, "/resume"), body, out, events, None)
-        return result["job"], result["code"]
+        return {**result["job"], "detached": result["code"] is None}, result["code"]
 
     def _foreground(self, method: str, path: str, body: Any, out: TextIO | None, events: Events | None,
                     started: Callable[[dict[str, Any]], None] | None) -> Any:
@@ -212,8 +215,9 @@ class RemoteFace:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]:
-        params = [("ref", r) for r in refs] + ([("dry_run", "1")] if dry_run else [])
+    def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]:
+        params = ([("ref", r) for r in refs] + ([("dry_run", "1")] if dry_run else [])
+                  + ([("all_named", "1")] if all_named else []))
         return self.client.call("DELETE", "/jobs", params)  # type: ignore[no-any-return]
 
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]:

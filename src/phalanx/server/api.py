@@ -4,13 +4,13 @@ inputs, runs and sweeps) is ``submit.py``'s.
 
     GET    /whoami                          who the token belongs to, the server's version
     GET    /jobs?all&state&name&...         ps (JSON lines: the listing, then a row per job)
-    DELETE /jobs?ref=A&ref=B&dry_run        rm
+    DELETE /jobs?ref=A&ref=B&dry_run&all_named  rm
     GET    /jobs/{ref}                      status (a job's view, or a sweep's)
     GET    /jobs/{ref}/logs?follow&rank&attempt&tail&since&trial     logs [-f] (JSON lines)
     GET    /jobs/{ref}/metrics?attempt&rank  metrics;  /metrics/records: metrics --jsonl (JSON lines)
     GET    /jobs/{ref}/top | /artifacts | /files?logs&state (download: a tar)
     POST   /jobs/{ref}/wait | /stop | /interrupt       (JSON lines while waiting)
-    GET    /sweeps/{ref} | /sweeps/{ref}/trials         sweep show, ps --trials
+    GET    /sweeps/{ref} | /sweeps/{ref}/trials?sort&column  sweep show, ps --trials [--sort] [-c]
     POST   /prune                            prune (admins)
     GET    /usage?by&since                   usage
 """
@@ -71,8 +71,8 @@ async def rm(request: Request) -> Response:
     refs = request.query_params.getlist("ref")
     if not refs:
         raise UsageError("no job or sweep to remove", "pass ?ref=ID (repeatable)")
-    dry = flag(request, "dry_run")
-    return await answer(request, lambda face: face.rm(refs, dry))
+    dry, all_named = flag(request, "dry_run"), flag(request, "all_named")
+    return await answer(request, lambda face: face.rm(refs, dry, all_named))
 
 
 async def status(request: Request) -> Response:
@@ -178,7 +178,8 @@ async def sweep(request: Request) -> Response:
 
 
 async def trials(request: Request) -> Response:
-    return await answer(request, lambda face: face.trials(_ref(request)))
+    sort, columns = text(request, "sort"), request.query_params.getlist("column")
+    return await answer(request, lambda face: face.trials(_ref(request), sort, columns))
 
 
 async def prune(request: Request) -> Response:

@@ -20,6 +20,10 @@ from .engine import Engine, Tx
 from .records import COLUMNS, JobRecord, from_row
 from .keys import ACTIVE
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .sweeps import SweepRecord
+
 SORTS = ("created", "name", "state", "backend", "gpu_hours", "cost")  # besides metric:NAME:AGG
 SWEEP_SORTS = ("created", "name", "state", "best")
 AGGS = ("last", "min", "max")
@@ -279,6 +283,17 @@ def has_metric(store: Store, name: str) -> bool:
     return store.engine.row("SELECT 1 FROM job_metrics WHERE name = ? LIMIT 1", (name,)) is not None
 
 
+def metric_only_on_trials(store: Store, name: str, limit: int = 3) -> list[str]:
+    """When no job outside a sweep has the metric ``name``: the sweeps (ids) whose trials do."""
+    top = store._conn.execute("SELECT 1 FROM job_metrics m JOIN jobs j ON j.id = m.id "
+                              "WHERE m.name = ? AND j.sweep_id IS NULL LIMIT 1", (name,)).fetchone()
+    if top is not None:
+        return []
+    rows = store._conn.execute("SELECT DISTINCT j.sweep_id FROM job_metrics m JOIN jobs j ON j.id = m.id "
+                               "WHERE m.name = ? AND j.sweep_id IS NOT NULL LIMIT ?", (name, limit))
+    return [r[0] for r in rows]
+
+
 def _distinct(store: Store, table: str, column: str, limit: int) -> list[str]:
     out: list[str] = []
     row = store.engine.row(f"SELECT {column} FROM {table} ORDER BY {column} LIMIT 1")
@@ -362,9 +377,15 @@ def old_sweeps(store: Store, before: float, states: Sequence[str]) -> list[Any]:
     return store.sweeps._rows(f"WHERE created_at < ? AND state IN ({marks}) ORDER BY created_at", [before, *states])
 
 
-def jobs_named(store: Store, name: str) -> list[JobRecord]:
-    """Every job (trials included) with this name: the ones that can share its state directory."""
-    return store._rows("WHERE name = ? ORDER BY created_at DESC", [name])
+def jobs_named(store: Store, name: str, trials: bool = True) -> list[JobRecord]:
+    """Every job (trials included unless ``trials`` is False) with this name, newest first: the
+    ones that can share its state directory."""
+    return store._rows("WHERE name = ?" + ("" if trials else " AND sweep_id IS NULL") + " ORDER BY created_at DESC", [name])
+
+
+def sweeps_named(store: Store, name: str) -> list[SweepRecord]:
+    """Every sweep with this name, newest first."""
+    return store.sweeps._rows("WHERE name = ? ORDER BY created_at DESC", [name])
 
 
 def _chunks(ids: Sequence[str], size: int = 500) -> Iterable[list[str]]:

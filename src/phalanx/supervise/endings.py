@@ -10,12 +10,14 @@ sweep's end does, with its best trial and counts.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.paths import JobPaths
+from ..store import JobRecord, Store
 from .notify import Event, send
 from .outcome import Outcome
+
+if TYPE_CHECKING:
+    from ..monitor.accounting import Usage
 
 Say = Callable[[str], None]
 _pending: list[threading.Thread] = []  # notifications of retries still being sent
@@ -78,7 +80,7 @@ def _flush(timeout: float = 15.0) -> None:
         thread.join(timeout)
 
 
-def record_usage(store: Any, record: Any) -> Any:
+def record_usage(store: Store, record: JobRecord) -> Usage:
     from ..monitor.accounting import job_usage
 
     usage = job_usage(record)
@@ -86,19 +88,19 @@ def record_usage(store: Any, record: Any) -> Any:
     return usage
 
 
-def metric_summary(record: Any) -> dict[str, dict[str, Any]]:
+def metric_summary(record: JobRecord) -> dict[str, dict[str, Any]]:
     """Last/min/max/count of every metric of the job's rank 0 (or lowest rank with metrics),
     over all its attempts: what ``phalanx metrics`` shows."""
     from ..monitor.readback import rank_series, summarize_series
     from ..monitor.report import default_rank
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempts = paths.attempts()
     rank = default_rank(paths, attempts)
     return summarize_series([rank_series(paths, a, rank) for a in attempts]) if rank is not None else {}
 
 
-def record_metrics(store: Any, record: Any) -> dict[str, dict[str, Any]]:
+def record_metrics(store: Store, record: JobRecord) -> dict[str, dict[str, Any]]:
     from ..store.listing import save_metrics
 
     metrics = metric_summary(record)
@@ -106,12 +108,12 @@ def record_metrics(store: Any, record: Any) -> dict[str, dict[str, Any]]:
     return metrics
 
 
-def summary(record: Any, metrics: dict[str, dict[str, Any]]) -> str:
+def summary(record: JobRecord, metrics: dict[str, dict[str, Any]]) -> str:
     """One line: how far it got, in how long, the final metrics: ``step 1000/1000 (100%) in
     3h02m; loss=0.123 acc=0.91``."""
     from ..health.progress_file import read
 
-    progress = read(JobPaths(Path(record.job_dir)).health).progress
+    progress = read(record.paths.health).progress
     parts = [f"{progress.text}" + (f" ({100 * progress.fraction:.0f}%)" if progress.fraction is not None else "")
              if progress else ""]
     if record.duration is not None:
@@ -131,7 +133,7 @@ def _cause_text(cause: dict[str, Any] | None) -> str:
     return head + ("\n" + detail.rstrip() if detail else "")
 
 
-def job_event(record: Any, kind: str, done: str = "") -> Event | None:
+def job_event(record: JobRecord, kind: str, done: str = "") -> Event | None:
     """The notification of a job's final state (None for the ones nobody needs told:
     cancelled by the user, pruned by its sweep). ``done``: the ``summary`` line (progress,
     time, final metrics), the first line of every event's detail."""
@@ -176,7 +178,7 @@ def _log_tail(cause: dict[str, Any]) -> str:
     return str(cause.get("log_tail") or "")
 
 
-def sweep_ended(store: Any, sweep_id: str, say: Say) -> None:
+def sweep_ended(store: Store, sweep_id: str, say: Say) -> None:
     """A sweep's runner has recorded its final state: send its outcome."""
     try:
         import json
@@ -184,6 +186,8 @@ def sweep_ended(store: Any, sweep_id: str, say: Say) -> None:
         sweep = store.sweeps.get(sweep_id)
         spec = json.loads(sweep.spec_json)
         if spec.get("track"):
+            from pathlib import Path
+
             from ..core.paths import HomePaths
             from . import tracking
 

@@ -27,12 +27,15 @@ class Watch:
 
     def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events,
                  observer: Any = None) -> None:
+        from .. import config
+        from ..monitor.autometrics import Ignored
         from ..monitor.metrics import MetricsCollector
 
         self.paths, self.attempt, self.spec, self.say = paths, attempt, spec, say
         self.handles = handles
         # observer: told of every piece of output and every value read (the attempt's health guard)
-        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics, observer)
+        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics,
+                                          Ignored.from_setting(config.get("metrics_ignore")), observer)
         self.collected_at = 0.0
         # The stall clock runs from here, or from when the last node the scheduler held back runs.
         self.stall_from = time.time()

@@ -31,6 +31,7 @@ from ..store.sweeps import SweepRecord
 from ..supervise import endings, liveness
 from ..supervise.job import JobRun
 from ..supervise.submit import create_job, new_job_id, plan_attempt, plan_job
+from .collisions import Collisions
 from .settings import SCHEDULED_PARALLEL, SweepSettings, check, parse_objective, slot_plan
 from .space import parse_space
 
@@ -63,6 +64,8 @@ class SweepRunner:
         self.slots = slot_plan(self.spec, self.settings.parallel)
         self.best = sweep.best_value
         self.total = self.strategy.total
+        # Trials whose processes run here: whether two of them write one file is seen as they run.
+        self.collisions = Collisions(self.say) if get_backend(self.spec.backend).local_slots else None
 
     def run(self) -> int:
         """Blocking; main thread. Returns 0 when every trial ended, else the stop's exit code."""
@@ -102,6 +105,7 @@ class SweepRunner:
                                 other.run.stop(StopReason.CANCELLED)
                 if not running and (stop_kind is not None or not todo):
                     break
+                self._look_for_collisions(running)
                 if freed and todo and stop_kind is None:
                     continue  # a slot just freed up: fill it now, not after the next wake-up
                 hints = [t.run.wait_hint() for t in running.values()] or [0.0]
@@ -156,7 +160,9 @@ class SweepRunner:
             # A named sweep's trial N shares state with trial N of its earlier runs; otherwise each its own.
             state_name=f"{self.spec.state_name}-{number}" if self.spec.state_name else "",
         )
-        plan = plan_job(spec, self.home)
+        job_id = new_job_id(self.home)
+        spec = trial_arguments(spec, self.home, self.sweep.id, number, job_id)
+        plan = plan_job(spec, self.home, job_id)
         record = create_job(self.store, self.home, spec, plan, sweep_id=self.sweep.id, trial=number,
                             params_json=json.dumps(params, sort_keys=True), user_name=self.sweep.user_name or config.user(),
                             project=self.sweep.project, **identity)
@@ -164,6 +170,13 @@ class SweepRunner:
         run = JobRun(self.store, self.home, record, plan, self.say)
         run.start(identity)
         return _Trial(number, run, slot, params)
+
+    def _look_for_collisions(self, running: dict[int, _Trial]) -> None:
+        if self.collisions is None or len(running) < 2:
+            return
+        from ..monitor.resources import rank_pids
+
+        self.collisions.look({n: rank_pids(t.run.paths, t.run.plan.attempt).values() for n, t in running.items()})
 
     def _resume_trial(self, record: JobRecord, number: int, slot: int, identity: dict[str, Any]) -> _Trial:
         """A trial cut off by a crash or a stop continues as a new attempt of the same job."""
@@ -236,6 +249,13 @@ class SweepRunner:
     def _finish(self, stop_kind: StopReason | str | None, stop_signal: int) -> int:
         sweep_id = self.sweep.id
         if stop_kind is None:
+            unreported = self._unreported()
+            if unreported is not None:  # every trial ran and none said how it did: nothing was found
+                from ..core.paths import write_json
+
+                write_json(self.home.sweep_outcome(sweep_id), {"reason": unreported})  # ps, show, wait say it
+                self.store.sweeps.transition(sweep_id, JobState.FAILED)
+                return 1
             self.store.sweeps.transition(sweep_id, JobState.SUCCEEDED)
             return 0
         code = 128 + int(stop_signal)
@@ -246,6 +266,42 @@ class SweepRunner:
         if not self.store.sweeps.transition(sweep_id, state):
             self.store.sweeps.transition(sweep_id, JobState.FAILED)
         return code
+
+    def _unreported(self) -> str | None:
+        """Why the sweep found nothing when it has an objective no trial reported, else None."""
+        objective = self.settings.objective
+        if not objective or self.best is not None:
+            return None
+        from ..store.listing import metrics_of
+
+        trials = self.store.trials(self.sweep.id)
+        if any(t.objective is not None for t in trials):
+            return None
+        seen: dict[str, None] = {}
+        params = {p.name.lstrip("-").replace("-", "_") for p in self.space.params}  # printed back: not news
+        for summary in metrics_of(self.store, [t.id for t in trials]).values():
+            if objective in summary:
+                return None  # reported (a pruned or failed trial's value), just never as a final one
+            seen.update(dict.fromkeys(n for n in summary if n.replace("-", "_") not in params))
+        return (f"no trial reported '{objective}'; metrics seen: {', '.join(seen) or 'none'} "
+                f"(check --objective, or declare it: --metric {objective}=REGEX)")
+
+
+def trial_arguments(spec: JobSpec, home: HomePaths, sweep_id: str, number: int, job_id: str) -> JobSpec:
+    """The trial's arguments with its placeholders filled in, so that trials running side by side
+    write to places of their own: ``{trial}``, ``{sweep_id}``, and for a trial that is one plain
+    process (whose nodes fill in nothing) ``{job_id}``, ``{state_dir}``, ``{output_dir}``."""
+    from ..core.env import fills_templates
+    from ..core.arguments import render_trial_template
+    from ..storage.statedir import for_job
+
+    values: dict[str, Any] = {"trial": number, "sweep_id": sweep_id}
+    if not fills_templates(spec):
+        paths = home.job(job_id)
+        values.update(job_id=job_id, state_dir=home.state_dir(for_job(spec, job_id).state_key),
+                      output_dir=paths.output_dir)
+    ep = spec.entrypoint
+    return spec.with_(entrypoint=Entrypoint(ep.kind, ep.target, render_trial_template(ep.args, values), ep.typed))
 
 
 def _fmt_params(params: dict[str, Any]) -> str:

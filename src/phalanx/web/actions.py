@@ -19,6 +19,7 @@ from ..api.face import LocalFace
 from ..core.state import RESUMABLE, JobState, is_terminal
 from ..errors import PhalanxError, UsageError
 from ..store import JobRecord
+from ..store.sweeps import SweepRecord
 
 JOB_ACTIONS = ("stop", "resume", "retry", "delete")
 SWEEP_ACTIONS = ("stop", "resume", "delete")
@@ -145,7 +146,7 @@ def sweep_action(face: LocalFace, ref: str, action: str, log: Callable[[str], No
     return _delete(face, [sweep.id])
 
 
-def sweep_detail(sweep: Any, face: LocalFace | None = None) -> dict[str, Any]:
+def sweep_detail(sweep: SweepRecord, face: LocalFace | None = None) -> dict[str, Any]:
     """The sweep page's data: the sweep's row, its settings, its trial table, its actions."""
     import json
 

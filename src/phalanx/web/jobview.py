@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.identity import Principal
-from ..core.paths import JobPaths
 from ..core.rawtext import escaped, unescaped
 from ..errors import PhalanxError, UsageError
 from ..store import JobRecord
@@ -29,7 +28,7 @@ class Forbidden(PhalanxError):
 
 def job_file(record: JobRecord, path: Path) -> Path:
     """``path`` if it resolves inside the job's directory; raises Forbidden otherwise."""
-    root = Path(record.job_dir).resolve()
+    root = record.paths.root.resolve()
     resolved = path.resolve()
     if resolved != root and root not in resolved.parents:
         raise Forbidden(f"{path} is outside the job directory")
@@ -59,7 +58,7 @@ def artifacts(record: JobRecord) -> dict[str, Any]:
     each (``image`` and ``text`` get a preview; everything can be downloaded)."""
     from ..api import query
 
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     found = query.artifacts(record)
     files: list[dict[str, Any]] = []
     root = paths.output_dir
@@ -84,7 +83,7 @@ def artifact_file(record: JobRecord, rel: str) -> tuple[Path, str]:
     anything else as bytes to download: nothing a job wrote is ever served as a web page)."""
     if not rel or rel.startswith("/") or "\0" in rel:
         raise UsageError(f"invalid artifact path '{rel}'", "pick a file from the job's artifacts list")
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     path = job_file(record, paths.output_dir / rel)
     if not path.exists() and unescaped(rel) != rel:  # a name that is not UTF-8, as ``artifacts`` shows it
         path = job_file(record, paths.output_dir / unescaped(rel))

@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
-from ..core.paths import JobPaths
 from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord
@@ -20,7 +19,7 @@ MAX_MATCHES = 1000
 
 
 def _log_path(record: JobRecord, attempt: int | None, rank: int) -> tuple[int, Path]:
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempt = record.attempt if attempt is None else attempt
     if attempt < 0 or rank < 0:
         raise UsageError("attempt and rank must be 0 or more", "e.g. ?rank=0&attempt=0")

@@ -13,7 +13,6 @@ from array import array
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.paths import JobPaths
 from ..monitor.metricfile import NONE, read_series
 from ..monitor.readback import metric_file
 from ..monitor.resources import node_ranks, read_resources
@@ -85,7 +84,7 @@ def metric_series(record: JobRecord, attempt: int | None = None, ranks: list[int
                   points: int = MAX_POINTS) -> dict[str, Any]:
     """Chart traces: per metric name, one trace per (attempt, rank) with x the step (or the
     value's index, when some values have no step) and ``t`` the time it was read."""
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempts = paths.attempts() if attempt is None else [attempt]
     traces: dict[str, list[dict[str, Any]]] = {}
     available: set[int] = set()
@@ -135,7 +134,7 @@ def resource_series(record: JobRecord, attempt: int | None = None, points: int =
     RSS, each GPU's utilisation and memory; every attempt (``attempt`` None) or one. Thinned
     to ``points``; None where a sample lacks the rank or GPU. ``starts``: when each attempt's
     samples begin (the charts mark them)."""
-    paths = JobPaths(Path(record.job_dir))
+    paths = record.paths
     attempts = paths.attempts() if attempt is None else [attempt]
     by_node: dict[int, list[dict[str, Any]]] = {}
     starts: list[dict[str, Any]] = []

@@ -25,7 +25,7 @@ def test_help_never_imports_an_sdk():
     import subprocess
     import sys
 
-    code = ("import sys; from phalanx.cli.main import main\ntry:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys; from phalanx.cli.main import main\ntry:\n    main(['run', '--help-all'])\nexcept SystemExit:\n    pass\n"
             "bad = [m for m in ('boto3', 'botocore', 'sky', 'torch') if m in sys.modules]\nprint('loaded', bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "loaded []" in out.stdout, out.stdout[-500:] + out.stderr[-2000:]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ...core.contracts import NodeResult, SchedulerRecord, read_scheduler, write_scheduler
 from ...core.env import Topology
@@ -40,6 +40,10 @@ from . import delivery, kinds, manifests, options, supervisor
 from .client import ApiError, Client, apply
 from .ref import Ref
 from .follow import Attempt
+
+if TYPE_CHECKING:
+    from ...store import JobRecord, Store
+    from ..base import Events
 
 POD_JOB_DIR = manifests.ROOT + "/job"
 POD_CODE = manifests.ROOT + "/code"
@@ -100,7 +104,7 @@ class KubernetesBackend(Backend):
                  "(kubectl apply -f -):", *manifests.to_yaml(role).splitlines()]
         return replace(plan, notes=plan.notes + tuple(notes))
 
-    def host_supervisor(self, record: Any, plan: Plan, events: Any = None) -> dict[str, Any] | None:
+    def host_supervisor(self, record: JobRecord, plan: Plan, events: Events | None = None) -> dict[str, Any] | None:
         """``--in-cluster``: the supervisor runs in a pod of the cluster (``hosted.py``)."""
         if not record.spec.backend_options.get("in_cluster"):
             return None
@@ -108,27 +112,28 @@ class KubernetesBackend(Backend):
 
         return hosted.submit(record, plan, events)
 
-    def stop_elsewhere(self, store: Any, record: Any, events: Any, stop_attempt: Any) -> Any:
+    def stop_elsewhere(self, store: Store, record: JobRecord, events: Events | None,
+                       stop_attempt: Callable[..., Any]) -> JobRecord:
         from . import hosted
 
         return hosted.stop(store, record, events, stop_attempt)
 
-    def refresh_hosted(self, store: Any, record: Any, home: HomePaths) -> Any:
+    def refresh_hosted(self, store: Store, record: JobRecord, home: HomePaths) -> JobRecord:
         from . import hosted
 
         return hosted.refresh(store, record, home)
 
-    def find_hosted(self, ref: str, store: Any, home: HomePaths) -> Any:
+    def find_hosted(self, ref: str, store: Store, home: HomePaths) -> JobRecord | None:
         from . import hosted
 
         return hosted.find(ref, store, home)
 
-    def import_hosted(self, store: Any, home: HomePaths) -> int:
+    def import_hosted(self, store: Store, home: HomePaths) -> int:
         from . import hosted
 
         return hosted.find_all(store, home)
 
-    def describe_hosted(self, record: Any) -> str:
+    def describe_hosted(self, record: JobRecord) -> str:
         from . import hosted
 
         return hosted.describe(record)

@@ -22,7 +22,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ...core.paths import HomePaths, JobPaths, read_json, write_atomic
 from ...core.plan import Plan
@@ -31,6 +31,9 @@ from ...errors import UsageError
 from . import record as rec
 from . import supobjects
 from .supervisor import COLUMNS, row_of
+
+if TYPE_CHECKING:
+    from ...store import JobRecord, Store
 
 Events = Callable[[str], None]
 WHERE = "k8s-supervisor.json"  # in the job directory: where its supervisor runs (namespace, context, name)
@@ -51,7 +54,7 @@ def _client(context: str | None, namespace: str | None, timeout: float = 30.0) -
     return Client(load(context, namespace), timeout=timeout)
 
 
-def submit(record: Any, plan: Plan, events: Events | None = None) -> dict[str, Any]:
+def submit(record: JobRecord, plan: Plan, events: Events | None = None) -> dict[str, Any]:
     """Start ``record``'s supervisor in the cluster; its store columns. Raises BackendError."""
     from ...errors import BackendError
     from . import delivery, manifests
@@ -63,7 +66,7 @@ def submit(record: Any, plan: Plan, events: Events | None = None) -> dict[str, A
     if way.store is None:
         raise UsageError("--in-cluster keeps the job record in an object store; none is configured",
                          "give one with --code-uri s3://BUCKET/PREFIX (or --output s3://...)")
-    home = HomePaths(Path(record.job_dir).parent.parent)
+    home = HomePaths(record.paths.root.parent.parent)
     try:
         client = _client(ctx.get("context"), ctx.get("namespace"))
         values: dict[str, str | None] = dict(delivery.ship(Path(ctx["code"]), way, None))
@@ -97,7 +100,7 @@ def submit(record: Any, plan: Plan, events: Events | None = None) -> dict[str, A
     return {"supervisor_pid": SUPERVISOR_ELSEWHERE, "supervisor_started": time.time()}
 
 
-def describe(record: Any) -> str:
+def describe(record: JobRecord) -> str:
     info = read_json(where(record.paths)) or {}
     return (f"Job {info.get('name')} in namespace {info.get('namespace')}; the record: {info.get('record')}/record.tar.gz"
             if info else "unknown (no k8s-supervisor.json)")
@@ -130,7 +133,7 @@ def _fetch(info: Mapping[str, Any], client: Any) -> bytes | None:
         return None
 
 
-def _apply(store: Any, home: HomePaths, job_id: str, data: bytes) -> None:
+def _apply(store: Store, home: HomePaths, job_id: str, data: bytes) -> None:
     """Unpack a record archive into this home and bring the store's row in step with it."""
     paths = home.job(job_id)
     row = rec.unpack(data, home.root, job_id, keep=LOCAL)
@@ -156,7 +159,7 @@ def _localise(paths: JobPaths, home: HomePaths) -> None:
     write_atomic(paths.plan, json.dumps(plan, sort_keys=True))
 
 
-def refresh(store: Any, record: Any, home: HomePaths) -> Any:
+def refresh(store: Store, record: JobRecord, home: HomePaths) -> JobRecord:
     """``record`` brought up to date from the cluster's record of it; as it was when the
     cluster cannot be asked (a read never fails for that). LOST when its supervisor Job is
     gone and the record never said it ended."""
@@ -180,7 +183,7 @@ def refresh(store: Any, record: Any, home: HomePaths) -> Any:
     return store.get(record.id)
 
 
-def _import(store: Any, home: HomePaths, job: Mapping[str, Any], client: Any) -> Any:
+def _import(store: Store, home: HomePaths, job: Mapping[str, Any], client: Any) -> JobRecord | None:
     """A supervisor Job this home never saw, as a job of its store."""
     meta = job["metadata"]
     info = {"namespace": client.namespace, "context": client.creds.context if client.creds.context != "in-cluster" else None,
@@ -209,7 +212,7 @@ def _reachable() -> bool:
     return bool(_config_files()) or in_cluster() is not None
 
 
-def find(ref: str, store: Any, home: HomePaths) -> Any:
+def find(ref: str, store: Store, home: HomePaths) -> JobRecord | None:
     """The job of id ``ref`` from its supervisor's labels in the current context's namespace,
     imported into this home; None when there is none (or no cluster to ask)."""
     from .client import ApiError
@@ -224,7 +227,7 @@ def find(ref: str, store: Any, home: HomePaths) -> Any:
         return None
 
 
-def find_all(store: Any, home: HomePaths) -> int:
+def find_all(store: Store, home: HomePaths) -> int:
     """Every supervisor Job in the current context's namespace, imported or refreshed; how many."""
     from .client import ApiError
     from .manifests import JOB_ID
@@ -248,7 +251,7 @@ def find_all(store: Any, home: HomePaths) -> int:
     return len(jobs)
 
 
-def stop(store: Any, record: Any, events: Events | None, stop_attempt: Callable[..., Any]) -> Any:
+def stop(store: Store, record: JobRecord, events: Events | None, stop_attempt: Callable[..., Any]) -> JobRecord:
     """Stop a job supervised in the cluster: its supervisor Job first (the pod saves the record
     and exits; no replacement), then what its attempt still runs (``stop_attempt``: the caller's
     ``supervise.leftover.stop``, as for any lost supervisor's job), then CANCELLED in the record."""
@@ -256,7 +259,7 @@ def stop(store: Any, record: Any, events: Events | None, stop_attempt: Callable[
 
     say = events or (lambda text: None)
     info = read_json(where(record.paths)) or {}
-    home = HomePaths(Path(record.job_dir).parent.parent)
+    home = HomePaths(record.paths.root.parent.parent)
     if is_terminal(record.state):
         return record
     client = _client(info.get("context"), info.get("namespace"))

@@ -12,10 +12,13 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import record as rec
 from .manifests import BUNDLE_SHA256, BUNDLE_URL, STATE_BYTES, STATE_SHA256, STATE_URL
+
+if TYPE_CHECKING:
+    from ...store import JobRecord
 
 SYNC = float(os.environ.get("PHX_SYNC_SECONDS") or 5.0)
 # The store columns the record carries; the rest (job_dir, supervisor identity) is per machine.
@@ -45,7 +48,7 @@ def pod_values(state_dir: Path | None) -> dict[str, str | None]:
     return values
 
 
-def row_of(record: Any) -> dict[str, Any]:
+def row_of(record: JobRecord) -> dict[str, Any]:
     row = {c: getattr(record, c) for c in COLUMNS}
     row.update(id=record.id, state=record.state.value)
     return row

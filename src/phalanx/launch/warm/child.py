@@ -38,11 +38,38 @@ from .recorder import Restorer
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    from typing import Any, NoReturn
+    from typing import Any, Callable, NoReturn
 
 DISPOSITIONS: dict[str, Any] = {"dfl": signal.SIG_DFL, "ign": signal.SIG_IGN, "int": signal.default_int_handler}
 STREAMS = (("stdin", "<stdin>", "r"), ("stdout", "<stdout>", "w"), ("stderr", "<stderr>", "w"))
 BOOTSTRAP = "phalanx.launch.bootstrap"
+
+
+def learner(pool_socket: str, held: set[str]) -> "Callable[[str], None]":
+    """Made in the pool, called in a child: tell the pool when the script imports a module worth
+    holding next time (torch imports much of itself lazily, torch._dynamo on the first optimizer
+    step: what a script's run brought in, the next run finds held). It uses the pool's own socket
+    module: a child imports nothing for it."""
+    import socket as pool_socket_module
+
+    from . import proto as warm_proto
+
+    told: set[str] = set()
+
+    def on_miss(name: str) -> None:
+        if name.partition(".")[0] not in warm_proto.PRELOADABLE or name in held or name in told:
+            return
+        told.add(name)
+        try:
+            with pool_socket_module.socket(pool_socket_module.AF_UNIX,
+                                           pool_socket_module.SOCK_STREAM | pool_socket_module.SOCK_CLOEXEC) as sock:
+                sock.settimeout(1.0)
+                sock.connect(pool_socket)
+                warm_proto.Channel(sock).send({"op": "learn", "modules": [name]})
+        except OSError:
+            pass
+
+    return on_miss
 
 
 def become(request: dict[str, Any], fds: list[int], restorer: Restorer, pool_sockets: list[socket.socket]) -> list[str]:

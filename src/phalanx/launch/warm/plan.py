@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,13 +43,16 @@ class WarmFacts:
 
     directory: str
     idle_s: float
+    max_pools: int = 0  # 0: no limit
 
 
 def facts() -> WarmFacts:
-    """The pool directory (``warm_proto.pool_dir``) and the ``warm_idle`` setting. Impure."""
+    """The pool directory (``warm_proto.pool_dir``) and the ``warm_idle`` and ``warm_max_pools``
+    settings. Impure."""
     from ... import config
 
-    return WarmFacts(os.path.abspath(warm_proto.pool_dir(os.environ)), 60.0 * float(config.get("warm_idle")))
+    return WarmFacts(os.path.abspath(warm_proto.pool_dir(os.environ)), 60.0 * float(config.get("warm_idle")),
+                     int(config.get("warm_max_pools")))
 
 
 def apply(plan: Plan, spec: JobSpec, host: WarmFacts) -> Plan:
@@ -58,7 +60,8 @@ def apply(plan: Plan, spec: JobSpec, host: WarmFacts) -> Plan:
     imports torch), nothing else."""
     if spec.entrypoint.kind is EntrypointKind.COMMAND or not sys.platform.startswith("linux"):
         return plan  # commands exec another program; the pool needs Linux (/proc, prctl, SCM_RIGHTS)
-    common = ("--dir", host.directory, "--idle", f"{host.idle_s:g}")
+    common = ("--dir", host.directory, "--idle", f"{host.idle_s:g}",
+              *(("--max-pools", str(host.max_pools)) if host.max_pools > 0 else ()))
     worker = _options(common, script_preloads(spec))
     return replace(plan, nodes=tuple(_node(node, common, worker) for node in plan.nodes))
 
@@ -136,12 +139,13 @@ def _imports(path: Path) -> list[str]:
 
 
 def pools(directory: str | None = None) -> list[dict[str, Any]]:
-    """Every pool in ``directory`` (default: this environment's), as it describes itself; a
-    socket nobody answers on is reported ``"dead"`` and removed."""
+    """Every pool in ``directory`` (default: this user's), as it describes itself, with ``here``:
+    whether it serves this interpreter (``executable``: the environment's Python); a socket nobody
+    answers on is reported ``"dead"`` and removed."""
     directory = directory or warm_proto.pool_dir(os.environ)
     found = []
     for sock_path in sorted(Path(directory).glob("*.sock")) if Path(directory).is_dir() else []:
-        answer = _ask(str(sock_path), {"op": "status"})
+        answer = warm_proto.ask(str(sock_path), {"op": "status"})
         key = sock_path.stem
         if answer is None:
             sock_path.unlink(missing_ok=True)  # nobody listens: a pool that was killed
@@ -149,35 +153,23 @@ def pools(directory: str | None = None) -> list[dict[str, Any]]:
         elif "busy" in answer:
             found.append({"key": key, "busy": True})
         else:
-            found.append({"key": key, **answer, "log": str(sock_path.with_suffix(".log"))})
+            found.append({"key": key, **answer, "here": answer.get("executable") == sys.executable,
+                          "log": str(sock_path.with_suffix(".log"))})
     return found
 
 
-def stop(directory: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
-    """Ask pools to stop (all, or the one whose key starts with ``key``): each takes no more
-    requests and exits when the processes it forked have ended. Returns what each answered."""
+def stop(directory: str | None = None, key: str | None = None, everywhere: bool = False) -> list[dict[str, Any]]:
+    """Ask pools to stop: the one whose key starts with ``key``; else this interpreter's (another
+    environment's pools serve other jobs), or with ``everywhere`` every one of this user. Each
+    takes no more requests and exits when the processes it forked have ended. Returns what each
+    answered."""
     directory = directory or warm_proto.pool_dir(os.environ)
     stopped = []
     for pool in pools(directory):
-        if pool.get("dead") or pool.get("busy") or (key and not pool["key"].startswith(key)):
+        if pool.get("dead") or pool.get("busy"):
             continue
-        answer = _ask(os.path.join(directory, f"{pool['key']}.sock"), {"op": "stop"})
+        if key and not pool["key"].startswith(key) or not key and not everywhere and not pool["here"]:
+            continue
+        answer = warm_proto.ask(os.path.join(directory, f"{pool['key']}.sock"), {"op": "stop"})
         stopped.append({**pool, **(answer or {"stopping": True, "children": []})})
     return stopped
-
-
-def _ask(path: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
-    """The pool's answer; None when nobody listens on ``path``; ``{"busy": ...}`` when the pool
-    does not answer in time (it is still importing, or serving a long request)."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            channel = warm_proto.Channel(sock)
-            channel.send(message)
-            reply = channel.receive()
-    except (ConnectionRefusedError, FileNotFoundError):
-        return None
-    except OSError as exc:
-        return {"busy": str(exc)}
-    return reply[0] if reply is not None and isinstance(reply[0], dict) else {"busy": "no answer"}

@@ -35,6 +35,10 @@ import sys
 import time
 import zlib
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 PROTOCOL = 2
 
 # Set per process by torchrun or phalanx, or per trial by a sweep: they differ between the
@@ -47,6 +51,9 @@ RUN_VARIABLES = frozenset({
     # Set by shells, terminals, ssh sessions and pytest per command or session:
     "PWD", "OLDPWD", "_", "SHLVL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "TERM_SESSION_ID", "WINDOWID",
     "COLUMNS", "LINES", "PYTEST_CURRENT_TEST",
+    # ... and per login, terminal pane or editor window (a new ssh session must not start new pools):
+    "SSH_AUTH_SOCK", "XDG_SESSION_ID", "TMUX_PANE", "STY", "WINDOW", "ITERM_SESSION_ID", "KITTY_WINDOW_ID",
+    "GPG_TTY", "VSCODE_GIT_IPC_HANDLE",
 })
 RUN_PREFIXES = ("PHALANX_", "SM_", "TORCHELASTIC_")
 
@@ -167,6 +174,52 @@ def peer(conn: "_socket.socket") -> "tuple[int, int, int]":
     creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", creds)
     return int(pid), int(uid), int(gid)
+
+
+def ask(path: str, message: "dict[str, Any]", timeout: float = 10.0) -> "dict[str, Any] | None":
+    """A pool's answer to ``message``; None when nobody listens on ``path``; ``{"busy": why}``
+    when it does not answer in time (still importing, or serving a long request)."""
+    sock = unix_socket()
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        channel = Channel(sock)
+        channel.send(message)
+        reply = channel.receive()
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
+    except OSError as exc:
+        return {"busy": str(exc)}
+    finally:
+        sock.close()
+    return reply[0] if reply is not None and isinstance(reply[0], dict) else {"busy": "no answer"}
+
+
+def make_room(directory: str, own: str, cap: int) -> "list[str]":
+    """Keep at most ``cap`` pools in ``directory`` (one user's: the directory is private): ask the
+    idle ones beyond it to stop, the least recently used first, never ``own`` (the socket of the
+    pool that asks) nor one that runs processes. Returns the sockets asked to stop."""
+    if cap <= 0:
+        return []
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".sock")]
+    except OSError:
+        return []
+    others = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if path == own:
+            continue
+        status = ask(path, {"op": "status"}, timeout=2.0)
+        if status is None or "busy" in status or status.get("stopping"):
+            continue
+        others.append((status, path))
+    idle = sorted(((float(s.get("idle_for") or 0.0), p) for s, p in others if not s.get("children")), reverse=True)
+    stopped = []
+    for _idle_for, path in idle[:max(0, len(others) + 1 - cap)]:
+        ask(path, {"op": "stop"}, timeout=2.0)
+        stopped.append(path)
+    return stopped
 
 
 class Channel:

@@ -82,7 +82,7 @@ class Pool:
         self.interpreter = warm_proto.interpreter()
         self.poller = select.poll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.restorer = Restorer(recorder, self._learner())
+        self.restorer = Restorer(recorder, warm_child.learner(path, set(self.preloaded)))
         self.allocation: warm_checks.Allocation | None = None  # the SLURM allocation it ends with (``within``)
 
     # -- what it holds ------------------------------------------------------------------------
@@ -233,7 +233,6 @@ class Pool:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return None
-        self.last_active = time.monotonic()
         channel = warm_proto.Channel(conn)
         fds: list[int] = []
         try:
@@ -252,6 +251,9 @@ class Pool:
             request["peer"] = client  # as the kernel saw it connect, not as the client says
             op = request.get("op")
             if op == "run":
+                # Only work counts as use: a status (pool status, another pool making room) must not
+                # keep a pool from its idle exit, nor make it the most recently used.
+                self.last_active = time.monotonic()
                 why = self._unfit_after_preload(request, fds)
                 if why is None:
                     return request, fds, conn, channel
@@ -307,26 +309,6 @@ class Pool:
             return
         self.by_fd[conn.fileno()] = child
         self.poller.register(conn, select.POLLIN)
-
-    def _learner(self) -> Any:
-        """In a child: tell the pool when the script imports a module worth holding next time."""
-        path, held, told = self.path, set(self.preloaded), set()
-
-        def on_miss(name: str) -> None:
-            # torch imports much of itself lazily (torch._dynamo on the first optimizer step):
-            # what a script's run brought in, the next run finds held.
-            if name.partition(".")[0] not in warm_proto.PRELOADABLE or name in held or name in told:
-                return
-            told.add(name)
-            try:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-                    sock.settimeout(1.0)
-                    sock.connect(path)
-                    warm_proto.Channel(sock).send({"op": "learn", "modules": [name]})
-            except OSError:
-                pass
-
-        return on_miss
 
     def unfit(self, request: dict[str, Any], fds: list[int]) -> str | None:
         """Why this pool cannot fork a faithful copy of the client's cold start, or None."""
@@ -394,6 +376,7 @@ class Pool:
             "children": sorted(self.children), "served": self.served, "fallbacks": self.fallbacks,
             "last_fallback": self.last_fallback, "refusal": self.refusal, "stopping": self.stopping,
             "idle_exit": self.idle, "idle_for": 0 if self.children else time.monotonic() - self.last_active,
+            "prefix": sys.prefix,
             "memory": warm_checks.memory(),
         }
 
@@ -420,6 +403,7 @@ def main(argv: list[str], recorder: Recorder) -> list[str]:
     parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--idle", type=float, default=600.0)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--max-pools", type=int, default=0)
     parser.add_argument("--allocation", default="", help="PID:START of the SLURM allocation's process: end with it")
     args = parser.parse_args(argv)
     pool = Pool(args.socket, args.idle, args.lock_fd, recorder)
@@ -430,6 +414,9 @@ def main(argv: list[str], recorder: Recorder) -> list[str]:
             raise OSError(problem)
         pool.preload([m for m in args.preload.split(",") if m])
         pool.listen()
+        for stopped in warm_proto.make_room(os.path.dirname(args.socket), args.socket, args.max_pools):
+            warm_proto.note(pool.log, f"asked the idle pool {os.path.basename(stopped)} to stop: more than "
+                                      f"{args.max_pools} pools (the warm_max_pools setting)")
         forked = pool.serve()
     except BaseException as exc:  # noqa: BLE001 - only the pool gets here: a child never raises
         warm_proto.note(pool.log, f"pool failed: {type(exc).__name__}: {exc}")

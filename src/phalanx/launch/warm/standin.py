@@ -1,6 +1,6 @@
 """``python -m MODULE ARGS``, forked from the warm pool; the stand-in for the forked process.
 
-    python [-u] -m phalanx.launch.warm.standin [--dir DIR] [--idle SECONDS] [--preload torch,...] -- MODULE ARGS...
+    python [-u] -m phalanx.launch.warm.standin [--dir DIR] [--idle SECONDS] [--max-pools N] [--preload torch,...] -- MODULE ARGS...
 
 Started exactly where the cold ``python -m MODULE ARGS`` would have been (by torchrun, the node
 agent or the supervisor), it records what that process would have started with (environment,
@@ -102,7 +102,7 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], str, list[str]]:
     options: dict[str, str] = {}
     words = list(argv)
     while words and words[0] != "--":
-        if len(words) < 2 or words[0] not in ("--dir", "--idle", "--preload"):
+        if len(words) < 2 or words[0] not in ("--dir", "--idle", "--preload", "--max-pools"):
             sys.stderr.write(f"usage: {__doc__.strip().splitlines()[2].strip()}\n")  # type: ignore[union-attr]
             raise SystemExit(2)
         options[words[0]] = words[1]
@@ -162,7 +162,7 @@ def _ask(directory: str, key: str, options: dict[str, str], module: str, args: l
     if problem:
         return {"cold": problem}
     preload = [m for m in options.get("--preload", "").split(",") if m]
-    sock = _connect(directory, key, float(options.get("--idle", 600)), preload, cold)
+    sock = _connect(directory, key, float(options.get("--idle", 600)), preload, cold, options.get("--max-pools", "0"))
     if isinstance(sock, str):
         return {"cold": sock}
     fds = started["fd_numbers"]
@@ -194,7 +194,8 @@ def _ask(directory: str, key: str, options: dict[str, str], module: str, args: l
     return reply
 
 
-def _connect(directory: str, key: str, idle: float, preload: "list[str]", cold: "list[str]") -> "_socket.socket | str":
+def _connect(directory: str, key: str, idle: float, preload: "list[str]", cold: "list[str]",
+             max_pools: str = "0") -> "_socket.socket | str":
     """A connection to this environment's pool, or why there is none (then one is starting)."""
     path = os.path.join(directory, f"{key}.sock")
     sock = _try_connect(path)
@@ -213,7 +214,7 @@ def _connect(directory: str, key: str, idle: float, preload: "list[str]", cold: 
             return "under SLURM with no slurmstepd or salloc above this process: a pool could outlive the allocation"
         options = cold[1:cold.index("-m")] if "-m" in cold else []
         argv = [sys.executable, *options, "-m", "phalanx.launch.bootstrap", "--warm-pool", "--socket", path,
-                "--lock-fd", str(lock), "--idle", f"{idle:g}", "--preload", ",".join(preload),
+                "--lock-fd", str(lock), "--idle", f"{idle:g}", "--preload", ",".join(preload), "--max-pools", max_pools,
                 *(["--allocation", allocation] if allocation else [])]
         _spawn_detached(argv, warm_proto.pool_environment(os.environ), lock, os.path.join(directory, f"{key}.log"))
         return "no pool was running; one is starting for the next runs"
