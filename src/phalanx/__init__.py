@@ -24,6 +24,7 @@ __all__ = [
     "stop",
     "wait",
     "plan_job",
+    "face",
 ]
 
 _WHERE = {
@@ -45,6 +46,7 @@ _WHERE = {
     "stop": "api.jobs",
     "wait": "api.jobs",
     "plan_job": "api.jobs",
+    "face": "cli.face",  # every verb and view: a team server's when logged in (phalanx login), else this machine's
 }
 
 

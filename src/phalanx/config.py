@@ -106,6 +106,17 @@ def _check_home(path: Path, what: str) -> None:
         return
 
 
+def user() -> str:
+    """Who phalanx acts for in this process: the login name (what a local job records as its
+    ``user_name``, what ``ps --mine`` means; a team server passes its own user instead)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid without a name (some containers)
+        return str(os.getuid())
+
+
 def _file_values() -> dict[str, Any]:
     path = home() / "config.yaml"
     if not path.exists():

@@ -67,6 +67,22 @@ class DiskFull(PhalanxError):
                          hint or "free some space there, or point PHALANX_HOME at a larger disk")
 
 
+class NotAuthenticated(UsageError):
+    """A team server did not accept who is asking: no token, a wrong or revoked one (HTTP 401)."""
+
+
+class NotAllowed(UsageError):
+    """The acting user may not do this: another user's job, an admin's verb (HTTP 403)."""
+
+
+class ServerUnreachable(UsageError):
+    """The team server could not be reached, or its TLS certificate was not trusted."""
+
+
+class TooLarge(UsageError):
+    """A request to a team server over its size limit (HTTP 413)."""
+
+
 class TrackerError(PhalanxError):
     """An experiment tracker (MLflow, TensorBoard, W&B) could not take what phalanx sent. Never
     fails a job: the exporter (``track/``) keeps the points and says so in ``phalanx status``."""

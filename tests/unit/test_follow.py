@@ -164,3 +164,35 @@ def test_logs_follow_ends_with_the_job_and_checks_liveness(paths, monkeypatch):
         fh.write("x")
     follower.join(30)
     assert not follower.is_alive()
+
+
+def test_a_reader_gone_ends_the_following_of_a_quiet_job(paths, monkeypatch):
+    """``logs -f`` over a server: when its client goes away, ``emit`` raises at the next
+    heartbeat (an empty write every LIVENESS_S) and the following ends, although the job runs on
+    and prints nothing."""
+    monkeypatch.setattr(tail, "LIVENESS_S", 0.2)
+    gone = threading.Event()
+    heard: list[str] = []
+
+    class Gone(Exception):
+        pass
+
+    def emit(text: str) -> None:
+        if gone.is_set():
+            raise Gone()
+        heard.append(text)
+
+    ended: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            follow_job(paths, 0, None, True, emit, lambda: (0, False), True, True)
+        except Gone as exc:
+            ended.append(exc)
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    until(lambda: "" in heard, "a heartbeat")
+    gone.set()
+    follower.join(30)
+    assert not follower.is_alive() and ended, "the following ended with the reader"

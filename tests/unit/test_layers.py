@@ -21,16 +21,17 @@ FLOORS: list[tuple[str, ...]] = [
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life
     ("sweeps",),  # trials on top of supervise
-    ("api",),  # the face: views (query, lists, ps, jobview, sweepview), verbs (jobs, cleanup), face; views never act
-    ("jobfile", "web"),  # job file + flags -> spec; the dashboard
+    ("api",),  # the face: views (query, lists, ps, jobview, sweepview, attach), verbs (jobs, cleanup, users), face; views never act
+    ("jobfile", "web", "remote"),  # job file + flags -> spec; the dashboard; the face over HTTP (a client)
+    ("server",),  # the team server: the face behind HTTP, identity, the dashboard for a team
     ("cli",),
     ("__init__", "__main__"),  # the public API, ``python -m phalanx``
 ]
 # Inside the face (``api``): views read and never act, verbs act, and ``face`` puts both behind one
 # object. A view may import neither a verb nor the face; every module of ``api`` is one of the three.
-VIEWS = {"query", "lists", "sweepview", "ps", "jobview"}
-VERBS = {"jobs", "cleanup"}
-FACES = {"face"}
+VIEWS = {"query", "lists", "sweepview", "ps", "jobview", "attach"}
+VERBS = {"jobs", "cleanup", "users"}
+FACES = {"face", "wire"}
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 PICTURE = " < ".join("|".join(names) for names in FLOORS)
 

@@ -34,6 +34,7 @@ class Target:
     state: str
     dirs: list[Path]  # job and sweep directories
     records: list[JobRecord]  # the job, or the sweep's trials
+    owner: str | None = None  # who submitted it (None: before users were recorded)
 
 
 @dataclass
@@ -66,7 +67,8 @@ def resolve(store: Store, refs: Sequence[str]) -> list[Target]:
         if record.sweep_id is not None:
             raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
                              f"remove the whole sweep: phalanx rm {record.sweep_id}")
-        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record]))
+        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record],
+                              record.user_name))
     seen: set[str] = set()
     return [t for t in targets if not (t.id in seen or seen.add(t.id))]  # type: ignore[func-returns-value]
 
@@ -81,7 +83,7 @@ def _sweep_target(store: Store, sweep: Any) -> Target:
         raise UsageError(f"sweep {sweep.id} still has {len(running)} trial(s) running (e.g. job {running[0].id})",
                          f"stop them first: phalanx stop {sweep.id}")
     return Target("sweep", sweep.id, sweep.name, sweep.state.value,
-                  [Path(sweep.sweep_dir), *(Path(t.job_dir) for t in trials)], trials)
+                  [Path(sweep.sweep_dir), *(Path(t.job_dir) for t in trials)], trials, sweep.user_name)
 
 
 def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bool = False) -> Removed:
@@ -89,6 +91,10 @@ def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bo
     from ..store.listing import delete_jobs, delete_sweep, jobs_named
 
     out = Removed()
+    for target in targets:  # submitted to a team server: the shipped copy of the code it ran in
+        shipped = home.shipped(target.id)
+        if shipped.exists() and shipped not in target.dirs:
+            target.dirs.append(shipped)
     leaving = {r.id for t in targets for r in t.records} | {t.id for t in targets}
     states: dict[Path, bool] = {}  # state dir -> may go
     for target in targets:
@@ -202,7 +208,8 @@ def prune_targets(store: Store, older_than: float, states: Sequence[str], now: f
     before = now - older_than
     targets: list[Target] = []
     for record in old_jobs(store, before, wanted):
-        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record]))
+        targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record],
+                              record.user_name))
     for sweep in old_sweeps(store, before, wanted):
         try:
             targets.append(_sweep_target(store, sweep))

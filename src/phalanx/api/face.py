@@ -6,6 +6,8 @@ and job directories. A remote face serving the same calls from a team server is 
 Every call acts as the face's ``Principal`` (who asks). Every result is JSON data (dicts, lists,
 numbers, strings), so a server can send it as it is and a remote client gets what a local one
 does; output that streams (a foreground run, ``logs -f``) goes to the ``out``/``emit`` given.
+A follower also writes an empty string now and then while nothing comes (a heartbeat): an
+``out``/``emit`` whose reader went away (a server's client) raises there, and the call ends.
 
 A job or a sweep is named by ``ref``: an id, a unique id prefix, or a name (the newest of that
 name; a name both carry means the newer of the two).
@@ -29,9 +31,11 @@ class Face(Protocol):
     """What every caller may ask. Blocking unless said otherwise; errors are ``PhalanxError``s
     (``JobNotFound`` for a ref that names nothing the principal may see)."""
 
-    principal: Principal
+    @property
+    def principal(self) -> Principal: ...
 
     # -- views: read, never act ---------------------------------------------------------------
+    def whoami(self) -> dict[str, Any]: ...
     def ps(self, request: PsRequest) -> PsListing: ...
     def trials(self, ref: str) -> dict[str, Any]: ...
     def status(self, ref: str) -> dict[str, Any]: ...
@@ -49,9 +53,12 @@ class Face(Protocol):
     def clean_state(self, spec: JobSpec) -> str | None: ...
     def run(self, spec: JobSpec, out: TextIO | None, ranks: set[int] | None = None, events: Events | None = None,
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]: ...
-    def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]: ...
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
-                  events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
+    def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]: ...
+    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+                  sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]: ...
+    def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
+               log_from: int = 0) -> tuple[dict[str, Any], int]: ...
+    def interrupt(self, ref: str) -> dict[str, Any]: ...
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
@@ -67,6 +74,19 @@ class LocalFace:
 
     def __init__(self, principal: Principal | None = None) -> None:
         self.principal = principal or Principal.here()
+
+    @property
+    def _submitter(self) -> str | None:
+        """Who a job submitted through this face belongs to (None: this process's user)."""
+        return None if self.principal.local else self.principal.user
+
+    def check_may_act(self, kind: str, ref_id: str, owner: str | None, verb: str) -> None:
+        """Raise ``NotAllowed`` unless the principal may ``verb`` what ``owner`` submitted."""
+        if not self.principal.may_act_on(owner):
+            from ..errors import NotAllowed
+
+            whose = f"belongs to {owner}; only {owner}" if owner else "has no recorded owner; only"
+            raise NotAllowed(f"{kind} {ref_id} {whose} or an admin may {verb} it")
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -111,11 +131,17 @@ class LocalFace:
 
     # -- views ---------------------------------------------------------------------------------
 
+    def whoami(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        p = self.principal
+        return {"user": p.user, "admin": p.admin, "local": p.local, "version": version("phalanx")}
+
     def ps(self, request: PsRequest) -> PsListing:
         from .. import config
         from .ps import ps
 
-        return ps(self._store(), request, int(config.get("ps_limit")))
+        return ps(self._store(), request, int(config.get("ps_limit")), asker=self.principal.user)
 
     def trials(self, ref: str) -> dict[str, Any]:
         from .sweepview import trial_list
@@ -191,11 +217,12 @@ class LocalFace:
         return {"id": record.id, "name": record.name, **found.to_dict()}
 
     def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]:
-        from ..errors import UsageError
         from ..monitor.logindex import parse_since
         from ..store.listing import GROUPS, usage_totals
 
         if by not in GROUPS:
+            from ..errors import UsageError
+
             raise UsageError(f"unknown --by '{by}'", f"group by one of: {', '.join(GROUPS)}")
         return list(usage_totals(self._store(), by, parse_since(since) if since else None))
 
@@ -218,21 +245,40 @@ class LocalFace:
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]:
         from . import jobs
 
-        record, code = jobs.run(spec, out=out, ranks=ranks, events=events,
+        record, code = jobs.run(spec, out=out, ranks=ranks, events=events, user=self._submitter,
                                 started=None if started is None else (lambda r: started(_job_dict(r))))
         return _job_dict(record), code
 
-    def submit(self, spec: JobSpec, events: Events | None = None) -> dict[str, Any]:
+    def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]:
+        """``run -d``; ``job_id``: an id drawn already (a server lays the shipped code out under it)."""
         from . import jobs
 
-        return _job_dict(jobs.submit_detached(spec, events=events))
+        return _job_dict(jobs.submit_detached(spec, events=events, user=self._submitter, job_id=job_id))
 
-    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False,
-                  events: Events | None = None) -> tuple[dict[str, Any], int | None]:
+    def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+                  sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:
         from . import jobs
 
-        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events)
+        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
+                                     sweep_id=sweep_id)
         return sweep.to_dict(), code
+
+    def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
+               log_from: int = 0) -> tuple[dict[str, Any], int]:
+        """Follow a detached job as its foreground run would show it, until it ends (``api/attach.py``);
+        the final record and the job's exit code."""
+        from .attach import follow_run
+
+        record = follow_run(self._store(), self._job(ref), out, ranks, events or (lambda text: None), log_from)
+        return _job_dict(record), record.exit_code if record.exit_code is not None else 1
+
+    def interrupt(self, ref: str) -> dict[str, Any]:
+        """Ctrl-C of a foreground run whose supervisor runs elsewhere (a server's): SIGINT to it."""
+        from . import jobs
+
+        record = self._job(ref)
+        self.check_may_act("job", record.id, record.user_name, "interrupt")
+        return _job_dict(jobs.interrupt(record))
 
     def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
         from . import jobs
@@ -252,8 +298,11 @@ class LocalFace:
 
         sweep = find_sweep(ref)
         if sweep is not None:
+            self.check_may_act("sweep", sweep.id, sweep.user_name, "stop")
             return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
-        return {"kind": "job", **_job_dict(jobs.stop(ref, timeout=timeout, events=events))}
+        record = self._job(ref)
+        self.check_may_act("job", record.id, record.user_name, "stop")
+        return {"kind": "job", **_job_dict(jobs.stop(record.id, timeout=timeout, events=events))}
 
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
@@ -262,9 +311,12 @@ class LocalFace:
 
         sweep = find_sweep(ref)
         if sweep is not None:
+            self.check_may_act("sweep", sweep.id, sweep.user_name, "resume")
             done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
             return {"kind": "sweep", **done.to_dict()}, code
-        record, code = jobs.resume(ref, detach=detach, out=out, ranks=ranks, events=events)
+        found = self._job(ref)
+        self.check_may_act("job", found.id, found.user_name, "resume")
+        record, code = jobs.resume(found.id, detach=detach, out=out, ranks=ranks, events=events)
         return {"kind": "job", **_job_dict(record)}, code
 
     def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]:
@@ -273,6 +325,8 @@ class LocalFace:
 
         store = self._store()
         targets = resolve(store, refs)  # every one checked before anything goes
+        for target in targets:
+            self.check_may_act(target.kind, target.id, target.owner, "remove")
         return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
 
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]:
@@ -285,6 +339,11 @@ class LocalFace:
         from .lists import parse_states
         from .query import home
 
+        if not (self.principal.admin or self.principal.local):
+            from ..errors import NotAllowed
+
+            raise NotAllowed("prune removes every user's old jobs: only an admin may prune",
+                             "remove your own with: phalanx rm JOB...")
         age = parse_duration(older_than, "--older-than")
         wanted = parse_states(states)
         ended = {s.value for s in TERMINAL}

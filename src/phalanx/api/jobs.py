@@ -52,14 +52,15 @@ def clean_state(spec: JobSpec) -> Path | None:
 
 def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         events: Events | None = None,
-        started: Callable[[JobRecord], None] | None = None) -> tuple[JobRecord, int]:
+        started: Callable[[JobRecord], None] | None = None, user: str | None = None) -> tuple[JobRecord, int]:
     """Run ``spec`` in the foreground, streaming rank output to ``out``. Blocking.
     ``started`` is called with the record once the job exists (the CLI's start line).
 
     Returns the final record and the job's exit code. Ctrl-C (SIGINT) reaches the ranks as
     python's does and the job ends as the script chooses (SUCCEEDED when it exits 0, CANCELLED
     with its exit status otherwise); SIGTERM from elsewhere records it PREEMPTED. A lone process
-    is lent the terminal (``launch/console.py``) when ``out`` has a file descriptor.
+    is lent the terminal (``launch/console.py``) when ``out`` has a file descriptor. ``user``:
+    who submits it (default: this process's user).
     """
     store, where = open_store(), home()
     submit.check_storage(spec, where)
@@ -68,24 +69,27 @@ def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         _skipped(done, events)
         return done, 0
     plan = submit.plan_job(spec, where)
-    record = submit.create_job(store, where, spec, plan, inputs=inputs, **liveness.identity())
+    record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user), **liveness.identity())
     if started is not None:
         started(record)
     _say_at_submit(store, record, events, plan=plan)
     return _supervise_here(store, record, plan, out, ranks, events)
 
 
-def submit_detached(spec: JobSpec, events: Events | None = None) -> JobRecord:
+def submit_detached(spec: JobSpec, events: Events | None = None, user: str | None = None,
+                    job_id: str | None = None) -> JobRecord:
     """Start ``spec`` in the background (survives this process and the terminal); returns at once
-    (with ``--skip-if-done``, possibly the earlier job that makes this one unnecessary)."""
+    (with ``--skip-if-done``, possibly the earlier job that makes this one unnecessary).
+    ``user``: who submits it (default: this process's user); ``job_id``: an id drawn already
+    (``supervise.submit.new_job_id``: a server lays the job's shipped code out under it first)."""
     store, where = open_store(), home()
     submit.check_storage(spec, where)
     done, inputs = submit.check_done(spec, store, where)
     if done is not None:
         _skipped(done, events)
         return done
-    plan = submit.plan_job(spec, where)
-    record = submit.create_job(store, where, spec, plan, inputs=inputs)
+    plan = submit.plan_job(spec, where, job_id)
+    record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user))
     _say_at_submit(store, record, events, plan=plan)
     # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
     try:
@@ -96,6 +100,27 @@ def submit_detached(spec: JobSpec, events: Events | None = None) -> JobRecord:
         raise
     store.update(record.id, **(hosted if hosted is not None else detached.spawn_supervisor(record, spec.workdir)))
     return store.get(record.id)
+
+
+def reship(spec: JobSpec, job_id: str) -> tuple[JobSpec, str]:
+    """``spec`` of job ``job_id``, which a team server ran in the copy of its code shipped with it
+    (``home.shipped``), made to run in a copy of that copy under a new id: a job run again keeps
+    its working directory when the first one is removed. Returns the spec and the new id."""
+    import shutil
+    from dataclasses import replace
+
+    where = home()
+    new_id = submit.new_job_id(where)
+    old, dest = where.shipped(job_id), where.shipped(new_id)
+    shutil.copytree(old, dest, symlinks=True)
+    entry = spec.entrypoint
+    if entry.target.startswith(f"{old}/"):
+        entry = replace(entry, target=str(dest) + entry.target[len(str(old)):])
+    return spec.with_(workdir=str(dest), entrypoint=entry), new_id
+
+
+def _submitter(user: str | None) -> dict[str, Any]:
+    return {"user_name": user} if user else {}
 
 
 def _skipped(done: JobRecord, events: Events | None) -> None:
@@ -216,6 +241,19 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
         time.sleep(0.1)
 
 
+def interrupt(record: JobRecord) -> JobRecord:
+    """What Ctrl-C does to a foreground run, for a job whose supervisor runs detached: one
+    SIGINT to the supervisor, which passes it to the ranks (a second one escalates, as a second
+    Ctrl-C does). Nothing happens to a job that has ended or whose supervisor is gone."""
+    if not is_terminal(record.state) and record.supervisor_pid and liveness.alive(record.supervisor_pid,
+                                                                                 record.supervisor_started):
+        try:
+            os.kill(record.supervisor_pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    return record
+
+
 def _ranks_ended(record: JobRecord) -> bool:
     """Every node of the job's current attempt has reported its end."""
     return all(record.paths.node_result(record.attempt, n).exists() for n in range(record.nnodes))
@@ -260,15 +298,17 @@ def download(record: JobRecord, dest: Path | None = None, logs: bool = False, st
 # -- sweeps -------------------------------------------------------------------------
 
 
-def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None) -> tuple[SweepRecord, int | None]:
+def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
+              user: str | None = None, sweep_id: str | None = None) -> tuple[SweepRecord, int | None]:
     """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
+    ``user`` and ``sweep_id`` as for ``submit_detached``.
 
     Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""
     from ..sweeps.runner import SweepRunner, create_sweep
 
     store, where = open_store(), home()
     submit.check_storage(spec, where)
-    sweep = create_sweep(store, where, spec, settings)
+    sweep = create_sweep(store, where, spec, settings, user=user, sweep_id=sweep_id)
     if detach:
         store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), spec.workdir))
         return store.sweeps.get(sweep.id), None

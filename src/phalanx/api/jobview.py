@@ -30,7 +30,7 @@ _SETTINGS = ("max_retries", "max_restarts", "grace", "stall_timeout", "state_uri
 def actions(record: JobRecord, principal: Principal) -> list[str]:
     """What the asker may do with the job now: stop while it runs; resume, retry and delete once
     it ended (a sweep's trial: resume only). None of it for someone who may not act on it."""
-    if not principal.may_act_on(getattr(record, "user", None)):  # jobs record their submitter from the store's next migration
+    if not principal.may_act_on(record.user_name):
         return []
     if not is_terminal(record.state):
         return ["stop"]

@@ -125,7 +125,7 @@ def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = N
 def build_query(states: Iterable[str] | None = None, name: str | None = None, backend: str | None = None,
                 tags: Iterable[str] | None = None, since: str | None = None, search: str | None = None,
                 sort: str | None = None, columns: Iterable[str] | None = None, sweep: str | None = None,
-                sweeps: bool = False) -> Query:
+                sweeps: bool = False, user: str | None = None) -> Query:
     """Everything a listing was asked for, checked (UsageError on anything that does not parse)."""
     from ..monitor.logindex import parse_since
 
@@ -137,7 +137,8 @@ def build_query(states: Iterable[str] | None = None, name: str | None = None, ba
         if backend not in known:
             raise UsageError(f"unknown backend '{backend}'", f"backends: {', '.join(known)}")
     flt = Filter(states=parse_states(states), name=(name or None), backend=(backend or None), tags=parse_tags(tags),
-                 since=parse_since(since, "--since") if since else None, search=(search or None), sweep=sweep)
+                 since=parse_since(since, "--since") if since else None, search=(search or None), sweep=sweep,
+                 user=(user or None))
     return Query(flt, parse_sort(sort, cols, sweeps), cols)
 
 

@@ -28,6 +28,8 @@ class PsRequest:
     columns: tuple[str, ...] = ()
     limit: int | None = None
     wide: bool = False
+    user: str | None = None  # only jobs this user submitted (``--user NAME``)
+    mine: bool = False  # only the asker's own (``--mine``: the face's principal)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,22 +55,27 @@ class PsListing:
     wide: bool
 
 
-def ps(store: Store, request: PsRequest, default_limit: int) -> PsListing:
-    """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter."""
+def ps(store: Store, request: PsRequest, default_limit: int, asker: str | None = None) -> PsListing:
+    """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter.
+    ``asker``: who asks (what ``mine`` means)."""
     from .query import refresh_hosted
 
     if request.limit is not None and request.limit < 1:
         raise UsageError(f"invalid --limit {request.limit}", "give a number of rows of at least 1, e.g. --limit 20")
+    if request.mine and request.user and request.user != asker:
+        raise UsageError(f"--mine (you are {asker}) and --user {request.user} contradict", "give one of them")
+    user = asker if request.mine else request.user
     refresh_hosted(store, request.backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=request.states, name=request.name, backend=request.backend, tags=request.tags,
-                        since=request.since, search=request.search, sort=request.sort, columns=request.columns)
+                        since=request.since, search=request.search, sort=request.sort, columns=request.columns,
+                        user=user)
     check_metrics(store, query.columns, query.sort)
     filtered = bool(request.states or request.name or request.backend or request.tags or request.since
-                    or request.search or request.sort or request.columns)
+                    or request.search or request.sort or request.columns or user)
     everything = request.all or filtered
     limit = request.limit if request.limit is not None else (default_limit if everything else None)
     if not request.states and not everything:
-        query = build_query(states=["active"], columns=request.columns)
+        query = build_query(states=["active"], columns=request.columns, user=user)
     records = _jobs(store, query, limit)
     sweeps = [] if (request.backend or query.sort.key != "created") else _sweeps(store, query, limit, everything)
     detailed = bool(query.columns or request.wide)

@@ -31,6 +31,8 @@ def ps_cmd(
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
     wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost and tags."),
+    user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
+    mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
     trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only the ids (e.g. for phalanx rm)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -44,7 +46,7 @@ def ps_cmd(
         _trials(face().trials(trials), as_json, quiet)
         return
     request = PsRequest(all=all_jobs, states=tuple(state), name=name, backend=backend, tags=tuple(tag), since=since,
-                        search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide)
+                        search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide, user=user, mine=mine)
     listing = face().ps(request)
     if as_json:
         from ..api.face import rows_json

@@ -40,10 +40,16 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+    local: bool = typer.Option(False, "--local", help="Use this machine's own store, not the server logged in to."),
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_version, help="Print the version and exit."),
 ) -> None:
     global _DEBUG
     _DEBUG = _DEBUG or debug
+    if local:
+        from . import face
+
+        face.LOCAL = True
+        face.face.cache_clear()
 
 
 # The options of `run` come from the option table (core/options.py, backends' options modules).
@@ -74,7 +80,9 @@ def _register_subcommands() -> None:
     from .artifacts import register as register_data
     from .manage import register as register_manage
     from .observe import register as register_observe
+    from .account import register as register_account
     from .pool import pool_app
+    from .server import server_app
     from .sweep import sweep_app
 
     register_control(app)
@@ -83,6 +91,8 @@ def _register_subcommands() -> None:
     register_data(app)
     register_manage(app)
     app.add_typer(pool_app, name="pool")
+    register_account(app)
+    app.add_typer(server_app, name="server")
 
 
 _register_subcommands()

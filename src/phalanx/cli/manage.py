@@ -73,12 +73,12 @@ def prune_cmd(
 
 
 def usage_cmd(
-    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state or day."),
+    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state, day or user."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 7d, 2025-03-01."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """GPU-hours, CPU-hours and estimated cost of the jobs that ended, added up by name (or
-    sweep, backend, state, day). Prices come from the prices setting."""
+    sweep, backend, state, day, user). Prices come from the prices setting."""
     from ..monitor.accounting import hours, money
     from .face import face
     from .listing import _fit

@@ -22,7 +22,9 @@ def run_from_cli(words: list[str], given: dict[str, Any]) -> None:
         **{k: v for k, v in given.items() if k not in backend_names},
     )
     values = resolve(opts)
-    spec, sweep = build_sweep(opts, build_spec(opts, values), values)
+    from .face import is_remote
+
+    spec, sweep = build_sweep(opts, build_spec(opts, values, resolve_jobs=not is_remote()), values)
     as_json, quiet = bool(values["as_json"]), bool(values["quiet"])
     if spec.backend_options.get("in_cluster") and sweep is not None:
         from ..errors import UsageError

@@ -143,6 +143,11 @@ class HomePaths:
     def job(self, job_id: str) -> "JobPaths":
         return JobPaths(self.jobs / job_id)
 
+    def shipped(self, job_id: str) -> Path:
+        """The working directory of a job or sweep submitted to a team server: the copy of the
+        submitter's code shipped with it (``server/shipping.py``), removed with the job."""
+        return self.root / "shipped" / job_id
+
     @property
     def staging(self) -> Path:
         """Where a job's directory is laid out before it moves into ``jobs/`` together with its

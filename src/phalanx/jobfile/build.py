@@ -27,9 +27,11 @@ from ..errors import UsageError
 from .values import RunOptions, Values, all_options, resolve
 
 
-def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
+def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: bool = True) -> JobSpec:
     """Merge options over the job file; validate; resolve paths. Raises UsageError. Warnings go
-    to ``values.warnings`` when the caller passes ``values``, else to stderr at the end."""
+    to ``values.warnings`` when the caller passes ``values``, else to stderr at the end.
+    ``resolve_jobs`` False: ``--input NAME=job:REF`` is left for a team server to resolve (it
+    names a job of the server's, not of this machine's store)."""
     v = values or resolve(opts)
     base_dir = v.file.base_dir if v.file else Path.cwd()
     workdir = Path(v["workdir"] or (base_dir if v.file else ".")).resolve()
@@ -60,7 +62,7 @@ def build_spec(opts: RunOptions, values: Values | None = None) -> JobSpec:
     )
     if v["no_retry_on"]:
         spec = spec.with_(no_retry_on=tuple(v["no_retry_on"]))
-    spec = spec.with_(rendezvous=_rendezvous(v, spec), **_data(v, base_dir, workdir, entry))
+    spec = spec.with_(rendezvous=_rendezvous(v, spec), **_data(v, base_dir, workdir, entry, resolve_jobs))
     spec = _what_the_script_sees(spec, v)
     if v["local_rank_arg"]:
         spec = _with_local_rank_arg(spec, v["local_rank_arg"])
@@ -310,7 +312,7 @@ def _uri(v: Values, name: str) -> str | None:
     return validate_uri(str(value), what=v.where(name)) if value is not None else None
 
 
-def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[str, Any]:
+def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint, resolve_jobs: bool = True) -> dict[str, Any]:
     """Inputs (``job:`` references resolved now, so retries read the same data), output, snapshot."""
     from ..core.spec import channel_env_name, parse_channel
 
@@ -322,7 +324,7 @@ def _data(v: Values, base_dir: Path, workdir: Path, entry: Entrypoint) -> dict[s
         if channel.uri.startswith("job:"):
             from ..api.query import resolve_job_input
 
-            source = resolve_job_input(channel.uri)
+            source = resolve_job_input(channel.uri) if resolve_jobs else ""
         else:
             from ..storage.channels import resolve_source
 

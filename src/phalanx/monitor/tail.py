@@ -248,3 +248,5 @@ def follow_job(
                 left = read_at + interval - time.monotonic()
                 if left > 0:
                     time.sleep(left)  # batch a flood of output; a quiet job never gets here
+            else:
+                emit("")  # a heartbeat: an ``emit`` whose reader went away raises, and the following ends

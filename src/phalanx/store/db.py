@@ -30,6 +30,7 @@ from .sql import TextConnection
 
 if TYPE_CHECKING:
     from .sweeps import SweepTable
+    from .users import UserTable
 
 # 8 hex digits: short to type and read; collisions are excluded by checking (``new_id``), not
 # made unlikely by length.
@@ -232,6 +233,12 @@ class Store:
         from .sweeps import SweepTable
 
         return SweepTable(self)
+
+    @property
+    def users(self) -> "UserTable":
+        from .users import UserTable
+
+        return UserTable(self)
 
     def trials(self, sweep_id: str) -> list[JobRecord]:
         """A sweep's trial jobs, in trial order."""

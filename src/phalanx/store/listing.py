@@ -32,7 +32,8 @@ _SWEEP_SORT_SQL = {"created": "s.created_at", "name": "s.name", "state": "s.stat
 class Filter:
     """Which rows: every term given must hold. ``name`` is a glob (``resnet*``) or an exact
     name; ``search`` a case-insensitive substring of the id, name or command; ``tags`` pairs of
-    key and value (None: any value); ``since`` a time (created at or after)."""
+    key and value (None: any value); ``since`` a time (created at or after); ``user`` who
+    submitted them; ``projects`` the projects they may be in (any of them)."""
 
     states: tuple[str, ...] = ()
     name: str | None = None
@@ -41,6 +42,8 @@ class Filter:
     since: float | None = None
     search: str | None = None
     sweep: str | None = None  # the trials of this sweep instead of the top-level jobs
+    user: str | None = None
+    projects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,12 @@ def _terms(f: Filter, alias: str = "j", sweeps: bool = False) -> tuple[list[str]
         else:
             where.append(f"{alias}.id IN (SELECT id FROM tags WHERE key = ? AND value = ?)")
             params.extend([key, value])
+    if f.user is not None:
+        where.append(f"{alias}.user_name = ?")
+        params.append(f.user)
+    if f.projects:
+        where.append(f"{alias}.project IN ({', '.join('?' for _ in f.projects)})")
+        params.extend(f.projects)
     if f.since is not None:
         where.append(f"{alias}.created_at >= ?")
         params.append(f.since)
@@ -156,6 +165,12 @@ def count_jobs(store: Store, f: Filter) -> int:
     where, params = _terms(f)
     sql = f"SELECT COUNT(*) FROM jobs j {'WHERE ' + ' AND '.join(where) if where else ''}"
     return int(store._conn.execute(sql, params).fetchone()[0])
+
+
+def count_by_state(store: Store) -> dict[str, int]:
+    """Every job (trials too) by state: one pass over the state index, not the rows."""
+    rows = store._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+    return {str(state): int(n) for state, n in rows}
 
 
 def page_sweeps(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, after: str | None = None) -> Listing:
@@ -293,9 +308,9 @@ def usage_sum(store: Store, sweep_id: str | None = None, name: str | None = None
     return {"gpu_hours": row[0], "cpu_hours": row[1], "cost": row[2], "jobs": row[3]}
 
 
-GROUPS = ("name", "backend", "sweep", "state", "day")
+GROUPS = ("name", "backend", "sweep", "state", "day", "user")
 _GROUP_SQL = {"name": "COALESCE((SELECT s.name FROM sweeps s WHERE s.id = j.sweep_id), j.name)", "backend": "j.backend",
-              "sweep": "COALESCE(j.sweep_id, '-')", "state": "j.state",
+              "sweep": "COALESCE(j.sweep_id, '-')", "state": "j.state", "user": "COALESCE(j.user_name, '-')",
               "day": "date(j.created_at, 'unixepoch', 'localtime')"}
 
 

@@ -115,4 +115,37 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX job_metrics_min ON job_metrics (name, min, id);
     CREATE INDEX job_metrics_max ON job_metrics (name, max, id);
     """,
+    # 6: the team (issue 22, and the projects of issue 27): who submitted each job and sweep
+    # (NULL: before users were recorded) and its project. `ps --user` walks jobs_user in the
+    # listing's order, as `ps` walks jobs_top. One index only: every connection parses the
+    # schema when it opens, so each index costs every command a little (sweeps are few; an
+    # index by project comes with the listings that filter by it).
+    """
+    ALTER TABLE jobs ADD COLUMN user_name TEXT;
+    ALTER TABLE jobs ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE sweeps ADD COLUMN user_name TEXT;
+    ALTER TABLE sweeps ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+    CREATE INDEX jobs_user ON jobs (user_name, created_at, id) WHERE sweep_id IS NULL;
+    """,
+    # 7: the users of a team server (issue 22) and their API tokens. A token is shown once and
+    # stored as a slow hash (scrypt, a salt per token); its public id (the token's first part)
+    # is the key, so checking a token reads one row. Revoked users and tokens stay, dated, so
+    # jobs keep naming who submitted them (the audit log of issue 27 refers to them too). No
+    # index by user: a team's tokens are few, and every connection parses each index.
+    """
+    CREATE TABLE users (
+        name TEXT PRIMARY KEY,
+        admin INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        user_name TEXT NOT NULL,
+        salt TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    """,
 )

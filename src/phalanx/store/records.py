@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
 COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
     "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries "
-    "sweep_id trial params_json objective gpu_hours cpu_hours cost"
+    "sweep_id trial params_json objective gpu_hours cpu_hours cost user_name project"
 ).split()
 
 
@@ -50,6 +50,8 @@ class JobRecord:
     gpu_hours: float | None = None  # recorded when the job ends (monitor/accounting.py)
     cpu_hours: float | None = None
     cost: float | None = None
+    user_name: str | None = None  # who submitted it (None: a job from before users were recorded)
+    project: str = "default"
 
     @property
     def topology(self) -> str:

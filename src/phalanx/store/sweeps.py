@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
     "best_params command topology spec_json settings_json sweep_dir created_at started_at ended_at "
-    "supervisor_pid supervisor_started"
+    "supervisor_pid supervisor_started user_name project"
 ).split()
 
 
@@ -50,6 +50,8 @@ class SweepRecord:
     ended_at: float | None
     supervisor_pid: int | None
     supervisor_started: float | None
+    user_name: str | None = None  # who submitted it
+    project: str = "default"
 
     @property
     def progress(self) -> str:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..backends.base import Backend
 from ..backends.registry import get_backend
 from ..core import disk
@@ -90,13 +91,15 @@ def check_done(spec: JobSpec, store: Store, home: HomePaths) -> tuple[JobRecord 
 def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs: dict[str, Any] | None = None,
                **columns: Any) -> JobRecord:
     """Record the job (PENDING) and lay out its directory (with the code snapshot). Nothing runs yet.
-    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params).
+    ``columns``: more of the job's row (the supervisor's identity, a trial's sweep and params,
+    who submitted it: ``user_name``, this process's user unless given).
 
     All or nothing, even when killed: the directory is laid out under ``staging/`` and moved into
     ``jobs/`` inside the transaction that inserts the row, so a crash or a full disk leaves no
     job directory without its row nor the reverse (``clear_staging`` removes what a killed
     submit left in ``staging/``)."""
     spec = for_job(spec, plan.job_id)
+    columns.setdefault("user_name", config.user())
     spec_json = json.dumps(spec.to_dict(), sort_keys=True)
     plan_json = plan.to_json()
     needed = disk.RESERVE_BYTES + 2 * len(spec_json) + len(plan_json) + 64 * 1024  # + a few store pages

@@ -19,6 +19,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from .. import config
 from ..backends.registry import get_backend
 from ..core.contracts import OutcomeKind, StopReason
 from ..core.paths import HomePaths
@@ -157,7 +158,8 @@ class SweepRunner:
         )
         plan = plan_job(spec, self.home)
         record = create_job(self.store, self.home, spec, plan, sweep_id=self.sweep.id, trial=number,
-                            params_json=json.dumps(params, sort_keys=True), **identity)
+                            params_json=json.dumps(params, sort_keys=True), user_name=self.sweep.user_name or config.user(),
+                            **identity)
         self.store.sweeps.count(self.sweep.id, "launched")
         run = JobRun(self.store, self.home, record, plan, self.say)
         run.start(identity)
@@ -250,11 +252,13 @@ def _fmt_params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
-def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSettings) -> SweepRecord:
-    """Record a sweep (PENDING); its trials are created as it runs."""
+def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSettings, user: str | None = None,
+                 sweep_id: str | None = None) -> SweepRecord:
+    """Record a sweep (PENDING); its trials are created as it runs. ``user``: who submits it
+    (default: this process's user); ``sweep_id``: an id drawn already (``new_job_id``)."""
     space = parse_space(spec.entrypoint.args)
     strategy = check(spec, space, settings)
-    sweep_id = new_job_id(home)
+    sweep_id = sweep_id or new_job_id(home)
     sweep_dir = home.sweep_dir(sweep_id)
     sweep_dir.mkdir(parents=True)
     command = spec.entrypoint.display()
@@ -272,6 +276,7 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         direction=settings.direction, total=strategy.total, command=command,
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
+        user_name=user or config.user(),
     )
     if spec.tags:
         from ..store.listing import set_tags
@@ -282,8 +287,6 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
 
 def main(argv: list[str] | None = None) -> None:
     """Detached entry point: ``python -m phalanx.sweeps.runner SWEEP_ID``."""
-    from .. import config
-
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
     store = Store(home.db)

@@ -1,5 +1,6 @@
 """What the dashboard's buttons do: stop, resume, retry and delete a job; stop, resume and
-delete a sweep. Each is the library verb the CLI runs (``phalanx stop|resume|rm``); a verb
+delete a sweep. Each is the call on the face the CLI makes (``phalanx stop|resume|rm``), as the
+person logged in (the face checks that they may: their own jobs, or any for an admin); a verb
 that waits (stop waits for the ranks to end) runs in a thread, and the request returns once
 the change is under way. No web imports here.
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
+from ..api.face import LocalFace
 from ..core.state import RESUMABLE, JobState, is_terminal
 from ..errors import PhalanxError, UsageError
 from ..store import JobRecord
@@ -44,36 +47,38 @@ def _until(check: Callable[[], bool], seconds: float = 3.0) -> None:
         time.sleep(0.05)
 
 
-def job_action(ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run ``action`` on the job ``ref``; returns what the page shows next."""
-    from ..api import jobs, query
+def job_action(face: LocalFace, ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``action`` on the job ``ref`` as ``face``'s principal; returns what the page shows next."""
+    from ..api import query
 
     if action not in JOB_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(JOB_ACTIONS)}")
     record = query.get_job(ref)
+    face.check_may_act("job", record.id, record.user_name, "delete" if action == "delete" else action)
     if action == "stop":
         if is_terminal(record.state):
             raise Conflict(f"job {record.id} already ended ({record.state.value}): there is nothing to stop",
                            "reload the page to see its final state")
-        _background("stop", lambda: jobs.stop(record.id), log)
+        _background("stop", lambda: face.stop(record.id), log)
         _until(lambda: query.get_job(record.id).state is not JobState.RUNNING)
         return {"id": record.id, "state": query.get_job(record.id).state.value, "message": f"stopping job {record.id}"}
     if action == "resume":
         if record.state not in RESUMABLE:
             why = "it succeeded" if record.state is JobState.SUCCEEDED else f"it is {record.state.value}"
             raise Conflict(f"job {record.id} cannot be resumed: {why}", "retry runs it again as a new job")
-        resumed, _ = jobs.resume(record.id, detach=True)
-        return {"id": resumed.id, "state": resumed.state.value, "message": f"job {record.id} resumes as attempt {resumed.attempt}"}
+        resumed, _ = face.resume(record.id, detach=True)
+        return {"id": resumed["id"], "state": resumed["state"],
+                "message": f"job {record.id} resumes as attempt {resumed['attempt']}"}
     if action == "retry":
-        return _retry(record)
-    return _delete([record.id])
+        return _retry(face, record)
+    return _delete(face, [record.id])
 
 
-def _retry(record: JobRecord) -> dict[str, Any]:
+def _retry(face: LocalFace, record: JobRecord) -> dict[str, Any]:
     """A new job running the same command with the same settings (its code snapshot taken
     now from the working directory, as ``phalanx run`` would), its own state directory unless
     the job shared a named one."""
-    from ..api import jobs, query
+    from ..api import query
 
     if not is_terminal(record.state):
         raise Conflict(f"job {record.id} is still {record.state.value}", "stop it first, or wait for it to end")
@@ -82,27 +87,38 @@ def _retry(record: JobRecord) -> dict[str, Any]:
     spec = query.read_spec(record)
     own = spec.state_name == f"{spec.name}-{record.id}"
     spec = spec.with_(state_name="" if own else spec.state_name, code_dir="")
-    new = jobs.submit_detached(spec)
-    return {"id": new.id, "state": new.state.value, "message": f"job {record.id} runs again as job {new.id}",
-            "redirect": f"/jobs/{new.id}"}
+    job_id = None
+    if query.home().shipped(record.id) == Path(spec.workdir):  # sent to a team server: a copy of its own
+        from ..api.jobs import reship
 
-
-def _delete(refs: list[str]) -> dict[str, Any]:
-    from ..api import query
-    from ..api.cleanup import remove, resolve
-
-    store = query.open_store()
+        spec, job_id = reship(spec, record.id)
     try:
-        targets = resolve(store, refs)
+        new = face.submit(spec, job_id=job_id)
+    except BaseException:
+        if job_id is not None:
+            import shutil
+
+            shutil.rmtree(query.home().shipped(job_id), ignore_errors=True)
+        raise
+    return {"id": new["id"], "state": new["state"], "message": f"job {record.id} runs again as job {new['id']}",
+            "redirect": f"/jobs/{new['id']}"}
+
+
+def _delete(face: LocalFace, refs: list[str]) -> dict[str, Any]:
+    from ..errors import NotAllowed
+
+    try:
+        removed = face.rm(refs)
+    except NotAllowed:
+        raise
     except UsageError as exc:
         raise Conflict(exc.message, exc.hint) from None
-    removed = remove(store, query.home(), targets)
-    return {"removed": removed.ids, "bytes": removed.bytes, "message": f"removed {', '.join(removed.ids)}",
+    return {"removed": removed["ids"], "bytes": removed["bytes"], "message": f"removed {', '.join(removed['ids'])}",
             "redirect": "/"}
 
 
-def sweep_action(ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from ..api import jobs, query
+def sweep_action(face: LocalFace, ref: str, action: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from ..api import query
     from ..errors import JobNotFound
 
     if action not in SWEEP_ACTIONS:
@@ -110,11 +126,12 @@ def sweep_action(ref: str, action: str, log: Callable[[str], None] = print) -> d
     sweep = query.find_sweep(ref)
     if sweep is None:
         raise JobNotFound(f"no sweep '{ref}'", "list sweeps with: phalanx ps --all")
+    face.check_may_act("sweep", sweep.id, sweep.user_name, "delete" if action == "delete" else action)
     if action == "stop":
         if is_terminal(sweep.state):
             raise Conflict(f"sweep {sweep.id} already ended ({sweep.state.value}): there is nothing to stop",
                            "reload the page to see its final state")
-        _background("stop", lambda: jobs.stop_sweep(sweep), log)
+        _background("stop", lambda: face.stop(sweep.id), log)
         def state() -> JobState:
             return (query.find_sweep(sweep.id) or sweep).state
 
@@ -123,12 +140,12 @@ def sweep_action(ref: str, action: str, log: Callable[[str], None] = print) -> d
     if action == "resume":
         if sweep.state not in RESUMABLE:
             raise Conflict(f"sweep {sweep.id} cannot be resumed: it is {sweep.state.value}", "start a new sweep")
-        resumed, _ = jobs.resume_sweep(sweep, detach=True)
-        return {"id": resumed.id, "state": resumed.state.value, "message": f"sweep {sweep.id} resumes"}
-    return _delete([sweep.id])
+        resumed, _ = face.resume(sweep.id, detach=True)
+        return {"id": resumed["id"], "state": resumed["state"], "message": f"sweep {sweep.id} resumes"}
+    return _delete(face, [sweep.id])
 
 
-def sweep_detail(sweep: Any) -> dict[str, Any]:
+def sweep_detail(sweep: Any, face: LocalFace | None = None) -> dict[str, Any]:
     """The sweep page's data: the sweep's row, its settings, its trial table, its actions."""
     import json
 
@@ -143,4 +160,6 @@ def sweep_detail(sweep: Any) -> dict[str, Any]:
     data["terminal"] = is_terminal(sweep.state)
     data["actions"] = ["stop"] if not is_terminal(sweep.state) else (
         ["resume", "delete"] if sweep.state in RESUMABLE else ["delete"])
+    if face is not None and not face.principal.may_act_on(sweep.user_name):
+        data["actions"] = []
     return data

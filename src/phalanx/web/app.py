@@ -18,6 +18,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route
 
 from ..api import query
+from ..api.face import LocalFace
 from ..core.identity import Principal
 from ..core.rawtext import escaped, escaped_all
 from ..errors import JobNotFound, PhalanxError, UsageError
@@ -27,7 +28,7 @@ from . import actions, jobview, pages
 from .guard import Guard
 
 STATIC = Path(__file__).parent / "static"
-LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view"}
+LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view", "user", "mine"}
 
 
 def plotly_js() -> Path:
@@ -49,6 +50,16 @@ def _int(request: Request, name: str, default: int | None = None) -> int | None:
         return int(raw)
     except ValueError:
         raise UsageError(f"'{name}' must be a whole number, not '{raw}'", f"e.g. ?{name}=0") from None
+
+
+def principal(request: Request) -> Principal:
+    """Who asks: the user a team server logged in (``server/auth.py``), else the person at this
+    machine (``phalanx ui``: its guard lets nobody else in)."""
+    return (request.scope.get("state") or {}).get("principal") or Principal.here()
+
+
+def _face(request: Request) -> LocalFace:
+    return LocalFace(principal(request))
 
 
 def _record(request: Request) -> JobRecord:
@@ -89,9 +100,10 @@ def _list_query(request: Request, sweeps: bool = False) -> Any:
     if unknown:
         raise UsageError(f"unknown filter '{unknown[0]}'", f"filters: {', '.join(sorted(LIST_PARAMS - {'view', 'after', 'limit'}))}")
     q = request.query_params
+    user = principal(request).user if q.get("mine") == "1" else q.get("user")
     wanted = build_query(states=q.getlist("state"), name=q.get("name"), backend=q.get("backend"), tags=q.getlist("tag"),
                         since=q.get("since"), search=q.get("q"), sort=q.get("sort"), columns=q.getlist("columns"),
-                        sweeps=sweeps)
+                        sweeps=sweeps, user=user)
     if not sweeps:
         check_metrics(query.open_store(), wanted.columns, wanted.sort)
     return wanted
@@ -140,15 +152,16 @@ def api_meta(request: Request) -> Response:
     from ..store.listing import metric_names, tag_keys
 
     store = query.open_store()
+    me = principal(request)
     return _json({"states": list(STATES), "backends": sorted(known()), "metrics": metric_names(store),
-                  "tag_keys": tag_keys(store)})
+                  "tag_keys": tag_keys(store), "user": me.user, "admin": me.admin, "local": me.local})
 
 
 # -- one job -------------------------------------------------------------------------------------
 
 
 def api_job(request: Request) -> Response:
-    return _json(jobview.job_detail(_record(request), Principal.here()))
+    return _json(jobview.job_detail(_record(request), principal(request)))
 
 
 def api_metrics(request: Request) -> Response:
@@ -179,6 +192,61 @@ def api_logs(request: Request) -> Response:
                           _int(request, "limit", LOG_CHUNK) or LOG_CHUNK))
 
 
+def api_logs_stream(request: Request) -> Response:
+    """A rank's log as Server-Sent Events while it is written (the job page's "follow"): one
+    long answer, each new piece an event, ``end`` once the job has ended (``logs.follow_log``)."""
+    import asyncio
+    import json
+    import threading
+
+    from starlette.responses import StreamingResponse
+
+    from .logs import follow_log
+
+    record = _record(request)
+    rank = _int(request, "rank", 0) or 0
+    attempt, offset = _int(request, "attempt"), _int(request, "offset")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=32)
+    gone = threading.Event()
+
+    def send(item: Any) -> None:
+        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+        while not gone.is_set():
+            try:
+                future.result(timeout=1.0)
+                return
+            except TimeoutError:
+                continue
+        future.cancel()
+
+    def work() -> None:
+        try:
+            follow_log(lambda: query.get_job(record.id), rank, attempt, offset, send, gone)
+        except PhalanxError as exc:
+            send({"error": str(exc)})
+        finally:
+            send(None)
+
+    async def events() -> Any:
+        threading.Thread(target=work, name=f"phalanx-ui-follow-{record.id}", daemon=True).start()
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), 15.0)
+                except asyncio.TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if item is None:
+                    return
+                yield b"data: " + json.dumps(item).encode() + b"\n\n"
+        finally:
+            gone.set()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
 def api_artifacts(request: Request) -> Response:
     return _json(jobview.artifacts(_record(request)))
 
@@ -199,7 +267,7 @@ def api_artifact_file(request: Request) -> Response:
 
 
 def api_job_action(request: Request) -> Response:
-    return _json(actions.job_action(request.path_params["job"], request.path_params["action"]), 202)
+    return _json(actions.job_action(_face(request), request.path_params["job"], request.path_params["action"]), 202)
 
 
 def _compare_records(request: Request) -> list[JobRecord]:
@@ -226,11 +294,11 @@ def _sweep(request: Request) -> Any:
 
 
 def api_sweep(request: Request) -> Response:
-    return _json(actions.sweep_detail(_sweep(request)))
+    return _json(actions.sweep_detail(_sweep(request), _face(request)))
 
 
 def api_sweep_action(request: Request) -> Response:
-    return _json(actions.sweep_action(request.path_params["sweep"], request.path_params["action"]), 202)
+    return _json(actions.sweep_action(_face(request), request.path_params["sweep"], request.path_params["action"]), 202)
 
 
 # -- pages ---------------------------------------------------------------------------------------
@@ -240,21 +308,27 @@ def page_list(request: Request) -> Response:
     view = request.query_params.get("view", "jobs")
     if view not in ("jobs", "sweeps"):
         raise UsageError(f"unknown view '{view}'", "use ?view=jobs or ?view=sweeps")
-    return _html(pages.list_page(view, _csrf(request)))
+    return _html(pages.list_page(view, _csrf(request), _who(request)))
 
 
 def page_job(request: Request) -> Response:
     record = _record(request)
-    return _html(pages.job_page(record.id, record.name, record.state.value, _csrf(request)))
+    return _html(pages.job_page(record.id, record.name, record.state.value, _csrf(request), _who(request)))
 
 
 def page_sweep(request: Request) -> Response:
     sweep = _sweep(request)
-    return _html(pages.sweep_page(sweep.id, sweep.name, sweep.state.value, _csrf(request)))
+    return _html(pages.sweep_page(sweep.id, sweep.name, sweep.state.value, _csrf(request), _who(request)))
 
 
 def page_compare(request: Request) -> Response:
-    return _html(pages.compare_page([r.id for r in _compare_records(request)], _csrf(request)))
+    return _html(pages.compare_page([r.id for r in _compare_records(request)], _csrf(request), _who(request)))
+
+
+def _who(request: Request) -> str | None:
+    """The user to show in the page's header (with a logout button): a team server's, not ``phalanx ui``'s."""
+    me = principal(request)
+    return None if me.local else me.user
 
 
 def static_plotly(request: Request) -> Response:
@@ -269,7 +343,9 @@ def _static(name: str, media_type: str) -> Callable[[Request], Response]:
 
 
 async def _phalanx_error(request: Request, exc: Exception) -> Response:
-    status = (404 if isinstance(exc, JobNotFound) else 403 if isinstance(exc, jobview.Forbidden) else
+    from ..errors import NotAllowed
+
+    status = (404 if isinstance(exc, JobNotFound) else 403 if isinstance(exc, (jobview.Forbidden, NotAllowed)) else
               409 if isinstance(exc, actions.Conflict) else 400 if isinstance(exc, UsageError) else 500)
     if request.url.path.startswith("/api/"):
         return _json({"error": str(exc)}, status)
@@ -280,8 +356,27 @@ def create_app(token: str | None = None, loopback: bool = True, check_user: bool
     """The ASGI application. ``token``: required on every request when set (see ``guard``).
     ``loopback``: served on a loopback address (without a token: loopback Host headers and
     this machine's user only)."""
+    app = Starlette(routes=routes(), exception_handlers={PhalanxError: error_handler})
+    return Guard(app, token, loopback, csrf=csrf, check_user=check_user)
+
+
+error_handler = _phalanx_error
+
+
+def _on_loop(handler: Callable[[Request], Response]) -> Any:
+    """An endpoint that starts a stream: it must run on the event loop (Starlette runs plain
+    functions in a thread)."""
+    async def endpoint(request: Request) -> Response:
+        return handler(request)
+
+    return endpoint
+
+
+def routes() -> list[Route]:
+    """The dashboard's pages, its JSON API under ``/api`` and its static files (a team server
+    serves them too, beside ``/api/v1``)."""
     get, post = ["GET"], ["POST"]
-    routes = [
+    return [
         Route("/", page_list, methods=get),
         Route("/jobs/{job}", page_job, methods=get),
         Route("/sweeps/{sweep}", page_sweep, methods=get),
@@ -296,6 +391,7 @@ def create_app(token: str | None = None, loopback: bool = True, check_user: bool
         Route("/api/jobs/{job}/metrics", api_metrics, methods=get),
         Route("/api/jobs/{job}/resources", api_resources, methods=get),
         Route("/api/jobs/{job}/logs", api_logs, methods=get),
+        Route("/api/jobs/{job}/logs/stream", _on_loop(api_logs_stream), methods=get),
         Route("/api/jobs/{job}/artifacts", api_artifacts, methods=get),
         Route("/api/jobs/{job}/artifacts/file", api_artifact_file, methods=get),
         Route("/api/jobs/{job}/{action}", api_job_action, methods=post),
@@ -305,5 +401,3 @@ def create_app(token: str | None = None, loopback: bool = True, check_user: bool
             ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
             ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]
-    app = Starlette(routes=routes, exception_handlers={PhalanxError: _phalanx_error})
-    return Guard(app, token, loopback, csrf=csrf, check_user=check_user)

@@ -23,7 +23,7 @@ import re
 import secrets
 import socket
 from http.cookies import SimpleCookie
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 Scope = dict[str, Any]
@@ -125,13 +125,13 @@ class Guard:
         refusal = self._refusal(scope, headers)
         if refusal is not None:
             status, text, extra = refusal
-            await _plain(send, status, text, extra)
+            await plain(send, status, text, extra)
             return
         if self.token is not None and scope["method"] == "GET" and _query_token(scope) is not None:
             await self._set_cookie_and_redirect(scope, headers, send)
             return
         scope.setdefault("state", {})["csrf"] = self.csrf
-        await self.app(scope, receive, _with_headers(send))
+        await self.app(scope, receive, with_headers(send))
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, dict[str, str]] | None:
         if self.token is None and self.loopback:
@@ -150,14 +150,8 @@ class Guard:
         return None
 
     def _change_refusal(self, scope: Scope, headers: dict[str, str], bearer: bool) -> tuple[int, str, dict[str, str]] | None:
-        origin = headers.get("origin") or _origin_of(headers.get("referer", ""))
-        if origin is None and not bearer:
-            return 403, "a change needs an Origin header (send it from the dashboard's page)", {}
-        if origin is not None and origin != _own_origin(scope, headers):
-            return 403, f"refused a change requested by another site ({origin})", {}
-        if not bearer and not secrets.compare_digest(headers.get(CSRF_HEADER, "").encode(), self.csrf.encode()):
-            return 403, "the page's CSRF token is missing or stale: reload the page", {}
-        return None
+        why = change_refusal(scope, headers, self.csrf, bearer)
+        return None if why is None else (403, why, {})
 
     def _same_user(self, scope: Scope) -> bool:
         key = (tuple(scope.get("client") or ()), tuple(scope.get("server") or ()))
@@ -177,8 +171,22 @@ class Guard:
         cookie[COOKIE]["httponly"] = True
         cookie[COOKIE]["samesite"] = "Strict"
         cookie[COOKIE]["path"] = "/"
-        await _plain(send, 303, "", {"Location": location, "Set-Cookie": cookie[COOKIE].OutputString(),
+        await plain(send, 303, "", {"Location": location, "Set-Cookie": cookie[COOKIE].OutputString(),
                                      "Cache-Control": "no-store"})
+
+
+def change_refusal(scope: Mapping[str, Any], headers: dict[str, str], csrf: str | None, bearer: bool = False) -> str | None:
+    """Why a change (POST, PUT, DELETE) is refused, or None: from a browser it needs an Origin
+    (or Referer) of this very server and the page's CSRF token (``csrf``; None: the Origin
+    only, for a form that has no session yet); a bearer's request is no browser's."""
+    origin = headers.get("origin") or origin_of(headers.get("referer", ""))
+    if origin is None and not bearer:
+        return "a change needs an Origin header (send it from the dashboard's page)"
+    if origin is not None and origin != own_origin(scope, headers):
+        return f"refused a change requested by another site ({origin})"
+    if not bearer and csrf is not None and not secrets.compare_digest(headers.get(CSRF_HEADER, "").encode(), csrf.encode()):
+        return "the page's CSRF token is missing or stale: reload the page"
+    return None
 
 
 def _query_token(scope: Scope) -> str | None:
@@ -204,12 +212,12 @@ def _given_token(scope: Scope, headers: dict[str, str]) -> tuple[str | None, boo
     return None, False
 
 
-def _origin_of(url: str) -> str | None:
+def origin_of(url: str) -> str | None:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
-def _own_origin(scope: Scope, headers: dict[str, str]) -> str:
+def own_origin(scope: Mapping[str, Any], headers: dict[str, str]) -> str:
     return f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"
 
 
@@ -220,7 +228,7 @@ SECURITY_HEADERS = [
 ]
 
 
-def _with_headers(send: Any) -> Any:
+def with_headers(send: Any) -> Any:
     async def wrapped(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             present = {k.lower() for k, _ in message.get("headers", [])}
@@ -230,7 +238,7 @@ def _with_headers(send: Any) -> Any:
     return wrapped
 
 
-async def _plain(send: Any, status: int, text: str, headers: dict[str, str]) -> None:
+async def plain(send: Any, status: int, text: str, headers: dict[str, str]) -> None:
     body = text.encode()
     raw = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode()),
            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()), *SECURITY_HEADERS]

@@ -3,8 +3,9 @@ the whole file. Every path goes through ``jobview.job_file`` (never a file outsi
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..core.paths import JobPaths
 from ..core.state import is_terminal
@@ -66,3 +67,29 @@ def search_log(record: JobRecord, rank: int, query: str, attempt: int | None = N
     except FileNotFoundError:
         pass
     return {"rank": rank, "attempt": attempt, "query": query, "matches": matches, "truncated": truncated}
+
+
+def follow_log(get: Callable[[], JobRecord], rank: int, attempt: int | None, offset: int | None,
+               send: Callable[[dict[str, Any]], None], gone: threading.Event) -> None:
+    """The dashboard's ``follow``: each new piece of a rank's log (``read_log``'s pieces) sent as
+    it is written, woken by the file changing (``monitor/filewatch.Watch``), not by asking
+    again; ``{"end": true}`` once the job has ended and everything was sent. Blocking; ends
+    early when ``gone`` is set (the page went away)."""
+    from ..monitor.filewatch import Watch
+    from ..monitor.tail import LIVENESS_S
+
+    record = get()
+    attempt, path = _log_path(record, attempt, rank)
+    with Watch(fallback=0.5) as watch:
+        while not gone.is_set():
+            watch.add(path.parent.parent, lambda name, is_dir: is_dir)  # the rank's directory appearing
+            watch.add(path.parent, lambda name, is_dir: name == path.name)
+            piece = read_log(record, rank, attempt, offset)
+            if piece["text"] or offset is None:
+                send(piece)
+            offset = piece["next"]
+            if is_terminal(record.state) and offset >= piece["size"]:
+                send({"end": True, "state": record.state.value})
+                return
+            watch.wait(LIVENESS_S)
+            record = get()

@@ -18,7 +18,8 @@ def _config(value: dict[str, Any]) -> str:
     return html.escape(json.dumps(value), quote=False).replace("</", "<\\/")
 
 
-def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: tuple[str, ...], active: str = "") -> str:
+def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: tuple[str, ...], active: str = "",
+            user: str | None = None) -> str:
     tags = "\n".join(f'<script src="/static/{name}" defer></script>' for name in ("plotly.min.js", "common.js", *scripts))
     nav = "".join(f'<a href="{href}" class="{"on" if key == active else ""}">{label}</a>'
                   for key, href, label in (("jobs", "/", "Jobs"), ("sweeps", "/?view=sweeps", "Sweeps")))
@@ -35,7 +36,7 @@ def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: t
 </head>
 <body>
 <header class="top"><a class="brand" href="/">phalanx</a><nav>{nav}</nav><span class="sub">{html.escape(title)}</span>
-<span class="grow"></span><span id="live" class="live" title="refreshing while something runs"></span></header>
+<span class="grow"></span><span id="live" class="live" title="refreshing while something runs"></span>{_account(user, csrf)}</header>
 <div id="toast" class="toast" hidden></div>
 <div id="modal" class="modal" hidden><div class="box"><h3 id="modal-title"></h3><p id="modal-text"></p>
 <div class="modal-buttons"><button id="modal-cancel" type="button">Cancel</button><button id="modal-ok" type="button" class="danger"></button></div></div></div>
@@ -47,7 +48,15 @@ def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: t
 """
 
 
-def list_page(view: str, csrf: str) -> str:
+def _account(user: str | None, csrf: str) -> str:
+    """A team server's header: who is logged in, and a way out (a POST, with the page's CSRF token)."""
+    if user is None:
+        return ""
+    return (f'<form class="account" method="post" action="/logout"><span id="user">{html.escape(user)}</span> '
+            f'<input type="hidden" name="csrf" value="{html.escape(csrf)}"><button id="logout" type="submit" class="link">log out</button></form>')
+
+
+def list_page(view: str, csrf: str, user: str | None = None) -> str:
     sweeps = view == "sweeps"
     body = f"""
 <section class="listing">
@@ -58,6 +67,8 @@ def list_page(view: str, csrf: str) -> str:
     <select id="f-state" name="state"><option value="">any state</option></select>
     <input id="f-name" name="name" placeholder="name (glob: resnet*)">
     <select id="f-backend" name="backend" {"hidden" if sweeps else ""}><option value="">any backend</option></select>
+    <input id="f-user" name="user" placeholder="user" size="10"{"" if user else " hidden"}>
+    <label{"" if user else " hidden"}><input id="f-mine" name="mine" type="checkbox" value="1"> mine</label>
     <input id="f-tag" name="tag" placeholder="tag: key=value" list="tag-keys"><datalist id="tag-keys"></datalist>
     <select id="f-since" name="since"><option value="">any time</option><option value="1h">last hour</option>
       <option value="1d">last day</option><option value="7d">last week</option><option value="30d">last 30 days</option></select>
@@ -72,10 +83,10 @@ def list_page(view: str, csrf: str) -> str:
     <button id="next" type="button" disabled>older ›</button></div>
 </section>"""
     return _layout("sweeps" if sweeps else "jobs", body, {"page": "list", "view": view}, csrf, ("list.js",),
-                   "sweeps" if sweeps else "jobs")
+                   "sweeps" if sweeps else "jobs", user)
 
 
-def job_page(job_id: str, name: str, state: str, csrf: str) -> str:
+def job_page(job_id: str, name: str, state: str, csrf: str, user: str | None = None) -> str:
     body = f"""
 <section id="head" class="head">
   <div class="bar"><h1><span id="job-id">{html.escape(job_id)}</span> <span id="job-name" class="muted">{html.escape(name)}</span>
@@ -118,10 +129,10 @@ def job_page(job_id: str, name: str, state: str, csrf: str) -> str:
   <div class="bar"><h2>Artifacts</h2><span class="grow"></span><span id="art-where" class="muted"></span></div>
   <div id="artifacts"><p class="muted">loading…</p></div>
 </section>"""
-    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("job.js",))
+    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("job.js",), user=user)
 
 
-def sweep_page(sweep_id: str, name: str, state: str, csrf: str) -> str:
+def sweep_page(sweep_id: str, name: str, state: str, csrf: str, user: str | None = None) -> str:
     body = f"""
 <section class="head">
   <div class="bar"><h1><span id="sweep-id">{html.escape(sweep_id)}</span> <span class="muted">{html.escape(name)}</span>
@@ -139,10 +150,10 @@ def sweep_page(sweep_id: str, name: str, state: str, csrf: str) -> str:
   <div id="parcoords" class="chart wide-chart"></div>
   <div id="scatters" class="charts"></div>
 </section>"""
-    return _layout(f"sweep {sweep_id}", body, {"page": "sweep", "sweep": sweep_id}, csrf, ("sweep.js",), "sweeps")
+    return _layout(f"sweep {sweep_id}", body, {"page": "sweep", "sweep": sweep_id}, csrf, ("sweep.js",), "sweeps", user)
 
 
-def compare_page(job_ids: list[str], csrf: str) -> str:
+def compare_page(job_ids: list[str], csrf: str, user: str | None = None) -> str:
     body = """
 <section>
   <div class="bar"><h1>Compare metrics</h1><span class="grow"></span>
@@ -152,7 +163,7 @@ def compare_page(job_ids: list[str], csrf: str) -> str:
   <div id="compare-jobs" class="facts"></div>
   <div id="compare" class="charts big"><p class="muted">loading…</p></div>
 </section>"""
-    return _layout("compare", body, {"page": "compare", "jobs": job_ids}, csrf, ("job.js",))
+    return _layout("compare", body, {"page": "compare", "jobs": job_ids}, csrf, ("job.js",), user=user)
 
 
 def error_page(status: int, message: str) -> str:
@@ -160,3 +171,20 @@ def error_page(status: int, message: str) -> str:
 <link rel="stylesheet" href="/static/app.css"></head>
 <body><header class="top"><a class="brand" href="/">phalanx</a></header><main><section class="cause">
 <h1>{status}</h1><p id="message">{html.escape(message)}</p><p><a href="/">all jobs</a></p></section></main></body></html>"""
+
+
+def login_page(message: str = "", next_path: str = "/") -> str:
+    """A team server's way in: the API token (``phalanx server user add`` printed it) becomes an
+    HttpOnly, SameSite=Strict cookie (``server/auth.py``)."""
+    note = f'<p id="message" class="error">{html.escape(message)}</p>' if message else ""
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>log in · phalanx</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="/static/app.css"></head>
+<body><header class="top"><a class="brand" href="/">phalanx</a></header><main><section class="login">
+<h1>Log in</h1>{note}
+<form id="login" method="post" action="/login" autocomplete="off">
+<input type="hidden" name="next" value="{html.escape(next_path)}">
+<label>API token <input id="token" name="token" type="password" size="60" placeholder="phx_..." required autofocus></label>
+<button id="login-button" type="submit">Log in</button></form>
+<p class="muted">An admin gives you a token with <code>phalanx server user add NAME</code>; the CLI logs in with
+<code>phalanx login URL</code>.</p></section></main></body></html>"""

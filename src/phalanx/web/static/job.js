@@ -245,9 +245,48 @@
       }
     }
 
-    // Logs: the tail of one rank's own log, then what is appended (follow), or search results.
+    // Logs: the tail of one rank's own log, then, while "follow" is on, what is appended as it is
+    // written: one long answer of Server-Sent Events (the server is woken by the file changing).
     const log = { rank: null, attempt: null, next: null, busy: false };
     const MAX_SHOWN = 2_000_000;
+    let source = null;
+
+    function show(data) {
+      const pre = $("log");
+      if (!data.exists && log.next === null) { pre.textContent = "(no output yet)"; return; }
+      if (log.next === null && data.offset > 0) pre.textContent = `… ${bytes(data.offset)} earlier (search covers the whole log)\n`;
+      if (pre.textContent === "(no output yet)") pre.textContent = "";
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
+      if (data.text) {
+        pre.append(document.createTextNode(data.text));
+        if (pre.textContent.length > MAX_SHOWN) pre.textContent = pre.textContent.slice(-MAX_SHOWN);
+      }
+      log.next = data.next;
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    }
+
+    function stopFollowing() {
+      if (source) { source.close(); source = null; }
+    }
+
+    function follow() {
+      stopFollowing();
+      if (!$("log-follow").checked || !detail || detail.terminal || log.rank === null || log.next === null) return;
+      const params = new URLSearchParams({ rank: log.rank, attempt: log.attempt, offset: log.next });
+      const here = new EventSource(`/api/jobs/${job}/logs/stream?${params}`);
+      source = here;
+      here.onmessage = (ev) => {
+        const data = JSON.parse(ev.data);
+        if (data.end || data.error) { stopFollowing(); return; }
+        if (data.offset === log.next) show(data);
+      };
+      here.onerror = () => {  // cut off: follow again from where the page is, not where it began
+        if (source !== here) return;
+        stopFollowing();
+        setTimeout(follow, 2000);
+      };
+    }
+
     async function loadLog(reset) {
       if (log.busy) return;
       log.busy = true;
@@ -256,25 +295,17 @@
         const rank = $("log-rank").value, attempt = $("log-attempt").value;
         if (rank === "" || attempt === "") return;
         if (reset || rank !== log.rank || attempt !== log.attempt) {
+          stopFollowing();
           log.rank = rank; log.attempt = attempt; log.next = null;
           pre.textContent = "";
         }
         const params = { rank, attempt };
         if (log.next !== null) params.offset = log.next;
-        const data = await get(`/api/jobs/${job}/logs`, params);
-        if (!data.exists && log.next === null) { pre.textContent = "(no output yet)"; return; }
-        if (log.next === null && data.offset > 0) pre.textContent = `… ${bytes(data.offset)} earlier (search covers the whole log)\n`;
-        if (pre.textContent === "(no output yet)") pre.textContent = "";
-        const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
-        if (data.text) {
-          pre.append(document.createTextNode(data.text));
-          if (pre.textContent.length > MAX_SHOWN) pre.textContent = pre.textContent.slice(-MAX_SHOWN);
-        }
-        log.next = data.next;
-        if (atBottom) pre.scrollTop = pre.scrollHeight;
+        show(await get(`/api/jobs/${job}/logs`, params));
       } finally {
         log.busy = false;
       }
+      if (!source) follow();
     }
 
     async function search(ev) {
@@ -346,7 +377,8 @@
           refreshArtifacts().catch(() => {})]);
         markRendered("charts");
       }
-      if ($("log-follow").checked || log.next === null) await loadLog(false).catch(() => {});
+      if (log.next === null || (detail.terminal && !source)) await loadLog(false).catch(() => {});
+      else if (!source) follow();
       if (!detail.terminal) setTimeout(refresh, 2000);
       else if (!refresh.final) { refresh.final = true; metricsEvery = 0; setTimeout(refresh, 500); }
     }
@@ -359,9 +391,8 @@
     $("metric-rank").addEventListener("change", () => { $("metrics").replaceChildren(); refreshMetrics(); });
     $("log-search").addEventListener("submit", search);
     $("overlay").addEventListener("submit", overlay);
-    $("log-follow").addEventListener("change", () => { if ($("log-follow").checked) loadLog(false); });
+    $("log-follow").addEventListener("change", () => { if ($("log-follow").checked) loadLog(false); else stopFollowing(); });
     bindChartControls(() => { $("metrics").replaceChildren(); drawMetrics(); });
-    setInterval(() => { if (detail && !detail.terminal && $("log-follow").checked) loadLog(false).catch(() => {}); }, 1000);
     refresh();
   }
 

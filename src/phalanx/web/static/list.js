@@ -18,7 +18,7 @@
 
   function query(extra) {
     const q = new URLSearchParams();
-    for (const key of ["q", "state", "name", "backend", "tag", "since", "sort"]) {
+    for (const key of ["q", "state", "name", "backend", "tag", "since", "sort", "user", "mine"]) {
       for (const v of params.getAll(key)) if (v) q.append(key, v);
     }
     if (!sweeps && columns().length) q.set("columns", columns().join(","));
@@ -51,7 +51,7 @@
         el("th", {}, "DURATION"), el("th", { class: "num" }, "GPU-H"), el("th", {}, "COMMAND")];
     } else {
       cells = [el("th", {}, ""), sortable("ID", "created"), sortable("NAME", "name"), sortable("STATE", "state"),
-        sortable("BACKEND", "backend"), el("th", {}, "TOPOLOGY"), el("th", {}, "CREATED"), el("th", {}, "DURATION"),
+        sortable("BACKEND", "backend"), el("th", {}, "USER"), el("th", {}, "TOPOLOGY"), el("th", {}, "CREATED"), el("th", {}, "DURATION"),
         sortable("GPU-H", "gpu_hours", "num"),
         ...columns().map((c) => {
           const th = sortable(c.toUpperCase(), c, "num metric");
@@ -89,6 +89,7 @@
       el("td", {}, el("a", { href: "/jobs/" + j.id, text: j.name }), j.attempt ? el("span", { class: "muted small", text: ` a${j.attempt}` }) : null),
       el("td", {}, state, j.exit_code ? el("span", { class: "muted small", text: " " + j.exit_code }) : null),
       el("td", { text: j.backend }),
+      el("td", { class: "user", text: j.user_name || "-" }),
       el("td", { text: j.topology }),
       el("td", { text: ago(j.created_at), title: new Date(j.created_at * 1000).toLocaleString() }),
       el("td", { text: dur(j.duration) }),
@@ -175,7 +176,8 @@
 
   // -- filters ------------------------------------------------------------------------------
   async function filters() {
-    for (const [id, key] of [["f-q", "q"], ["f-name", "name"], ["f-tag", "tag"], ["f-since", "since"]]) $(id).value = params.get(key) || "";
+    for (const [id, key] of [["f-q", "q"], ["f-name", "name"], ["f-tag", "tag"], ["f-since", "since"], ["f-user", "user"]]) $(id).value = params.get(key) || "";
+    $("f-mine").checked = params.get("mine") === "1";
     try {
       const meta = await get("/api/meta");
       $("f-state").append(...meta.states.map((s) => el("option", { value: s.toLowerCase(), text: s.toLowerCase() })),
@@ -194,14 +196,16 @@
       setParam("backend", $("f-backend").value);
       setParam("tag", $("f-tag").value.trim());
       setParam("since", $("f-since").value);
+      setParam("user", $("f-user").value.trim());
+      setParam("mine", $("f-mine").checked ? "1" : null);
       const col = $("f-col").value.trim();
       if (col && !columns().includes(col)) setParam("columns", [...columns(), col]);
       $("f-col").value = "";
       reload();
     });
-    for (const id of ["f-state", "f-backend", "f-since"]) $(id).addEventListener("change", () => $("filters").requestSubmit());
+    for (const id of ["f-state", "f-backend", "f-since", "f-mine"]) $(id).addEventListener("change", () => $("filters").requestSubmit());
     $("f-clear").addEventListener("click", () => {
-      for (const key of ["q", "state", "name", "backend", "tag", "since", "sort", "columns"]) params.delete(key);
+      for (const key of ["q", "state", "name", "backend", "tag", "since", "sort", "columns", "user", "mine"]) params.delete(key);
       setParam("q", null);
       location.reload();
     });

@@ -1,0 +1,76 @@
+"""``phalanx server``: bind, check what must hold before serving a team, and serve until stopped.
+
+- The store is the one ``--store`` names (``PHALANX_STORE``, also for the supervisors the
+  server starts, which inherit it); the home (``PHALANX_HOME``) holds the job directories.
+- Off loopback, plain HTTP would carry tokens and logs in clear text: the server refuses to
+  start unless given a certificate (``--tls-cert``/``--tls-key``), or told with
+  ``--insecure-http`` that a TLS proxy stands in front.
+- At start, shipped code of submits that died before their job was recorded is removed
+  (``shipping.sweep_orphans``); nothing else: jobs and their supervisors live on their own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UsageError
+
+
+def check_tls(cert: Path | None, key: Path | None) -> None:
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together", "give both (the certificate and its private key)")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{flag} {path}: no such file", "give the PEM file's path")
+    if cert is not None and key is not None:
+        import ssl
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(str(cert), str(key))
+        except (ssl.SSLError, OSError) as exc:
+            raise UsageError(f"cannot use {cert} with {key}: {getattr(exc, 'reason', None) or exc}",
+                             "give a PEM certificate and the private key that belongs to it") from None
+
+
+def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path | None, insecure_http: bool,
+          announce: Callable[[str], None], warn: Callable[[str], None]) -> None:
+    """Serve until interrupted. Blocking."""
+    from ..web.server import bind, is_loopback
+    from ..web.guard import resolve
+
+    if port < 0 or port > 65535:
+        raise UsageError(f"invalid --port {port}", "use 0..65535 (0 = any free port)")
+    check_tls(cert, key)
+    resolve(host)
+    tls = cert is not None
+    if not tls and not is_loopback(host) and not insecure_http:
+        raise UsageError(f"refusing to serve on {host} over plain HTTP: API tokens and job logs would cross the "
+                         "network in clear text", "give --tls-cert and --tls-key, or, behind a TLS proxy, add --insecure-http")
+    if store:
+        os.environ["PHALANX_STORE"] = store  # this process and every supervisor it starts
+    from ..api import query
+    from .app import create_app
+    from .shipping import sweep_orphans
+
+    opened = query.open_store()
+    if opened.users.count() == 0:
+        warn("phalanx server: no users yet, so nobody can log in: add one with "
+             "phalanx server user add NAME --admin (same --store)")
+    sweep_orphans(query.home(), opened)
+    import uvicorn
+
+    sock = bind(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    announce(f"{'https' if tls else 'http'}://{shown}:{bound}/")
+    config = uvicorn.Config(create_app(), log_level="warning", access_log=False, lifespan="off",
+                            ssl_certfile=str(cert) if cert else None, ssl_keyfile=str(key) if key else None,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
