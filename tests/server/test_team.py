@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -76,7 +75,8 @@ def test_every_verb_prints_what_it_prints_locally(team):
     for mode in ("remote", "local"):
         lead = ["--local"] if mode == "local" else []
 
-        def run(*args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+        def run(*args: str, ok: tuple[int, ...] = (0,), lead: list[str] = lead,
+                mode: str = mode) -> subprocess.CompletedProcess[str]:
             done = bob.run(*lead, *args, cwd=where)
             assert done.returncode in ok, f"{mode} {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
             return done

@@ -35,6 +35,7 @@ class Target:
     dirs: list[Path]  # job and sweep directories
     records: list[JobRecord]  # the job, or the sweep's trials
     owner: str | None = None  # who submitted it (None: before users were recorded)
+    project: str = "default"
 
 
 @dataclass
@@ -51,16 +52,17 @@ class Removed:
         return dict(self.__dict__)
 
 
-def resolve(store: Store, refs: Sequence[str]) -> list[Target]:
+def resolve(store: Store, refs: Sequence[str], projects: Sequence[str] | None = None) -> list[Target]:
     """The jobs and sweeps ``refs`` name, each checked: UsageError on the first that cannot go.
-    A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``)."""
+    A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``). ``projects``:
+    only those of these projects exist (``Store.find``)."""
     targets: list[Target] = []
     for ref in refs:
-        sweep = store.sweeps.find(ref)
+        sweep = store.sweeps.find(ref, projects)
         if sweep is not None:
             targets.append(_sweep_target(store, sweep))
             continue
-        record = effective(store.find(ref))
+        record = effective(store.find(ref, projects))
         if not is_terminal(record.state):
             raise UsageError(f"job {record.id} is {record.state.value}: phalanx removes only jobs that ended",
                              f"stop it first: phalanx stop {record.id}")
@@ -68,7 +70,7 @@ def resolve(store: Store, refs: Sequence[str]) -> list[Target]:
             raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
                              f"remove the whole sweep: phalanx rm {record.sweep_id}")
         targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record],
-                              record.user_name))
+                              record.user_name, record.project))
     seen: set[str] = set()
     return [t for t in targets if not (t.id in seen or seen.add(t.id))]  # type: ignore[func-returns-value]
 
@@ -83,7 +85,7 @@ def _sweep_target(store: Store, sweep: Any) -> Target:
         raise UsageError(f"sweep {sweep.id} still has {len(running)} trial(s) running (e.g. job {running[0].id})",
                          f"stop them first: phalanx stop {sweep.id}")
     return Target("sweep", sweep.id, sweep.name, sweep.state.value,
-                  [Path(sweep.sweep_dir), *(Path(t.job_dir) for t in trials)], trials, sweep.user_name)
+                  [Path(sweep.sweep_dir), *(Path(t.job_dir) for t in trials)], trials, sweep.user_name, sweep.project)
 
 
 def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bool = False) -> Removed:
@@ -200,8 +202,10 @@ def _drop_orphans(home: HomePaths, inodes: set[tuple[int, int]]) -> int:
     return dropped
 
 
-def prune_targets(store: Store, older_than: float, states: Sequence[str], now: float) -> list[Target]:
-    """Every ended job and sweep created more than ``older_than`` seconds ago (in ``states``)."""
+def prune_targets(store: Store, older_than: float, states: Sequence[str], now: float,
+                  projects: Sequence[str] | None = None) -> list[Target]:
+    """Every ended job and sweep created more than ``older_than`` seconds ago (in ``states``;
+    ``projects``: of these projects only)."""
     from ..store.listing import old_jobs, old_sweeps
 
     wanted = [s for s in states if s in {t.value for t in TERMINAL}] if states else [t.value for t in TERMINAL]
@@ -209,10 +213,10 @@ def prune_targets(store: Store, older_than: float, states: Sequence[str], now: f
     targets: list[Target] = []
     for record in old_jobs(store, before, wanted):
         targets.append(Target("job", record.id, record.name, record.state.value, [Path(record.job_dir)], [record],
-                              record.user_name))
+                              record.user_name, record.project))
     for sweep in old_sweeps(store, before, wanted):
         try:
             targets.append(_sweep_target(store, sweep))
         except UsageError:
             continue  # a trial still runs (a LOST sweep's leftover): not old news yet
-    return targets
+    return targets if projects is None else [t for t in targets if t.project in projects]

@@ -170,6 +170,7 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
             streamer.join()
         if console:
             console.close()
+    assert code is not None  # a foreground run waits for its queue
     return store.get(record.id), code
 
 
@@ -196,7 +197,7 @@ def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set
     return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 
-def stop(ref: str, timeout: float | None = None, events: Events | None = None) -> JobRecord:
+def stop(ref: str, timeout: float | None = None, events: Events | None = None, by: str | None = None) -> JobRecord:
     """Stop a job gracefully: SIGTERM to every rank, the job's grace period, then SIGKILL.
 
     Idempotent: stopping a finished job returns its record unchanged. A LOST job (its
@@ -204,7 +205,8 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
     way, and the job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
     the backend's ``stop_margin``, 15 s but for SageMaker) bounds the wait for the ranks to stop; once they all have, the supervisor is saving
     the outputs and the state, which takes as long as the upload does: that is waited for as
-    long as the supervisor lives, and ``events`` hears about it once.
+    long as the supervisor lives, and ``events`` hears about it once. A job waiting in its
+    project's queue is CANCELLED at once (``by``: who stopped it, for its record).
     """
     store = open_store()
     record = liveness.record_lost(store, find_job(ref, store))
@@ -212,6 +214,12 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
         return get_backend(record.backend).stop_elsewhere(store, record, events, leftover.stop)
     if is_terminal(record.state):
         return _stop_leftover(store, record, events)
+    if record.state is JobState.QUEUED and record.admitted_at is None:
+        from ..supervise.admission import stop_queued
+
+        if stop_queued(store, record, by or config_user()):  # nothing runs: cancelled at once
+            return store.get(record.id)
+        record = store.get(record.id)
     # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
     store.transition(record.id, JobState.STOPPING)
     if record.supervisor_pid is None:
@@ -239,6 +247,12 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None) -
                 events(f"every rank of job {record.id} has stopped; its supervisor (pid {record.supervisor_pid}) "
                        "is saving the outputs and the state (Ctrl-C stops waiting, not the saving)")
         time.sleep(0.1)
+
+
+def config_user() -> str:
+    from .. import config
+
+    return config.user()
 
 
 def interrupt(record: JobRecord) -> JobRecord:
@@ -299,9 +313,10 @@ def download(record: JobRecord, dest: Path | None = None, logs: bool = False, st
 
 
 def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
-              user: str | None = None, sweep_id: str | None = None) -> tuple[SweepRecord, int | None]:
+              user: str | None = None, sweep_id: str | None = None,
+              created: Callable[[SweepRecord], None] | None = None) -> tuple[SweepRecord, int | None]:
     """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
-    ``user`` and ``sweep_id`` as for ``submit_detached``.
+    ``user`` and ``sweep_id`` as for ``submit_detached``; ``created`` is called once the sweep exists.
 
     Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""
     from ..sweeps.runner import SweepRunner, create_sweep
@@ -309,6 +324,8 @@ def run_sweep(spec: JobSpec, settings: Any, detach: bool = False, events: Events
     store, where = open_store(), home()
     submit.check_storage(spec, where)
     sweep = create_sweep(store, where, spec, settings, user=user, sweep_id=sweep_id)
+    if created is not None:
+        created(sweep)
     if detach:
         store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), spec.workdir))
         return store.sweeps.get(sweep.id), None

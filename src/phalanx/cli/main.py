@@ -93,6 +93,9 @@ def _register_subcommands() -> None:
     app.add_typer(pool_app, name="pool")
     register_account(app)
     app.add_typer(server_app, name="server")
+    from .projects import events_cmd
+
+    app.command("events")(events_cmd)
 
 
 _register_subcommands()

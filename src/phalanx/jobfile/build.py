@@ -56,6 +56,7 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
         state_uri=_uri(v, "state"),
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
         backend_options=_backend_options(v),
+        project=str(v["project"] or _config("project") or ""),
         **_labels(v),
         **_tracking(v),
         **_plain_fields(v),

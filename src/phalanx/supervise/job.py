@@ -47,26 +47,31 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import endings, history, leftover, liveness, staging, tracking
+from . import admission, endings, history, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
 from .submit import plan_attempt
 
 Events = Callable[[str], None]
+QUEUE_POLL = 0.25  # seconds between looks at the store while a job waits in its queue
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
-              console: Console | None = None) -> int:
+              console: Console | None = None, wait_queued: bool = True) -> int | None:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
-    the terminal a lone process is lent (a foreground run).
+    the terminal a lone process is lent (a foreground run). A job its project's quota queues is
+    waited for (``wait_queued``), or left to the queue: None is returned at once, and a new
+    supervisor is started when the queue admits it (``admission.advance``).
 
     Blocking; main thread only (it handles signals).
     """
     run = JobRun(store, home, record, plan, events)
     run.backend.console = console
     with ChildWatcher() as watcher:
-        run.start()
+        run.start(wait_queued=wait_queued)
+        if run.queued is not None and not wait_queued:
+            return None
         seen = 0
         while not run.done:
             if len(watcher.stop_requests) > seen:
@@ -109,21 +114,55 @@ class JobRun:
         self.attempt: AttemptRun | None = None
         self._sync: Any = None
         self._reserve: disk.Reserve | None = None
+        self.queued: admission.Decision | None = None  # waiting in its project's queue
+        self._identity: dict[str, Any] | None = None
 
     @property
     def done(self) -> bool:
         return self.exit_code is not None
 
-    def start(self, identity: dict[str, Any] | None = None) -> None:
+    def start(self, identity: dict[str, Any] | None = None, wait_queued: bool = True) -> None:
+        """Admission first (``admission.py``): the job starts now, or waits QUEUED (``queued``)
+        and starts from ``tick`` once admitted; with ``wait_queued`` False nobody waits here."""
+        self._identity = identity
+        decision = admission.admit(self.store, self.record, (identity or liveness.identity()) if wait_queued else None)
+        if decision.never:
+            self.store.transition(self.record.id, JobState.FAILED, exit_code=1,
+                                  root_cause=json.dumps({"message": f"could not start: {decision.reason}", "exitcode": 1}))
+            self.say(f"could not start: {decision.reason}")
+            self.exit_code = 1
+            return
+        if not decision.admitted:
+            self.queued = decision
+            self.say(f"queued: {decision.reason} (place {decision.place}); it starts by itself when capacity frees")
+            return
+        self._begin()
+
+    def _begin(self) -> None:
         try:
-            self._start(identity)
+            self._start(self._identity)
         except Exception as exc:
             if not disk.is_full(exc):
                 raise
             self._disk_full(exc)
 
+    def _still_queued(self) -> bool:
+        """Whether the job still waits in its queue; once admitted it starts, once ended (stopped
+        while queued, its project removed) this run is done."""
+        now = self.store.get(self.record.id)
+        if now.state is JobState.QUEUED and now.admitted_at is None:
+            return True
+        self.queued = None
+        if now.state is JobState.QUEUED or now.state is JobState.PENDING:
+            self.record = now
+            self.say("admitted: starting")
+            self._begin()
+        else:
+            self.exit_code = now.exit_code if now.exit_code is not None else 1
+        return False
+
     def _start(self, identity: dict[str, Any] | None) -> None:
-        if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt,
+        if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt, admitted_at=time.time(),
                                      **(identity or liveness.identity())):
             self.exit_code = 1  # stopped before it started
             return
@@ -192,7 +231,16 @@ class JobRun:
         self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say)
 
     def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
-        """Stop the current attempt: cancelled, preempted or pruned. A second call kills."""
+        """Stop the current attempt: cancelled, preempted or pruned. A second call kills. A job
+        still queued is CANCELLED at once (nothing of it runs)."""
+        if self.queued is not None and not self.done:
+            code = 128 + int(signum)
+            cause = json.dumps({"message": f"cancelled while queued ({signal_name(code)})", "exitcode": code})
+            self.store.transition(self.record.id, JobState.CANCELLED, exit_code=code, root_cause=cause)
+            self.queued = None
+            self.exit_code = code
+            admission.advance(self.store, [self.record.project])
+            return
         if self.done or self.attempt is None:
             return
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
@@ -201,9 +249,13 @@ class JobRun:
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
+        if self.queued is not None:
+            return QUEUE_POLL
         return self.attempt.wait_hint() if self.attempt is not None else 0.0
 
     def tick(self) -> None:
+        if self.queued is not None and not self.done and self._still_queued():
+            return
         if self.done or self.attempt is None:
             return
         try:
@@ -277,6 +329,7 @@ class JobRun:
         self.exit_code = record_end(self.store, self.record, outcome)
         if self._reserve is not None:
             self._reserve.release()
+        admission.advance(self.store, [self.record.project])  # its share of the quota is free: the queue moves
         endings.job_ended(self, outcome)  # usage, metric summary, notification
 
 

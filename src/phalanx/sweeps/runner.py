@@ -22,6 +22,7 @@ from typing import Any, Callable
 from .. import config
 from ..backends.registry import get_backend
 from ..core.contracts import OutcomeKind, StopReason
+from ..core.identity import DEFAULT_PROJECT
 from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, JobSpec
 from ..core.state import JobState, is_terminal
@@ -276,7 +277,7 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         direction=settings.direction, total=strategy.total, command=command,
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
-        user_name=user or config.user(),
+        user_name=user or config.user(), project=spec.project or DEFAULT_PROJECT, priority=spec.priority,
     )
     if spec.tags:
         from ..store.listing import set_tags

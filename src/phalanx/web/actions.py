@@ -53,8 +53,8 @@ def job_action(face: LocalFace, ref: str, action: str, log: Callable[[str], None
 
     if action not in JOB_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(JOB_ACTIONS)}")
-    record = query.get_job(ref)
-    face.check_may_act("job", record.id, record.user_name, "delete" if action == "delete" else action)
+    record = face.record(ref)
+    face.check_may_act("job", record.id, record.user_name, "delete" if action == "delete" else action, record.project)
     if action == "stop":
         if is_terminal(record.state):
             raise Conflict(f"job {record.id} already ended ({record.state.value}): there is nothing to stop",
@@ -123,10 +123,10 @@ def sweep_action(face: LocalFace, ref: str, action: str, log: Callable[[str], No
 
     if action not in SWEEP_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(SWEEP_ACTIONS)}")
-    sweep = query.find_sweep(ref)
+    sweep = face.find_sweep(ref)
     if sweep is None:
         raise JobNotFound(f"no sweep '{ref}'", "list sweeps with: phalanx ps --all")
-    face.check_may_act("sweep", sweep.id, sweep.user_name, "delete" if action == "delete" else action)
+    face.check_may_act("sweep", sweep.id, sweep.user_name, "delete" if action == "delete" else action, sweep.project)
     if action == "stop":
         if is_terminal(sweep.state):
             raise Conflict(f"sweep {sweep.id} already ended ({sweep.state.value}): there is nothing to stop",
@@ -160,6 +160,6 @@ def sweep_detail(sweep: Any, face: LocalFace | None = None) -> dict[str, Any]:
     data["terminal"] = is_terminal(sweep.state)
     data["actions"] = ["stop"] if not is_terminal(sweep.state) else (
         ["resume", "delete"] if sweep.state in RESUMABLE else ["delete"])
-    if face is not None and not face.principal.may_act_on(sweep.user_name):
+    if face is not None and not face.principal.may_act_on(sweep.user_name, sweep.project):
         data["actions"] = []
     return data

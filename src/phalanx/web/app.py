@@ -28,7 +28,8 @@ from . import actions, jobview, pages
 from .guard import Guard
 
 STATIC = Path(__file__).parent / "static"
-LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view", "user", "mine"}
+LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view", "user", "mine",
+               "project"}
 
 
 def plotly_js() -> Path:
@@ -63,7 +64,8 @@ def _face(request: Request) -> LocalFace:
 
 
 def _record(request: Request) -> JobRecord:
-    return query.get_job(request.path_params["job"])
+    """The job of the URL, as the person asking may see it (another project's: 404, as none)."""
+    return _face(request).record(request.path_params["job"])
 
 
 class ShownJSON(JSONResponse):
@@ -103,7 +105,7 @@ def _list_query(request: Request, sweeps: bool = False) -> Any:
     user = principal(request).user if q.get("mine") == "1" else q.get("user")
     wanted = build_query(states=q.getlist("state"), name=q.get("name"), backend=q.get("backend"), tags=q.getlist("tag"),
                         since=q.get("since"), search=q.get("q"), sort=q.get("sort"), columns=q.getlist("columns"),
-                        sweeps=sweeps, user=user)
+                        sweeps=sweeps, user=user, projects=_face(request)._projects_asked(q.get("project") or None))
     if not sweeps:
         check_metrics(query.open_store(), wanted.columns, wanted.sort)
     return wanted
@@ -153,8 +155,11 @@ def api_meta(request: Request) -> Response:
 
     store = query.open_store()
     me = principal(request)
+    mine = {p: me.role(p) for p in sorted(me.projects)} if not me.everywhere and me.projects is not None \
+        else {p.name: "admin" for p in store.projects.all()}
     return _json({"states": list(STATES), "backends": sorted(known()), "metrics": metric_names(store),
-                  "tag_keys": tag_keys(store), "user": me.user, "admin": me.admin, "local": me.local})
+                  "tag_keys": tag_keys(store), "user": me.user, "admin": me.admin, "local": me.local,
+                  "projects": mine, "events": me.local or me.admin or any(r == "admin" for r in mine.values())})
 
 
 # -- one job -------------------------------------------------------------------------------------
@@ -274,7 +279,8 @@ def _compare_records(request: Request) -> list[JobRecord]:
     refs = [r for r in request.query_params.get("jobs", "").split(",") if r.strip()]
     if not refs:
         raise UsageError("no jobs to compare", "pass ?jobs=ID1,ID2")
-    return [query.get_job(r.strip()) for r in refs[:20]]
+    face = _face(request)
+    return [face.record(r.strip()) for r in refs[:20]]
 
 
 def api_compare(request: Request) -> Response:
@@ -287,7 +293,7 @@ def api_compare(request: Request) -> Response:
 
 
 def _sweep(request: Request) -> Any:
-    sweep = query.find_sweep(request.path_params["sweep"])
+    sweep = _face(request).find_sweep(request.path_params["sweep"])
     if sweep is None:
         raise JobNotFound(f"no sweep '{request.path_params['sweep']}'", "list sweeps with: phalanx ps --all")
     return sweep
