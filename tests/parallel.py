@@ -51,6 +51,7 @@ WEIGHT: dict[str, float] = {
     "tests/differential/test_contracts.py": 260, "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
     "tests/terminal/test_ctrl_c.py": 180, "tests/cluster/test_track_mlflow.py": 200,
     "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
+    "tests/local/test_health.py": 200,
 }
 
 

@@ -62,7 +62,7 @@ def test_ps_filters_columns_and_short_commands(phx_home, job_script):
     assert phalanx("ps", "--since", "2999-01-01", "-q", check=True).stdout == ""
     assert phalanx("ps", "--all", "--limit", "1", "-q", check=True).stdout.count("\n") == 1
     by_loss = phalanx("ps", "-c", "loss,loss:max", "--sort", "loss", check=True).stdout.splitlines()
-    assert by_loss[0].split()[6:8] == ["LOSS", "LOSS:MAX"]
+    assert by_loss[0].split()[6:9] == ["PROGRESS", "LOSS", "LOSS:MAX"]
     assert [line.split()[1] for line in by_loss[1:]] == ["beta", "gamma", "alpha"]  # last loss 0.05, 0.1, 0.2
     rows = json.loads(phalanx("ps", "--all", "--json", "-c", "loss", check=True).stdout)
     assert {r["name"]: r["columns"]["loss"] for r in rows} == {"alpha": 0.2, "beta": 0.05, "gamma": 0.1}

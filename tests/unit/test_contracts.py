@@ -122,7 +122,8 @@ def test_missing_files_are_none_not_errors(tmp_path):
 
 
 def test_stop_reasons_are_outcomes():
-    assert [r.outcome for r in StopReason] == [OutcomeKind.CANCELLED, OutcomeKind.PREEMPTED, OutcomeKind.PRUNED]
+    assert [r.outcome for r in StopReason] == [OutcomeKind.CANCELLED, OutcomeKind.PREEMPTED, OutcomeKind.PRUNED,
+                                               OutcomeKind.DIVERGED, OutcomeKind.TIMEOUT]
 
 
 def test_a_job_directory_written_before_the_versions_shows_in_ps_and_status(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("errors",),
     ("core", "config"),  # the job model and the job-directory contract; settings
-    ("monitor", "storage", "store", "track"),  # metrics and resources; data channels, state, outputs; SQLite; tracker exporters
+    ("monitor", "health", "storage", "store", "track"),  # metrics and resources; progress, stragglers, anomalies; data channels, state, outputs; the store; tracker exporters
     ("launch",),  # one node: agent, bootstrap, torchrun argv, host facts
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life

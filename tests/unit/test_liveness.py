@@ -92,7 +92,7 @@ def test_the_cli_and_the_dashboard_only_look(world):
     assert {r["id"]: r["state"] for r in json.loads(ps.output)} == {"orphan": "LOST", "healthy": "RUNNING",
                                                                     "stuck": "LOST", "sw1": "LOST"}
     status = CliRunner().invoke(app, ["status", "orphan"])
-    assert "state     LOST" in status.output and "root cause: node ?: the supervisor (pid" in status.output
+    assert "state     LOST" in status.output and "root cause: the supervisor (pid" in status.output
     client = TestClient(create_app(), base_url="http://127.0.0.1:8000")  # the dashboard as `phalanx dashboard` serves it
     assert client.get("/api/jobs/orphan").json()["state"] == "LOST"
     assert {j["id"]: j["state"] for j in client.get("/api/jobs").json()}["orphan"] == "LOST"

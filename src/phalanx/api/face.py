@@ -64,7 +64,8 @@ class Face(Protocol):
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
                log_from: int = 0) -> tuple[dict[str, Any], int]: ...
     def interrupt(self, ref: str) -> dict[str, Any]: ...
-    def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]: ...
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
@@ -353,15 +354,21 @@ class LocalFace(TeamVerbs):
             self.check_may_act("job", record.id, record.user_name, "interrupt", record.project)
             return _job_dict(jobs.interrupt(record))
 
-    def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Block until the job (or sweep) ends. ``progress`` hears the job's id, state and health
+        (``query.health``) at every look (``wait --progress``)."""
         from . import jobs
+        from .query import health
         from .sweepview import sweep_exit_code
 
         sweep = self._sweep_named(ref)
         if sweep is not None:
             done = jobs.wait_sweep(sweep.id, timeout)
             return {"kind": "sweep", **done.to_dict(), "wait_code": sweep_exit_code(done)}
-        record = jobs.wait(self._job(ref).id, timeout=timeout)
+        watch = None if progress is None else (
+            lambda r: progress({"id": r.id, "state": r.state.value, "health": health(r)}))
+        record = jobs.wait(self._job(ref).id, timeout=timeout, watch=watch)
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}
 

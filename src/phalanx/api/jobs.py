@@ -281,12 +281,16 @@ def _stop_leftover(store: Store, record: JobRecord, events: Events | None) -> Jo
     return store.get(record.id)
 
 
-def wait(ref: str, timeout: float | None = None, poll: float = 0.2) -> JobRecord:
-    """Block until the job ends; returns its record. Raises PhalanxError on timeout. Writes nothing."""
+def wait(ref: str, timeout: float | None = None, poll: float = 0.2,
+         watch: Callable[[JobRecord], None] | None = None) -> JobRecord:
+    """Block until the job ends; returns its record. Raises PhalanxError on timeout. Writes
+    nothing. ``watch`` is called with the record at every look (``wait --progress``)."""
     store = open_store()
     record = get_job(ref, store)
     deadline = None if timeout is None else time.monotonic() + timeout
     while not is_terminal(record.state):
+        if watch is not None:
+            watch(record)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"job {record.id} still {record.state.value} after {timeout:g}s", "wait longer or check: phalanx status " + record.id)
         time.sleep(poll)

@@ -77,6 +77,7 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     view["settings"] = {k: spec.get(k) for k in _SETTINGS
                         if spec.get(k) not in (None, [], "") and spec.get(k) != _SETTING_DEFAULTS.get(k)}
     view["trackers"] = query.trackers(record)
+    view["health"] = query.health(record)  # progress and ETA, the slow rank, the anomaly, the stop clocks
     view["actions"] = actions(record, principal)
     if record.sweep_id:
         view["sweep"] = {"id": record.sweep_id, "trial": record.trial, "params": view.get("params")}

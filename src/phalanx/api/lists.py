@@ -179,7 +179,21 @@ def job_row(record: JobRecord, metrics: dict[str, dict[str, Any]] | None = None,
 
         used = job_usage(record)
         row.update(gpu_hours=used.gpu_hours, cpu_hours=used.cpu_hours, cost=used.cost)
+    row.update(job_health(record))
     return row
+
+
+def job_health(record: JobRecord) -> dict[str, Any]:
+    """A list row's progress (``47% ETA 12m``) and health note (the straggler while it runs, or
+    what stopped it), from the job's ``health.json``."""
+    from ..health.progress_file import shown
+
+    seen = shown(record.paths.health, not is_terminal(record.state))
+    progress = seen["progress"]
+    note = (seen["straggler"] or {}).get("short") or ((seen["anomaly"] or {}).get("message") if is_terminal(record.state)
+                                                       else None)
+    return {"progress": progress["short"] if progress else None, "fraction": progress["fraction"] if progress else None,
+            "eta": progress["eta_now"] if progress else None, "health": note}
 
 
 def job_rows(store: Store, records: Sequence[JobRecord], columns: Sequence[Column] = ()) -> list[dict[str, Any]]:
@@ -231,6 +245,7 @@ def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
         except UsageError:
             best_trial = None
     total = sweep.total if sweep.total is not None else "?"
+    eta = sweep_eta(store, sweep) if not is_terminal(sweep.state) else None
     text = f"{sweep.finished}/{total} done"
     if running and not is_terminal(sweep.state):
         text += f", {running} running"
@@ -242,7 +257,35 @@ def sweep_progress(store: Store, sweep: Any) -> dict[str, Any]:
         text += f", {sweep.pruned} pruned"
     if sweep.best_value is not None:
         text += f", best {sweep.objective}={sweep.best_value:.4g}" + (f" (trial {best_trial})" if best_trial is not None else "")
-    return {"text": text, "running": running, "states": states, "best_trial": best_trial}
+    if eta is not None:
+        text += f", ETA {_human(eta)}"
+    return {"text": text, "running": running, "states": states, "best_trial": best_trial, "eta": eta}
+
+
+def sweep_eta(store: Store, sweep: Any) -> float | None:
+    """Seconds until the sweep is done, at the pace so far: trials finished plus the share each
+    running trial has done (its progress), over the time since the sweep started."""
+    import time
+
+    from ..health.progress_file import shown
+
+    if not sweep.total or sweep.started_at is None:
+        return None
+    done = float(sweep.finished)
+    for trial in store.trials(sweep.id):
+        if not is_terminal(trial.state):
+            fraction = (shown(trial.paths.health, True)["progress"] or {}).get("fraction")
+            done += float(fraction or 0.0)
+    elapsed = time.time() - float(sweep.started_at)
+    if done <= 0 or elapsed <= 0:
+        return None
+    return max(0.0, (sweep.total - done) * elapsed / done)
+
+
+def _human(seconds: float) -> str:
+    from ..health.progress import human
+
+    return human(seconds)
 
 
 def sweep_row(store: Store, sweep: Any) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class PsRequest:
     user: str | None = None  # only jobs this user submitted (``--user NAME``)
     mine: bool = False  # only the asker's own (``--mine``: the face's principal)
     project: str | None = None  # only jobs of this project (``--project NAME``)
+    people: bool = True  # rows for a table: each job's progress and health read (a file per job)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +92,7 @@ def ps(store: Store, request: PsRequest, default_limit: int, asker: str | None =
             if places is None and any(r.state.value == "QUEUED" for r in jobs):
                 places = _places(store, projects)
             for record in chunk:
-                yield _job_line(record, full.get(record.id), places) if isinstance(record, JobRecord) \
+                yield _job_line(record, full.get(record.id), request.people, places) if isinstance(record, JobRecord) \
                     else _sweep_line(store, record, request.wide)
 
     return PsListing(rows(), everything, [c.label for c in query.columns], request.wide)
@@ -105,8 +106,9 @@ def _places(store: Store, projects: tuple[str, ...] | None) -> dict[str, tuple[i
     return places(store, names)
 
 
-def _job_line(record: JobRecord, row: dict[str, Any] | None,
+def _job_line(record: JobRecord, row: dict[str, Any] | None, people: bool,
               places: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+    from .lists import job_health
     from .query import platform_state
 
     line = row if row is not None else record.to_dict()
@@ -114,6 +116,9 @@ def _job_line(record: JobRecord, row: dict[str, Any] | None,
     place = (places or {}).get(record.id)
     if place is not None:
         line["queue_place"], line["queue_length"] = place
+    if people:
+        seen = row if row is not None else job_health(record)
+        line["_progress"], line["_health"] = seen.get("progress"), seen.get("health")
     platform = platform_state(record)  # the platform's own words (SageMaker: Starting, Training...)
     if platform:
         line["_platform"] = platform
@@ -121,13 +126,22 @@ def _job_line(record: JobRecord, row: dict[str, Any] | None,
 
 
 def _sweep_line(store: Store, sweep: Any, wide: bool) -> dict[str, Any]:
-    line = {**sweep.to_dict(), "kind": "sweep", "_duration": sweep.duration,
-            "_progress": sweep_progress(store, sweep)["text"]}
+    progress = sweep_progress(store, sweep)
+    share = f"{100 * sweep.finished / sweep.total:.0f}%" if sweep.total else None
+    eta = f" ETA {_human(progress['eta'])}" if share and progress.get("eta") is not None else ""
+    line = {**sweep.to_dict(), "kind": "sweep", "_duration": sweep.duration, "_sweep": progress["text"],
+            "_progress": (share + eta) if share else None}
     if wide:
         from ..store.listing import usage_sum
 
         line["_usage"] = usage_sum(store, sweep_id=sweep.id)
     return line
+
+
+def _human(seconds: float) -> str:
+    from ..health.progress import human
+
+    return human(seconds)
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

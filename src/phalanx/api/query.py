@@ -346,6 +346,14 @@ def scheduler_job(record: JobRecord) -> SchedulerRecord | None:
     return read_scheduler(record.paths.scheduler_job(record.attempt))
 
 
+def health(record: JobRecord) -> dict[str, Any]:
+    """The job's progress and ETA, its straggler (while it runs), the anomaly that stopped it and
+    its stop clocks, as its supervisor last wrote them (``health.json``), with their words."""
+    from ..health.progress_file import shown
+
+    return shown(record.paths.health, not is_terminal(record.state))
+
+
 def platform_state(record: JobRecord) -> str | None:
     """What the platform itself says of a running job, in a word, for ``ps`` (SageMaker's
     secondary status: Starting, Training, ...); None for backends that say nothing more."""

@@ -60,6 +60,12 @@ def report_end(record: dict[str, Any], shown: set[int] | None) -> None:
         err.write(f"phalanx: job {record['id']} preempted after {took}; continue it with: phalanx resume {record['id']}\n")
         return
     cause = record.get("root_cause") or {}
+    if state == "TIMEOUT" or cause.get("anomaly"):
+        what = "timed out" if state == "TIMEOUT" else "stopped"
+        err.write(f"phalanx: job {record['id']} ({record['name']}) {what} after {took}: {cause.get('message')}; "
+                  f"see `phalanx status {record['id']}`" + (f", continue it with: phalanx resume {record['id']}"
+                                                              if state == "TIMEOUT" else "") + "\n")
+        return
     where = []
     if "rank" in cause:
         where.append(f"rank {cause['rank']}")
@@ -103,12 +109,15 @@ def wait_cmd(
     project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name (or a sweep)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", callback=seconds, help="Give up after this many seconds (exit 124)."),
+    progress: bool = typer.Option(False, "--progress", "-p", help="Say the job's progress and ETA on stderr as it goes."),
 ) -> None:
     """Block until the job ends; exit with the job's exit code. A sweep: 0 when it succeeded
     (with at least one trial that did), 1 when it failed."""
     from .face import face
 
-    done = face().wait(job, timeout=timeout)
+    done = face().wait(job, timeout=timeout, progress=_progress_printer() if progress else None)
+    if progress and sys.stderr.isatty():
+        sys.stderr.write("\n")  # below the line redrawn in place
     if done["kind"] == "sweep":
         best = f", best {done['objective']}={done['best_value']:.6g}" if done["best_value"] is not None else ""
         typer.echo(f"{done['id']} {done['state']}: {done['progress']} trials ({done['failed']} failed, "
@@ -117,6 +126,33 @@ def wait_cmd(
         typer.echo(f"{done['id']} {done['state']}" + ("" if done["exit_code"] is None else f" (exit {done['exit_code']})"),
                    err=True)
     raise typer.Exit(done["wait_code"])
+
+
+def _progress_printer() -> Any:
+    """``wait --progress``: at a terminal one line redrawn in place; otherwise a line whenever the
+    progress moved, at most every ``EVERY`` seconds."""
+    import time
+
+    every = 1.0 if sys.stderr.isatty() else 10.0
+    last: dict[str, Any] = {"at": 0.0, "text": ""}
+
+    def show(seen: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - float(last["at"]) < every:
+            return
+        last["at"] = now
+        health = seen["health"]
+        words = (health["progress"] or {}).get("words") or "no progress printed yet"
+        if health["straggler"]:
+            words += f"; {health['straggler']['short']}"
+        text = f"{seen['id']} {seen['state']}: {words}"
+        if text == last["text"]:
+            return
+        last["text"] = text
+        sys.stderr.write(("\r\x1b[2K" + text) if sys.stderr.isatty() else text + "\n")
+        sys.stderr.flush()
+
+    return show
 
 
 def stop_cmd(

@@ -17,8 +17,8 @@ from .args import PROJECT_HELP, project_scope
 
 from .render import ago, duration
 
-PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "COMMAND")
-WIDE = ("BACKEND", "GPU-H", "CPU-H", "COST", "TAGS")
+PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "PROGRESS", "COMMAND")
+WIDE = ("BACKEND", "GPU-H", "CPU-H", "COST", "TAGS", "HEALTH")
 
 
 def ps_cmd(
@@ -33,7 +33,8 @@ def ps_cmd(
     sort: Optional[str] = typer.Option(None, "--sort", help="created (default), name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
-    wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost and tags."),
+    wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost, tags and health "
+                              "(the slow rank of a running job, what stopped an ended one)."),
     user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
     mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
     trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead."),
@@ -50,7 +51,7 @@ def ps_cmd(
         return
     request = PsRequest(all=all_jobs, states=tuple(state), name=name, backend=backend, tags=tuple(tag), since=since,
                         search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide, user=user, mine=mine,
-                        project=project)
+                        project=project, people=not (as_json or quiet))
     listing = face().ps(request)
     if as_json:
         from ..api.face import rows_json
@@ -73,19 +74,20 @@ def _render(shown: Sequence[dict[str, Any]], columns: Sequence[str], wide: bool,
     headers = [*PS_HEADERS[:-1], *(c.upper() for c in columns), *(WIDE if wide else ()), "COMMAND"]
     table: list[list[str]] = []
     for row in shown:
-        base = [row["id"], row["name"], _shown_state(row), row["topology"], ago(row["created_at"]), duration(row["_duration"])]
+        base = [row["id"], row["name"], _shown_state(row), row["topology"], ago(row["created_at"]), duration(row["_duration"]),
+                row.get("_progress") or "-"]
         if row.get("kind") != "sweep":
             extra = [_num((row.get("columns") or {}).get(c)) for c in columns]
             if wide:
                 extra += [row["backend"], _hours(row.get("gpu_hours")), _hours(row.get("cpu_hours")), _money(row.get("cost")),
-                          ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-"]
+                          ",".join(f"{k}={v}" for k, v in (row.get("tags") or {}).items()) or "-", row.get("_health") or "-"]
             command = short_command(row["command"])
         else:
             extra = ["-" for _ in columns]
             if wide:
                 used = row["_usage"]
-                extra += ["-", _hours(used["gpu_hours"]), _hours(used["cpu_hours"]), _money(used["cost"]), "-"]
-            command = f"[sweep {row['_progress']}] {short_command(row['command'])}"
+                extra += ["-", _hours(used["gpu_hours"]), _hours(used["cpu_hours"]), _money(used["cost"]), "-", "-"]
+            command = f"[sweep {row['_sweep']}] {short_command(row['command'])}"
         table.append([*base, *extra, command])
     _fit(table, headers, sys.stdout)
 

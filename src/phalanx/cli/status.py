@@ -65,13 +65,15 @@ def render(view: dict[str, Any], out: TextIO) -> None:
     if view.get("state_uri"):
         synced = ago(view["state_synced_at"]) if view.get("state_synced_at") else "never"
         out.write(f"state     {view['state_uri']}  (last upload: {synced})\n")
+    for line in view["health"]["lines"]:  # progress and ETA, the slow rank, the stop clocks
+        out.write(f"{line['label']:<9} {line['text']}\n")
     for tracker in view["trackers"]:
         out.write(f"{tracker['kind']:<9} {tracker['line']}\n")
     attempts = view["attempt_history"]
     if len(attempts) > 1 or view["retries"]:
         out.write("\nattempts:\n")
         for a in attempts:
-            retry = "retried" if a["retry"] else a["reason"]
+            retry = ("retried" if a["reason"] in ("retryable", "") else a["reason"]) if a["retry"] else a["reason"]
             code = "-" if a["exit_code"] is None else str(a["exit_code"])
             out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  "
                       f"{a['message'][:70]}  [{retry}]\n")
@@ -91,8 +93,9 @@ def render(view: dict[str, Any], out: TextIO) -> None:
 def _root_cause(cause: dict[str, Any] | None, out: TextIO) -> None:
     if not cause:
         return
-    where = f"rank {cause['rank']} on node {cause.get('node_rank')}" if "rank" in cause else f"node {cause.get('node_rank', '?')}"
-    out.write(f"\nroot cause: {where}: {cause.get('message')}\n")
+    where = f"rank {cause['rank']} on node {cause.get('node_rank')}: " if "rank" in cause else (
+        f"node {cause['node_rank']}: " if cause.get("node_rank") is not None else "")
+    out.write(f"\nroot cause: {where}{cause.get('message')}\n")
     if cause.get("host"):
         out.write(f"  host: {cause['host']}\n")
     detail = cause.get("traceback") or cause.get("log_tail")

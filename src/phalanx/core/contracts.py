@@ -56,6 +56,8 @@ class OutcomeKind(str, Enum):
     CANCELLED = "cancelled"  # phalanx stop, Ctrl-C
     PREEMPTED = "preempted"  # a signal phalanx did not send: the machine was taken
     PRUNED = "pruned"  # a sweep stopped a hopeless trial early
+    DIVERGED = "diverged"  # a watched metric went nan/inf or spiked (--on-nan, --on-spike): a failure
+    TIMEOUT = "timeout"  # --max-duration reached, or idle for --idle-timeout
     LOST = "lost"  # the supervisor vanished: nobody saw the attempt end
 
 
@@ -65,6 +67,8 @@ class StopReason(str, Enum):
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
     PRUNED = "pruned"
+    DIVERGED = "diverged"  # the job's health watch saw a bad number (health/anomaly.py)
+    TIMEOUT = "timeout"  # --max-duration, --idle-timeout
 
     @property
     def outcome(self) -> OutcomeKind:

@@ -112,6 +112,41 @@ def objective(text: str) -> str:
     return text.strip()
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms]?)")
+_UNIT = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+
+
+def duration(text: str) -> float:
+    """``6h``, ``30m``, ``1h30m``, ``90s``, ``2d``, or seconds (``5400``) -> seconds (above 0)."""
+    compact = text.strip().lower().replace(" ", "")
+    parts = list(_DURATION_PART.finditer(compact))
+    if not compact or "".join(m.group(0) for m in parts) != compact or \
+            any(not m.group(2) for m in parts[:-1]):
+        raise BadValue("a duration: 6h, 30m, 1h30m, 90s, 2d or a number of seconds")
+    seconds = sum(float(m.group(1)) * _UNIT[m.group(2)] for m in parts)
+    if seconds <= 0:
+        raise BadValue("a duration above 0, e.g. 30m")
+    return seconds
+
+
+def watch_pattern(text: str) -> str:
+    """A metric name or a glob of names (``--watch-metric``): ``loss``, ``val/*``."""
+    if not text.strip() or any(c.isspace() for c in text.strip()):
+        raise BadValue("a metric name or a glob of names, e.g. loss or '*_loss'")
+    return text.strip()
+
+
+def progress_regex(text: str) -> str:
+    """``--progress``: a regex with groups done and total (or two groups), or one for a percentage."""
+    regex(text)
+    compiled = re.compile(text)
+    named = set(compiled.groupindex)
+    if compiled.groups < 1 or (named & {"done", "total"} and not {"done", "total"} <= named):
+        raise BadValue("a regular expression with groups for done and total (or one for a percentage)",
+                       r"e.g. 'it (\d+) of (\d+)' or '(?P<percent>[\d.]+)% done'")
+    return text
+
+
 def python_name(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", text.strip()):
         raise BadValue("a module name such as my_pkg.train")

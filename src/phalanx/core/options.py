@@ -20,6 +20,7 @@ from typing import Any
 from .grammar import (
     TAG_VALUE_LONGEST,
     channel_name,
+    duration,
     endpoint,
     metric_name,
     metric_regex,
@@ -28,12 +29,14 @@ from .grammar import (
     objective,
     procs_per_node,
     project_name,
+    progress_regex,
     python_name,
     rank_list,
     regex,
     stream_spec,
     tag_key,
     topology,
+    watch_pattern,
 )
 from .optiontypes import (
     MAX_NODES,
@@ -247,6 +250,30 @@ RUN_OPTIONS: tuple[Option, ...] = (
            field="retry_on_exit_codes", metavar="CODES"),
     Option("stall_timeout", Float(positive=True), "Fail (and dump stacks) when no rank prints for this many seconds.",
            ("--stall-timeout",), group="survival", field="stall_timeout"),
+    Option("max_duration", Custom(expected="a duration", parser=duration), "End the job after it has run this long "
+           "(6h, 30m, 1h30m; queue time not counted): SIGTERM, the grace period, the state synced; state TIMEOUT.",
+           ("--max-duration",), group="survival", field="max_duration", metavar="DURATION"),
+    Option("idle_timeout", Custom(expected="a duration", parser=duration), "End the job when its GPUs (without "
+           "GPUs: its CPUs and its output) have been idle this long; state TIMEOUT, with the reason.",
+           ("--idle-timeout",), group="survival", field="idle_timeout", metavar="DURATION"),
+    Option("on_nan", Choice(choices=("stop", "retry")), "When a watched metric is nan or inf: stop the job "
+           "(diverged), or retry: restore the newest kept state written before it and run again "
+           "(--max-retries then defaults to 3, --keep-states to 3).", ("--on-nan",), group="survival",
+           field="on_nan", metavar="ACTION"),
+    Option("on_spike", Float(positive=True), "Also count a watched metric jumping above FACTOR times its recent "
+           "median as divergence (then handled as --on-nan says; stop without it).", ("--on-spike",),
+           group="survival", field="on_spike", metavar="FACTOR"),
+    Option("watch_metrics", ListOf(item=Custom(expected="a metric name", parser=watch_pattern)), "The metrics "
+           "--on-nan and --on-spike watch (repeatable, globs allowed; job file: a list).", ("--watch-metric",),
+           group="survival", field="watch_metrics", metavar="NAME",
+           default_doc="every metric ending in loss, and a sweep's objective"),
+    Option("on_nan_args", Str(), "Arguments that replace the script's own on a retry after divergence, computed "
+           "from them: \"--lr {lr*0.5}\" halves --lr each time.", ("--on-nan-args",), group="survival",
+           field="on_nan_args", metavar="ARGS"),
+    Option("keep_states", Int(low=0, high=1000), "Keep the last K versions of the state directory (hard links and "
+           "copy-on-write where the filesystem allows), each tagged with the step it was written at, for "
+           "--on-nan retry to roll back to.", ("--keep-states",), group="survival", field="keep_states",
+           metavar="K", default_doc="0; 3 with --on-nan retry"),
     Option("state", Str(expected="a URI"), "Sync the state directory with this URI (s3://, gs://, file://, path).",
            ("--state",), group="survival", field="state_uri", metavar="URI"),
     Option("clean_state", Bool(), "Start from an empty state directory (the old one is moved aside).",
@@ -260,6 +287,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            ("--no-auto-metrics",), group="monitoring", field="auto_metrics", default=True, flag_value=False),
     Option("sample_interval", Float(positive=True), "Seconds between resource samples.", ("--sample-interval",),
            group="monitoring", field="sample_interval", default=5.0),
+    Option("progress", Custom(expected="a regular expression", parser=progress_regex), "Read progress (and the "
+           "ETA) from lines matching REGEX: groups done and total (or two groups), or one for a percentage "
+           "(default: tqdm, Lightning and Keras bars, step N/M, epoch N/M, [N/M]).", ("--progress",),
+           group="monitoring", field="progress", metavar="REGEX"),
     # Data in, results out
     Option("inputs", MappingOf(key=channel_name, item=Str(expected="a URI"),
                                expected="a mapping of input name to URI", metavar="NAME=URI"),

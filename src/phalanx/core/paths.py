@@ -249,6 +249,18 @@ class JobPaths:
     def output_dir(self) -> Path:
         return self.root / "output"
 
+    @property
+    def health(self) -> Path:
+        """Progress and ETA, the straggler, the anomaly, the stop clocks: the supervisor's
+        ``health.json`` (``health/progress_file.py``), read by status, ps and the dashboard."""
+        return self.root / "health.json"
+
+    @property
+    def state_versions(self) -> Path:
+        """Versions of the state directory kept for rollbacks (``--keep-states``,
+        ``storage/versions.py``): ``v<n>/`` each, and ``versions.jsonl``."""
+        return self.root / "states"
+
     def shipped_input(self, name: str) -> Path:
         """A node's copy of input ``name`` where the backend ships inputs with the job (Ray);
         ``shipped_input("")`` is the directory holding them all."""
@@ -293,8 +305,10 @@ class JobPaths:
 
     def not_logs(self) -> frozenset[str]:
         """Names at the top of the job directory that are not its records: the outputs (uploaded
-        on their own), the code snapshot and its manifest, the upload manifest."""
-        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts))
+        on their own), the code snapshot and its manifest, the upload manifest, the kept versions
+        of the state directory."""
+        return frozenset(p.name for p in (self.output_dir, self.code_dir, self.code_manifest, self.artifacts,
+                                          self.state_versions))
 
     def attempt(self, attempt: int) -> Path:
         return self.root / f"attempt_{attempt}"

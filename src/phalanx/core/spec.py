@@ -232,6 +232,14 @@ class JobSpec:
     no_retry_on: tuple[str, ...] = DEFAULT_NO_RETRY  # log patterns that make a failure final
     retry_on_exit_codes: tuple[int, ...] = ()  # if set, only these exit codes are retried
     stall_timeout: float | None = None  # fail when no output/metric for this long
+    max_duration: float | None = None  # seconds the job may run (queue time aside), then TIMEOUT
+    idle_timeout: float | None = None  # seconds its GPUs (or CPUs and output) may idle, then TIMEOUT
+    on_nan: str | None = None  # stop | retry: a watched metric went nan/inf (health/anomaly.py)
+    on_spike: float | None = None  # a watched metric above FACTOR x its recent median counts as divergence
+    watch_metrics: tuple[str, ...] = ()  # the metrics watched (globs); empty: *loss and the objective
+    on_nan_args: str = ""  # arguments recomputed on a retry after divergence ("--lr {lr*0.5}")
+    keep_states: int = 0  # versions of the state directory kept for rollbacks (storage/versions.py)
+    progress: str | None = None  # --progress REGEX (health/progress.py); None: the known formats
     state_uri: str | None = None  # fsspec URI the state directory is synced with
     metrics: tuple[MetricDef, ...] = ()
     auto_metrics: bool = True  # pick up name=value / name: value numbers too

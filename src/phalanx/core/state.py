@@ -7,12 +7,13 @@
        |           |------> PREEMPTED     (the launcher was told to go: SIGTERM/SIGUSR1 from outside)
        |           |------> STOPPING --> CANCELLED   (phalanx stop, Ctrl-C)
        |           |------> PRUNED        (a sweep stopped a hopeless trial early)
+       |           |------> TIMEOUT       (--max-duration reached, or idle for --idle-timeout)
        |           '------> LOST          (the supervisor vanished: shown by reads, recorded by resume/stop)
        |------------------> CANCELLED / FAILED (never started)
        '--> QUEUED --> RUNNING            (admission: over its project's quota until capacity frees)
               '------> CANCELLED / FAILED / LOST (stopped while queued; its project deleted)
 
-    FAILED / CANCELLED / PREEMPTED / LOST --(phalanx resume)--> PENDING
+    FAILED / CANCELLED / PREEMPTED / TIMEOUT / LOST --(phalanx resume)--> PENDING
 
 A QUEUED job waits for its project's quota (``supervise/admission.py``): no process of it runs,
 and no supervisor needs to (a detached one exits and a new one is started when the queue
@@ -35,15 +36,18 @@ class JobState(str, Enum):
     CANCELLED = "CANCELLED"
     PREEMPTED = "PREEMPTED"
     PRUNED = "PRUNED"
+    TIMEOUT = "TIMEOUT"
     LOST = "LOST"
 
 
 TERMINAL = frozenset(
-    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.LOST}
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.TIMEOUT,
+     JobState.LOST}
 )
-RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST})
+RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.TIMEOUT, JobState.LOST})
 
-_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.LOST}
+_ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.TIMEOUT,
+         JobState.LOST}
 _ALLOWED = {
     JobState.PENDING: {JobState.RUNNING, JobState.STOPPING, JobState.QUEUED} | _ENDS,
     JobState.QUEUED: {JobState.RUNNING, JobState.CANCELLED, JobState.FAILED, JobState.LOST},

@@ -63,6 +63,7 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
     )
     if v["no_retry_on"]:
         spec = spec.with_(no_retry_on=tuple(v["no_retry_on"]))
+    spec = _health(spec, v)
     spec = spec.with_(rendezvous=_rendezvous(v, spec), **_data(v, base_dir, workdir, entry, resolve_jobs))
     spec = _what_the_script_sees(spec, v)
     if v["local_rank_arg"]:
@@ -226,6 +227,36 @@ def _warn_oversubscribed(spec: JobSpec, v: Values) -> None:
         v.warnings.append(f"{here} processes on {gpus} GPU(s) of this machine: ranks share GPUs")
     elif not gpus and here > cores:
         v.warnings.append(f"{here} processes on {cores} CPU core(s) of this machine: they share the cores (slower, not wrong)")
+
+
+# -- health ---------------------------------------------------------------------------------------
+
+
+def _health(spec: JobSpec, v: Values) -> JobSpec:
+    """--on-nan and friends: ``retry`` keeps states and retries unless told otherwise; the
+    arguments a retry recomputes must be the script's own."""
+    on_nan, spike = v["on_nan"], v["on_spike"]
+    changes: dict[str, Any] = {"on_nan": on_nan, "watch_metrics": tuple(v["watch_metrics"] or ()),
+                               "on_nan_args": str(v["on_nan_args"] or ""), "progress": v["progress"]}
+    if on_nan == "retry":
+        if not v.given("keep_states"):
+            changes["keep_states"] = 3
+        if not v.given("max_retries"):
+            changes["max_retries"] = 3
+        if changes.get("keep_states", spec.keep_states) == 0:
+            raise UsageError("--on-nan retry rolls back to a kept state, but --keep-states is 0",
+                             "keep at least one version (--keep-states 3), or use --on-nan stop")
+    if changes["on_nan_args"]:
+        if on_nan != "retry":
+            raise UsageError("--on-nan-args changes the arguments of a retry after divergence, but --on-nan is not retry",
+                             "add --on-nan retry")
+        from ..health.anomaly_args import check
+
+        check(changes["on_nan_args"], spec.entrypoint.args)
+    if v["watch_metrics"] and on_nan is None and spike is None:
+        raise UsageError("--watch-metric names metrics for --on-nan and --on-spike, and neither is given",
+                         "add --on-nan stop (or retry), or --on-spike FACTOR")
+    return spec.with_(**changes)
 
 
 # -- backends ---------------------------------------------------------------------------------------

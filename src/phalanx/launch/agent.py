@@ -198,9 +198,12 @@ def _start_sampler(paths: JobPaths, attempt: int, node_rank: int, interval: floa
         from ..monitor.resources import ResourceSampler, rank_pids
     except ImportError:  # psutil missing on a remote node: run without samples
         return None
-    return ResourceSampler(
-        paths.node_resources(attempt, node_rank), node_rank, lambda: rank_pids(paths, attempt, node_rank), interval
-    ).start()
+    from ..health.straggler_probe import StateProbe
+
+    def pids() -> dict[int, int]:
+        return rank_pids(paths, attempt, node_rank)
+
+    return ResourceSampler(paths.node_resources(attempt, node_rank), node_rank, pids, interval, StateProbe(pids)).start()
 
 
 def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile]:

@@ -8,8 +8,7 @@ the reason for their value. The rules stay quiet when the data is too thin to ju
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import median
-from typing import Any, Iterable
+from typing import Any
 
 # Judge the recent past, not the whole run: start-up (imports, data download, compile) looks
 # like an idle GPU and busy CPUs, and would otherwise trigger hints for the rest of the job.
@@ -33,10 +32,7 @@ GPU_MEM_FULL = 0.95
 GPU_IDLE_UTIL = 2.0
 GPU_IDLE_S = 180.0
 
-# A rank whose steps per second are below 75 % of the median of the ranks is slow enough
-# to hold every collective back (DDP waits for the slowest); 25 % is beyond normal jitter.
-SLOW_RANK_RATIO = 0.75
-MIN_STEPS = 5  # a rate from fewer steps is noise
+# A slow rank is the health package's to name (health/straggler.py): status says it on its own line.
 
 
 def hints(resources: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> list[str]:
@@ -51,7 +47,6 @@ def hints(resources: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> lis
         out.extend(_data_loading(node, node_samples))
         out.extend(_gpu_memory(node, node_samples))
         out.extend(_idle_gpus(node, node_samples))
-    out.extend(_slow_ranks(_latest_attempt(metrics)))
     return out
 
 
@@ -116,32 +111,4 @@ def _idle_gpus(node: int, samples: list[dict[str, Any]]) -> list[str]:
         if idle >= GPU_IDLE_S:
             out.append(f"node {node}: GPU {index} has been idle for {idle / 60:.0f} min: is every rank on its "
                        "own device (torch.cuda.set_device(LOCAL_RANK)), and does the job use this GPU at all?")
-    return out
-
-
-def _slow_ranks(metrics: Iterable[dict[str, Any]]) -> list[str]:
-    """Compare steps per second across ranks (from the step numbers their output carries)."""
-    first: dict[int, tuple[float, int]] = {}
-    last: dict[int, tuple[float, int]] = {}
-    for r in metrics:
-        step, t, rank = r.get("step"), r.get("time"), r.get("rank")
-        if not isinstance(step, int) or not isinstance(t, (int, float)) or not isinstance(rank, int):
-            continue
-        if rank not in first or t < first[rank][0]:
-            first[rank] = (t, step)
-        if rank not in last or t > last[rank][0] or (t == last[rank][0] and step > last[rank][1]):
-            last[rank] = (t, step)
-    rates: dict[int, float] = {}
-    for rank, (t0, s0) in first.items():
-        t1, s1 = last[rank]
-        if s1 - s0 >= MIN_STEPS and t1 > t0:
-            rates[rank] = (s1 - s0) / (t1 - t0)
-    if len(rates) < 2:
-        return []
-    mid = median(rates.values())
-    out = []
-    for rank, rate in sorted(rates.items()):
-        if rate < SLOW_RANK_RATIO * mid:
-            out.append(f"rank {rank} is slow: {rate:.2f} steps/s against a median of {mid:.2f} across ranks; "
-                       "every collective waits for it (a busy or throttled host or GPU, or uneven data?)")
     return out

@@ -19,7 +19,9 @@ Where numbers come from:
   other numbers on their line, and carry over to later lines until the next one (a validation
   line printed after step 500 belongs to step 500). A number a definition already matched, or
   whose name a definition uses, is not picked up twice. Obvious non-metrics (rank, pid, port,
-  seed, world_size) are skipped. Malformed and non-finite numbers are ignored, never fatal.
+  seed, world_size) are skipped. Malformed numbers are ignored, never fatal; non-finite ones
+  (``loss=nan``, ``inf``) are no record either, but the collector's ``observer`` hears of them
+  (``--on-nan``: the supervisor's ``health`` watch).
 - ``PHALANX_METRICS_FILE``: a script that prefers explicit logging appends JSON lines to the
   file named by that environment variable (``rank_<r>/user_metrics.jsonl``), either
   ``{"loss": 0.3, "acc": 0.9, "step": 10, "epoch": 1}`` (every other number is a metric) or
@@ -38,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 from ..core.paths import JobPaths
 from ..core.spec import MetricDef
@@ -56,8 +58,9 @@ EPOCH_KEYS = ("epoch",)
 # Numbers scripts print that are identities or settings, not measurements.
 NOT_METRICS = frozenset({"rank", "local_rank", "global_rank", "world_size", "pid", "port", "seed", "node_rank", "gpu", "device"})
 
-# A number as scripts print it; junk the class admits (1.2.3) is dropped by float().
-_NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+)(?:[eE][-+]?\d+)?"
+# A number as scripts print it; junk the class admits (1.2.3) is dropped by float(). nan and inf
+# are read too (as Python, NumPy and torch print them) so that a diverging loss is seen.
+_NUMBER = r"[-+]?(?:\d[\d.]*|\.\d+|(?i:nan|inf(?:inity)?)\b)(?:[eE][-+]?\d+)?"
 # One pass per line finds both metrics and step/epoch: ``name=value`` or ``name: value``
 # (groups: name, separator, number), or ``name value`` / ``Name [3/10]`` (no separator), which
 # counts only for step and epoch. The name must start a token (so --lr=1 or a/b=1 do not
@@ -114,6 +117,26 @@ def _counter(value: int) -> int | None:
     return value if NONE < value < 2**63 else None
 
 
+class NonFinite(NamedTuple):
+    """A metric printed as nan or inf: no record, but a sign of divergence."""
+
+    rank: int
+    name: str
+    text: str  # as printed: nan, -inf, NaN
+    step: int | None
+    epoch: int | None
+
+
+class Observer(Protocol):
+    """Told of what the collector reads, as it reads it (``supervise/guard.py``'s health watch)."""
+
+    def output(self, rank: int, text: str, now: float) -> None:
+        """New complete lines of ``rank``'s output."""
+
+    def values(self, rank: int, block: dict[str, Columns], nonfinite: list[NonFinite], now: float) -> None:
+        """The records just read from ``rank`` (by metric name), and the non-finite numbers."""
+
+
 @dataclass
 class _Source:
     """Read position in one growing file."""
@@ -142,8 +165,12 @@ class MetricsCollector:
     consumes a last line without a newline).
     """
 
-    def __init__(self, paths: JobPaths, attempt: int, defs: Sequence[MetricDef] = (), auto: bool = True) -> None:
+    def __init__(self, paths: JobPaths, attempt: int, defs: Sequence[MetricDef] = (), auto: bool = True,
+                 observer: Observer | None = None) -> None:
         self.paths = paths
+        self.observer = observer
+        self._nonfinite: dict[str, NonFinite] = {}  # the first of each name in one read
+        self._rank = 0  # the rank being read (for NonFinite)
         self.attempt = attempt
         self.auto = auto
         compiled = [(re.compile(d.regex, re.MULTILINE), d.name) for d in defs]
@@ -178,13 +205,17 @@ class MetricsCollector:
             block: dict[str, Columns] = {}
             now = time.time()
             count = 0
+            self._rank = rank
             for data in self._read(self.paths.rank_log(self.attempt, rank), state.log, final, None if final else max_bytes):
-                count = self._extract(data, state, block, count)
+                count = self._extract(data, state, block, count, now)
             for data in self._read(self.paths.rank_user_metrics(self.attempt, rank), state.user, final):
                 count = self._user_lines(data.decode("utf-8", errors="replace"), block, count)
             if count:
                 self._append(rank, state, encode_block(round(now, 3), block))
                 total += count
+            if self.observer is not None and (count or self._nonfinite):
+                self.observer.values(rank, block, list(self._nonfinite.values()), now)
+            self._nonfinite = {}
         self.records += total
         return total
 
@@ -238,7 +269,7 @@ class MetricsCollector:
                     if budget <= 0:
                         return
 
-    def _extract(self, data: bytes, state: _RankState, block: dict[str, Columns], count: int) -> int:
+    def _extract(self, data: bytes, state: _RankState, block: dict[str, Columns], count: int, now: float = 0.0) -> int:
         """Every metric value in ``data`` (complete lines), with the step and epoch of its line,
         into ``block`` (``count`` records so far; returns the new count).
 
@@ -248,6 +279,8 @@ class MetricsCollector:
         definitions with digits of their own (``Acc@1 (...)``) run per line (``findall``).
         """
         text = data.decode("utf-8", errors="replace")
+        if self.observer is not None:
+            self.observer.output(self._rank, text, now)
         step, epoch = state.step, state.epoch
         plans = self._plans
         auto = self.auto
@@ -296,7 +329,9 @@ class MetricsCollector:
                     value = float(number)
                 except ValueError:
                     continue
-                if value - value:  # nan or inf: not a measurement
+                if value - value:  # nan or inf: not a measurement, but divergence to report
+                    if name not in self._nonfinite and len(self._nonfinite) < 100:
+                        self._nonfinite[name] = NonFinite(self._rank, name, number, step, epoch)
                     continue
                 col = block.get(name)
                 if col is None:
@@ -367,6 +402,8 @@ class MetricsCollector:
             for name, raw in pairs:
                 value = _finite(raw) if isinstance(raw, (int, float)) else None
                 if value is None or not isinstance(name, str):
+                    if isinstance(raw, float) and isinstance(name, str) and raw - raw and name not in self._nonfinite:
+                        self._nonfinite[name] = NonFinite(self._rank, name, repr(raw), step, epoch)
                     continue
                 col = block.get(name) or block.setdefault(name, Columns())
                 col.seq.append(count)

@@ -7,8 +7,14 @@ The node agent runs a :class:`ResourceSampler` next to its workers; each sample 
      "cpu_percent": 97.5, "cpu_count": 16, "mem_used": 8.1e9, "mem_total": 6.4e10,
      "disk_read": ..., "disk_write": ..., "net_sent": ..., "net_recv": ...,   # bytes since boot
      "disk_read_rate": ..., "disk_write_rate": ..., "net_sent_rate": ..., "net_recv_rate": ...,  # bytes/s
-     "ranks": {"0": {"pid": 123, "cpu_percent": 99.0, "rss": 1.2e9, "procs": 3, "gpu_mem": 2.0e9}},
-     "gpus": [{"index": 0, "name": "NVIDIA H100", "util": 87, "mem_used": 6.0e10, "mem_total": 8.0e10}]}
+     "ranks": {"0": {"pid": 123, "cpu_percent": 99.0, "rss": 1.2e9, "procs": 3, "gpu_mem": 2.0e9,
+                     "busy": 61, "waiting": 38, "io": 0, "probes": 99}},
+     "gpus": [{"index": 0, "name": "NVIDIA H100", "util": 87, "mem_used": 6.0e10, "mem_total": 8.0e10}],
+     "sampling_cpu": 0.042}   # CPU seconds the node's samplers have used so far
+
+``busy``/``waiting``/``io``/``probes`` (with a ``probe``, see ``health/straggler_probe.py``): how
+often since the last sample the rank's main thread was runnable, asleep or in disk I/O, sampled
+a few times a second: the ranks that wait for a slow peer in a collective sleep.
 
 ``cpu_percent`` of a rank is its whole process tree (DataLoader workers included), so it can
 exceed 100. GPUs are read through NVML (``nvidia-ml-py``) when it is installed and finds a GPU;
@@ -25,7 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import psutil
 
@@ -90,16 +96,31 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class Probe(Protocol):
+    """Per-rank counts gathered between samples (``health.straggler_probe.StateProbe``)."""
+
+    cpu_seconds: float
+
+    def start(self) -> Any: ...
+
+    def take(self) -> dict[int, dict[str, int]]: ...
+
+    def stop(self) -> None: ...
+
+
 class ResourceSampler:
     """Append a resource sample to ``out`` every ``interval`` seconds, in a daemon thread.
 
     ``pids()`` maps rank -> pid of the rank's process (it is called at every sample, so ranks
-    that start late or restart are picked up). ``start``/``stop`` are idempotent; ``stop``
-    blocks until the thread has ended (at most one sample's time).
+    that start late or restart are picked up). ``probe``: counts per rank merged into each
+    sample's ``ranks`` (started and stopped with the sampler). ``start``/``stop`` are idempotent;
+    ``stop`` blocks until the thread has ended (at most one sample's time).
     """
 
-    def __init__(self, out: Path, node_rank: int, pids: Callable[[], dict[int, int]], interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(self, out: Path, node_rank: int, pids: Callable[[], dict[int, int]], interval: float = DEFAULT_INTERVAL,
+                 probe: Probe | None = None) -> None:
         self.out = out
+        self.probe = probe
         self.node_rank = node_rank
         self.pids = pids
         self.interval = max(0.05, float(interval))
@@ -115,6 +136,8 @@ class ResourceSampler:
 
     def start(self) -> "ResourceSampler":
         if self._thread is None:
+            if self.probe is not None:
+                self.probe.start()
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="phalanx-resources", daemon=True)
             self._thread.start()
@@ -125,6 +148,8 @@ class ResourceSampler:
             self._stop.set()
             self._thread.join()
             self._thread = None
+        if self.probe is not None:
+            self.probe.stop()
 
     def _loop(self) -> None:
         began = time.thread_time()
@@ -170,6 +195,12 @@ class ResourceSampler:
         gpus, gpu_by_pid = self._gpus.sample() if self._gpus is not None else ([], {})
         data["ranks"] = self._ranks(gpu_by_pid)
         data["gpus"] = gpus
+        if self.probe is not None:
+            for rank, counts in self.probe.take().items():
+                entry = data["ranks"].get(str(rank))
+                if entry is not None:
+                    entry.update(counts)
+            data["sampling_cpu"] = round(self.cpu_seconds + self.probe.cpu_seconds, 4)
         return data
 
     def _io(self, now: float) -> dict[str, float]:

@@ -51,9 +51,12 @@ class RemoteFace:
 
     def _streamed(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
                   emit: Callable[[str], None] | None = None, events: Events | None = None,
-                  started: Callable[[dict[str, Any]], None] | None = None) -> Any:
+                  started: Callable[[dict[str, Any]], None] | None = None,
+                  progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
         for item in self.client.lines(method, path, params, body):
-            if "out" in item and emit is not None:
+            if "progress" in item and progress is not None:
+                progress(item["progress"])
+            elif "out" in item and emit is not None:
                 emit(item["out"])
             elif "event" in item and events is not None:
                 events(item["event"])
@@ -183,8 +186,10 @@ class RemoteFace:
     def interrupt(self, ref: str) -> dict[str, Any]:
         return self.client.call("POST", self._job(ref, "/interrupt"))  # type: ignore[no-any-return]
 
-    def wait(self, ref: str, timeout: float | None = None) -> dict[str, Any]:
-        return self._streamed("POST", self._job(ref, "/wait"), body={"timeout": timeout})  # type: ignore[no-any-return]
+    def wait(self, ref: str, timeout: float | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        body = {"timeout": timeout, "progress": progress is not None}
+        return self._streamed("POST", self._job(ref, "/wait"), body=body, progress=progress)  # type: ignore[no-any-return]
 
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
         return self._streamed("POST", self._job(ref, "/stop"), body={"timeout": timeout}, events=events)  # type: ignore[no-any-return]

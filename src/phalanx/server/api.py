@@ -159,8 +159,13 @@ class _Pipe:
 
 
 async def wait(request: Request) -> Response:
-    ref, given = _ref(request), await body(request, schema.WAIT)
-    return streamed(request, lambda face, sink: face.wait(ref, timeout=given.get("timeout")))
+    ref, given = _ref(request), await body(request, schema.WAIT_PROGRESS)
+
+    def work(face: LocalFace, sink: Sink) -> Any:
+        heard = (lambda seen: sink.send({"progress": seen})) if given.get("progress") else None
+        return face.wait(ref, timeout=given.get("timeout"), progress=heard)
+
+    return streamed(request, work)
 
 
 async def stop(request: Request) -> Response:

@@ -12,6 +12,7 @@ from ..core.contracts import LaunchFile, StopReason, write_launch
 from ..core.paths import JobPaths, write_atomic
 from ..core.plan import Plan
 from ..core.spec import JobSpec
+from .guard import Guard, Verdict
 from .outcome import Outcome, decide
 from .observers import Watch, dump_stacks, end_stragglers
 
@@ -34,10 +35,13 @@ class AttemptRun:
     """Non-blocking: ``tick`` until it returns the outcome. Main thread, under a ChildWatcher."""
 
     def __init__(self, plan: Plan, handles: list[NodeHandle], started: float, spec: JobSpec, paths: JobPaths,
-                 say: Events) -> None:
+                 say: Events, ran_before: float = 0.0, objective: str | None = None) -> None:
         self.plan, self.handles, self.started, self.spec, self.paths = plan, handles, started, spec, paths
         self.say = say
-        self.watch = Watch(paths, plan.attempt, spec, handles, say)
+        # progress, divergence, --max-duration/--idle-timeout, stragglers (ran_before: earlier attempts' run time)
+        self.guard = Guard(spec, paths, plan.attempt, say, ran_before, objective)
+        self.verdict: Verdict | None = None
+        self.watch = Watch(paths, plan.attempt, spec, handles, say, self.guard)
         self.margin = max(h.kill_margin for h in handles)
         self.stop_reason: StopReason | None = None
         self.stop_signal: int = signal.SIGTERM
@@ -95,11 +99,20 @@ class AttemptRun:
             end_stragglers(self.paths, self.plan.attempt)  # no rank outlives the attempt it belongs to
             self.watch.collect(final=True)
             self.watch.close()
-            return decide(self.paths, self.plan.attempt, [r for r in results if r is not None], self.stop_reason,
-                          self.stop_signal, self.stalled_for, self.spec.stall_timeout, self.failed_first)
+            self.guard.write()
+            outcome = decide(self.paths, self.plan.attempt, [r for r in results if r is not None], self.stop_reason,
+                             self.stop_signal, self.stalled_for, self.spec.stall_timeout, self.failed_first)
+            if self.verdict is not None and self.stop_reason is self.verdict.reason:
+                outcome = Outcome(outcome.kind, self.verdict.exit_code, {**self.verdict.cause, "attempt": self.plan.attempt})
+            return outcome
         if self.kill_at is None and any(r is not None and r.exitcode != 0 for r in results):
             self.failed_first = [n for n, r in enumerate(results) if r is not None and r.exitcode != 0]
             self._stop_all()  # fail fast: the rest of the job stops now
+        if self.kill_at is None:
+            verdict = self.guard.check(all(h.running() for h in self.handles), self.watch.collector.last_activity)
+            if verdict is not None:
+                self.verdict = verdict
+                self.stop(verdict.reason)
         if self.spec.stall_timeout and self.kill_at is None:
             silent = self.watch.silent_for()
             if silent > self.spec.stall_timeout:

@@ -34,8 +34,8 @@ def attempt_over(run: Any, attempt: int, outcome: Outcome, retry: bool, reason: 
             return
         kind = outcome.kind.value
         why = {"stalled": "stalled", "preempted": "was preempted"}.get(kind, kind)
-        title = (f"job {record.id} '{record.name}': attempt {attempt} {why} (exit {outcome.exit_code}); "
-                 f"retrying ({run.retries + 1}/{spec.max_retries})")
+        rolled = f"; {reason}" if kind == "diverged" else f"; retrying ({run.retries + 1}/{spec.max_retries})"
+        title = f"job {record.id} '{record.name}': attempt {attempt} {why} (exit {outcome.exit_code}){rolled}"
         event = Event("retried", title, record.id, record.name, "RUNNING", _cause_text(outcome.cause),
                       fields={"attempt": attempt, "outcome": kind, "exit_code": outcome.exit_code})
         thread = threading.Thread(target=send, args=(spec.notify, event, run.say), daemon=True)
@@ -57,12 +57,12 @@ def job_ended(run: Any, outcome: Outcome) -> None:
         tracking.ended(run.paths, run.spec, record.state.value, record.exit_code,
                        _cause_text(record.root_cause_dict()).split("\n", 1)[0])
         record_usage(run.store, record)
-        record_metrics(run.store, record)
+        metrics = record_metrics(run.store, record)
         from ..monitor import logindex
 
         logindex.forget(run.paths)
         if run.spec.notify and record.sweep_id is None:
-            event = job_event(record, outcome.kind.value)
+            event = job_event(record, outcome.kind.value, summary(record, metrics))
             if event is not None:
                 send(run.spec.notify, event, say)
     except Exception as exc:  # noqa: BLE001
@@ -98,10 +98,27 @@ def metric_summary(record: Any) -> dict[str, dict[str, Any]]:
     return summarize_series([rank_series(paths, a, rank) for a in attempts]) if rank is not None else {}
 
 
-def record_metrics(store: Any, record: Any) -> None:
+def record_metrics(store: Any, record: Any) -> dict[str, dict[str, Any]]:
     from ..store.listing import save_metrics
 
-    save_metrics(store, record.id, metric_summary(record))
+    metrics = metric_summary(record)
+    save_metrics(store, record.id, metrics)
+    return metrics
+
+
+def summary(record: Any, metrics: dict[str, dict[str, Any]]) -> str:
+    """One line: how far it got, in how long, the final metrics: ``step 1000/1000 (100%) in
+    3h02m; loss=0.123 acc=0.91``."""
+    from ..health.progress_file import read
+
+    progress = read(JobPaths(Path(record.job_dir)).health).progress
+    parts = [f"{progress.text}" + (f" ({100 * progress.fraction:.0f}%)" if progress.fraction is not None else "")
+             if progress else ""]
+    if record.duration is not None:
+        parts.append(f"in {_took(record.duration)}")
+    head = " ".join(p for p in parts if p)
+    shown = [f"{name}={m['last']:.4g}" for name, m in list(metrics.items())[:6] if m.get("last") is not None]
+    return "; ".join(p for p in (head, " ".join(shown)) if p)
 
 
 def _cause_text(cause: dict[str, Any] | None) -> str:
@@ -114,27 +131,38 @@ def _cause_text(cause: dict[str, Any] | None) -> str:
     return head + ("\n" + detail.rstrip() if detail else "")
 
 
-def job_event(record: Any, kind: str) -> Event | None:
+def job_event(record: Any, kind: str, done: str = "") -> Event | None:
     """The notification of a job's final state (None for the ones nobody needs told:
-    cancelled by the user, pruned by its sweep)."""
+    cancelled by the user, pruned by its sweep). ``done``: the ``summary`` line (progress,
+    time, final metrics), the first line of every event's detail."""
     label = f"job {record.id} '{record.name}'"
     took = f"in {_took(record.duration)}" if record.duration is not None else ""
     fields = {"exit_code": record.exit_code, "topology": record.topology, "backend": record.backend,
-              "gpu_hours": record.gpu_hours, "cpu_hours": record.cpu_hours, "cost": record.cost}
+              "gpu_hours": record.gpu_hours, "cpu_hours": record.cpu_hours, "cost": record.cost, "summary": done or None}
     cause = record.root_cause_dict() or {}
+
+    def detail(more: str = "") -> str:
+        return "\n".join(p for p in (done, more) if p)
+
     if kind == "succeeded":
-        return Event("succeeded", f"{label} succeeded {took}".rstrip(), record.id, record.name, record.state.value, fields=fields)
+        return Event("succeeded", f"{label} succeeded {took}".rstrip(), record.id, record.name, record.state.value,
+                     detail(), fields=fields)
     if kind == "stalled":
         return Event("stalled", f"{label} stalled: {cause.get('message', 'no output')}", record.id, record.name,
-                     record.state.value, _log_tail(cause), fields=fields)
+                     record.state.value, detail(_log_tail(cause)), fields=fields)
     if kind == "preempted":
         return Event("preempted", f"{label} was preempted; continue it with: phalanx resume {record.id}", record.id,
-                     record.name, record.state.value, fields=fields)
-    if kind == "failed":
+                     record.name, record.state.value, detail(), fields=fields)
+    if kind == "timeout":
+        return Event("timeout", f"{label} timed out: {cause.get('message', 'a time limit')}; continue it with: "
+                     f"phalanx resume {record.id}", record.id, record.name, record.state.value, detail(),
+                     fields={**fields, "root_cause": cause or None})
+    if kind in ("failed", "diverged"):
         first = _cause_text(cause).split("\n", 1)
-        detail = first[1] if len(first) > 1 else ""
-        return Event("failed", f"{label} failed: {first[0] or 'see phalanx status ' + record.id}", record.id, record.name,
-                     record.state.value, detail, fields={**fields, "root_cause": cause or None})
+        rest = first[1] if len(first) > 1 else ""
+        what = "failed" if kind == "failed" else "stopped"
+        return Event(kind, f"{label} {what}: {first[0] or 'see phalanx status ' + record.id}", record.id, record.name,
+                     record.state.value, detail(rest), fields={**fields, "root_cause": cause or None})
     return None
 
 

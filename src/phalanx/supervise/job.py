@@ -21,6 +21,9 @@
   for ``phalanx resume``. A second signal kills at once;
 - **data**: inputs staged and the state directory pulled before the first attempt, state
   pushed while running and at the end, outputs uploaded at the end (``staging.py``);
+- **health** (``guard.py``): progress and ETA, the slow rank, ``--max-duration`` and
+  ``--idle-timeout`` (TIMEOUT), divergence (``--on-nan``): stopped, or rolled back to a kept
+  version of the state directory and retried (``keeper.py``, ``--keep-states``);
 - the **root cause** is the first failure by timestamp across all ranks and nodes (``outcome.py``).
 
 The supervisor is the only writer of a running job's state. It runs in the ``phalanx run``
@@ -116,6 +119,9 @@ class JobRun:
         self._reserve: disk.Reserve | None = None
         self.queued: admission.Decision | None = None  # waiting in its project's queue
         self._identity: dict[str, Any] | None = None
+        self.ran = 0.0  # seconds the job's nodes have run, over its attempts (--max-duration)
+        self.keeper: Any = None  # versions of the state directory (--keep-states)
+        self.objective = _objective(store, record)
 
     @property
     def done(self) -> bool:
@@ -185,6 +191,7 @@ class JobRun:
             self._finish(sync)
             return
         self._sync = sync
+        self.keeper = self._keeper()
         # Room to record the end if the ranks fill the disk (released in _disk_full)
         self._reserve = disk.Reserve(self.paths.reserve)
         # --track: the exporter starts beside us; the ranks of every attempt get the tracker ids
@@ -217,7 +224,7 @@ class JobRun:
             self._end(outcome)
             return
         trace.mark(self.paths, "supervisor", "started", attempt=plan.attempt)
-        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say)
+        self.attempt = AttemptRun(plan, handles, started, self.spec, self.paths, self.say, self.ran, self.objective)
 
     def _attach(self, left: leftover.Leftover) -> None:
         """Watch an attempt that a vanished supervisor started, from where it is now."""
@@ -228,7 +235,8 @@ class JobRun:
         # append to what the vanished supervisor had collected (which would repeat records).
         for rank in self.paths.ranks(left.plan.attempt):
             self.paths.rank_metrics(left.plan.attempt, rank).unlink(missing_ok=True)
-        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say)
+        self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say, self.ran,
+                                  self.objective)
 
     def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
         """Stop the current attempt: cancelled, preempted or pruned. A second call kills. A job
@@ -284,6 +292,8 @@ class JobRun:
                     raise
         if self._reserve is not None:
             self._reserve.release()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self._sync is not None:
             self._sync.stop()
         outcome = failed(full.message, self.plan.attempt)
@@ -301,8 +311,14 @@ class JobRun:
     def _attempt_over(self, attempt: AttemptRun, outcome: Outcome) -> None:
         plan = attempt.plan
         trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
+        self.ran = attempt.guard.ran
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
+        if retry and outcome.kind is OutcomeKind.DIVERGED:
+            try:
+                reason = self._roll_back(attempt)
+            except Exception as exc:  # noqa: BLE001 - never retry on a state that may hold the bad numbers
+                retry, reason = False, f"could not roll back: {type(exc).__name__}: {exc}"
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
         endings.attempt_over(self, plan.attempt, outcome, retry, reason)  # a retry's notification
         if retry:
@@ -315,10 +331,40 @@ class JobRun:
             return
         self._end(outcome)
 
+    def _keeper(self) -> Any:
+        """Versions of the state directory, with ``--keep-states`` where phalanx holds the state."""
+        if not self.spec.keep_states or self.backend.remote_data:
+            return None
+        from ..storage.versions import Versions
+        from .keeper import Keeper
+
+        return Keeper(self.home.state_dir(self.spec.state_key), Versions(self.paths.state_versions, self.spec.keep_states),
+                      lambda: self.paths.rank_log(self.plan.attempt, 0), lambda: self.plan.attempt, self.say).start()
+
+    def _roll_back(self, attempt: AttemptRun) -> str:
+        """After divergence, before the retry: the state of before it, and the arguments
+        ``--on-nan-args`` computes. Returns the attempt record's reason."""
+        done = ["retrying"]
+        if self.keeper is not None:
+            done.insert(0, self.keeper.rollback(attempt.guard.anomaly()))
+        if self.spec.on_nan_args:
+            from dataclasses import replace
+
+            from ..health.anomaly_args import apply
+
+            entry = self.spec.entrypoint
+            args = apply(self.spec.on_nan_args, entry.args)
+            changed = [a for a in args if a not in entry.args]
+            self.spec = self.spec.with_(entrypoint=replace(entry, args=args))
+            done.append("with " + " ".join(changed or args))
+        return "; ".join(done)
+
     def _end(self, outcome: Outcome) -> None:
         if self.attempt is not None:
             for handle in self.attempt.handles:  # no attempt follows: kept agents may go
                 handle.release()
+        if self.keeper is not None:
+            self.keeper.stop()
         if self._sync is not None:
             self._sync.stop()
         self._finish(outcome)
@@ -344,9 +390,22 @@ def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:
             store.transition(record.id, JobState.FAILED, exit_code=code)
     elif kind is OutcomeKind.PRUNED:
         store.transition(record.id, JobState.PRUNED, exit_code=code)
+    elif kind is OutcomeKind.TIMEOUT:
+        store.transition(record.id, JobState.TIMEOUT, exit_code=code, root_cause=json.dumps(outcome.cause or {}, sort_keys=True))
     elif kind is OutcomeKind.PREEMPTED:
         cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
         store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
     else:
         store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
     return code
+
+
+def _objective(store: Store, record: JobRecord) -> str | None:
+    """A sweep trial's objective metric (watched for divergence with the losses)."""
+    if record.sweep_id is None:
+        return None
+    try:
+        objective = store.sweeps.get(record.sweep_id).objective
+    except Exception:  # noqa: BLE001 - a sweep row written by an older phalanx: no objective to watch
+        return None
+    return str(objective).partition(":")[0] if objective else None

@@ -10,8 +10,10 @@ Targets (``--notify`` is repeatable; the ``notify`` setting is the default, comm
   ``smtp_password`` and ``smtp_from``;
 - ``desktop``: ``notify-send`` (libnotify) when it is installed; nothing otherwise.
 
-Events: ``succeeded``, ``failed`` (with the root cause), ``stalled``, ``preempted``, ``retried``
-(an attempt failed, was preempted or stalled, and runs again), ``cancelled``, and a sweep's end.
+Events: ``succeeded``, ``failed`` (with the root cause), ``diverged`` (``--on-nan``), ``timeout``
+(``--max-duration``, ``--idle-timeout``), ``stalled``, ``preempted``, ``retried`` (an attempt
+failed, was preempted, stalled or diverged, and runs again), ``cancelled``, and a sweep's end.
+A job's end carries a summary line: how far it got, in how long, its final metrics.
 Sending never fails a job: each target gets a few seconds, and a failure is one warning line.
 """
 
@@ -32,7 +34,7 @@ TIMEOUT = 10.0  # seconds one target may take
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # succeeded | failed | stalled | preempted | retried | cancelled | sweep
+    kind: str  # succeeded | failed | diverged | timeout | stalled | preempted | retried | cancelled | sweep
     title: str  # one line: "job 3f2a9c01 'resnet' failed: rank 1 (exit code 1): RuntimeError: ..."
     job: str
     name: str
@@ -173,7 +175,7 @@ def _desktop(target: str, event: Event, timeout: float) -> None:
 
     if shutil.which("notify-send") is None:
         return  # no desktop here (a server): nothing to show it on, and nothing to warn about
-    urgency = "critical" if event.kind in ("failed", "stalled") else "normal"
+    urgency = "critical" if event.kind in ("failed", "stalled", "diverged") else "normal"
     done = run(["notify-send", "--app-name=phalanx", f"--urgency={urgency}", event.title, event.detail[-500:]],
                timeout=timeout)
     if done.returncode != 0:

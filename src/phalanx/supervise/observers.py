@@ -24,23 +24,30 @@ class Watch:
 
     EVERY = 1.0  # seconds between reads of the ranks' output
 
-    def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events) -> None:
+    def __init__(self, paths: JobPaths, attempt: int, spec: JobSpec, handles: list[NodeHandle], say: Events,
+                 observer: Any = None) -> None:
         from ..monitor.metrics import MetricsCollector
 
         self.paths, self.attempt, self.spec, self.say = paths, attempt, spec, say
         self.handles = handles
-        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics)
+        # observer: told of every piece of output and every value read (the attempt's health guard)
+        self.collector = MetricsCollector(paths, attempt, spec.metrics, spec.auto_metrics, observer)
         self.collected_at = 0.0
         # The stall clock runs from here, or from when the last node the scheduler held back runs.
         self.stall_from = time.time()
         self.samplers = [self._sampler(h.node_rank) for h in handles if not h.samples_itself]
 
     def _sampler(self, node_rank: int) -> Any:
+        from ..health.straggler_probe import StateProbe
         from ..monitor.resources import ResourceSampler, rank_pids
 
         paths, attempt = self.paths, self.attempt
-        return ResourceSampler(paths.node_resources(attempt, node_rank), node_rank,
-                               lambda: rank_pids(paths, attempt, node_rank), self.spec.sample_interval).start()
+
+        def pids() -> dict[int, int]:
+            return rank_pids(paths, attempt, node_rank)
+
+        return ResourceSampler(paths.node_resources(attempt, node_rank), node_rank, pids, self.spec.sample_interval,
+                               StateProbe(pids)).start()
 
     def due(self) -> bool:
         return time.monotonic() - self.collected_at >= self.EVERY

@@ -15,6 +15,12 @@ def should_retry(spec: JobSpec, outcome: Outcome, retries: int, output: Callable
     ``--no-retry-on`` pattern has to be matched."""
     # A preemption the supervisor outlived (SLURM's) is requeued like a failure is retried.
     requeue = outcome.kind is OutcomeKind.PREEMPTED and bool((outcome.cause or {}).get("requeue"))
+    if outcome.kind is OutcomeKind.DIVERGED:
+        if spec.on_nan != "retry":
+            return False, "diverged (--on-nan retry would roll back and run again)"
+        if retries >= spec.max_retries:
+            return False, f"no retries left ({retries}/{spec.max_retries} used)"
+        return True, "diverged: rolling back"
     if outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.STALLED) and not requeue:
         return False, outcome.kind.value
     if retries >= spec.max_retries:

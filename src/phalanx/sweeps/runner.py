@@ -118,7 +118,7 @@ class SweepRunner:
         for record in self.store.trials(self.sweep.id):
             if record.trial is None:
                 continue
-            if record.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.PRUNED):
+            if record.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.PRUNED, JobState.TIMEOUT):
                 self._cut_off[record.trial] = record
                 continue
             finished.add(record.trial)
@@ -227,7 +227,7 @@ class SweepRunner:
                                      best_params=json.dumps(trial.params, sort_keys=True))
         shown = f" {self.settings.objective}={value:g}" if value is not None else ""
         self.say(f"trial {trial.number} {_fmt_params(trial.params)}: {outcome}{shown}{' (best so far)' if better else ''}")
-        return "failed" if outcome in ("failed", "stalled") else outcome
+        return "failed" if outcome in ("failed", "stalled", "diverged", "timeout") else outcome
 
     def _stop_kind(self, signum: int) -> StopReason:
         if signum == signal.SIGINT or self.store.sweeps.get(self.sweep.id).state is JobState.STOPPING:

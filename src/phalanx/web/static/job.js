@@ -54,6 +54,7 @@
         ["attempt", `${d.attempt}` + (d.retries ? ` (${d.retries} retried)` : "")],
         ["created", `${ago(d.created_at)}`],
         ["duration", dur(d.duration)],
+        ...(d.health && d.health.progress ? [["progress", null, "", progressBar(d.health.progress)]] : []),
         ["exit", d.exit_code === null ? "-" : String(d.exit_code)],
         ["GPU-hours", hours(u.gpu_hours) + (u.gpus_per_node ? ` (${u.gpus_per_node} GPU/node${u.gpu_model ? ", " + u.gpu_model : ""})` : "")],
         ["CPU-hours", hours(u.cpu_hours)],
@@ -89,9 +90,20 @@
       );
     }
 
+    function progressBar(p) {
+      const pct = p.fraction === null ? 0 : Math.round(100 * p.fraction);
+      return el("span", { class: "progress-cell", id: "job-progress" },
+        el("div", { class: "progress", title: p.words }, el("div", { class: "done", style: `width:${pct}%` })),
+        el("span", { class: "small", text: p.words }));
+    }
+
     function renderHints(d) {
-      $("hints-box").hidden = !d.hints.length;
-      $("hints").replaceChildren(...d.hints.map((h) => el("li", { text: h })));
+      // the health watch's words first (the slow rank, the stop clocks), then the hints
+      const health = ((d.health && d.health.lines) || []).filter((l) => l.label !== "progress" && l.label !== "anomaly");
+      $("hints-box").hidden = !d.hints.length && !health.length;
+      $("hints").replaceChildren(
+        ...health.map((l) => el("li", { class: "health " + l.label, text: l.text })),
+        ...d.hints.map((h) => el("li", { text: h })));
     }
 
     function renderTopology(d) {
@@ -103,7 +115,8 @@
           const rank = n * perNode + i;
           const r = d.ranks.find((x) => x.rank === rank);
           const state = r ? r.state : (d.terminal ? "unknown" : "pending");
-          ranks.push(el("div", { class: "rank " + state, title: r ? `pid ${r.pid} on ${r.host}, ${state}` + (r.exitcode !== null ? `, exit ${r.exitcode}` : "") : state },
+          const slow = d.health && d.health.straggler && d.health.straggler.ranks.includes(rank);
+          ranks.push(el("div", { class: "rank " + state + (slow ? " slow" : ""), title: r ? `pid ${r.pid} on ${r.host}, ${state}` + (r.exitcode !== null ? `, exit ${r.exitcode}` : "") : state },
             el("b", { text: "rank " + rank }), el("span", { text: r && r.pid ? `pid ${r.pid} · ${state}` : state })));
         }
         const host = (d.ranks.find((x) => x.node_rank === n) || {}).host;

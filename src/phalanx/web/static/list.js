@@ -52,7 +52,7 @@
     } else {
       cells = [el("th", {}, ""), sortable("ID", "created"), sortable("NAME", "name"), sortable("STATE", "state"),
         sortable("BACKEND", "backend"), el("th", {}, "USER"), el("th", {}, "TOPOLOGY"), el("th", {}, "CREATED"), el("th", {}, "DURATION"),
-        sortable("GPU-H", "gpu_hours", "num"),
+        el("th", {}, "PROGRESS"), sortable("GPU-H", "gpu_hours", "num"),
         ...columns().map((c) => {
           const th = sortable(c.toUpperCase(), c, "num metric");
           th.append(el("button", { type: "button", class: "x", title: "remove column", onclick: (ev) => {
@@ -93,6 +93,10 @@
       el("td", { text: j.topology }),
       el("td", { text: ago(j.created_at), title: new Date(j.created_at * 1000).toLocaleString() }),
       el("td", { text: dur(j.duration) }),
+      el("td", { class: "progress-cell", title: j.health || "" }, j.fraction === null || j.fraction === undefined ? "-" :
+        el("div", { class: "progress" }, el("div", { class: "done", style: `width:${Math.round(100 * j.fraction)}%` })),
+        el("span", { class: "small", text: j.progress || "" }),
+        j.health ? el("span", { class: "warn small", text: " ⚠ " + j.health }) : null),
       el("td", { class: "num", text: hours(j.gpu_hours), title: `CPU-hours ${hours(j.cpu_hours)}` + (j.cost !== null && j.cost !== undefined ? ` · cost ${j.cost.toFixed(2)}` : "") }),
       ...columns().map((c) => el("td", { class: "num mono", text: num(j.columns ? j.columns[c] : null) })),
       el("td", { class: "cmd", text: j.command_short, title: j.command }),

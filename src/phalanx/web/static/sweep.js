@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   const { C, $, el, get, ago, dur, num, hours, stateBadge, actionButtons, layout, chart, COLORS, markRendered } = window.PHX;
-  const STATE_COLORS = { SUCCEEDED: "#16a34a", FAILED: "#dc2626", PRUNED: "#f59e0b", RUNNING: "#2563eb", CANCELLED: "#a16207", LOST: "#7f1d1d", PENDING: "#64748b", PREEMPTED: "#a16207", STOPPING: "#2563eb" };
+  const STATE_COLORS = { SUCCEEDED: "#16a34a", FAILED: "#dc2626", PRUNED: "#f59e0b", RUNNING: "#2563eb", CANCELLED: "#a16207", LOST: "#7f1d1d", PENDING: "#64748b", PREEMPTED: "#a16207", STOPPING: "#2563eb", TIMEOUT: "#a16207" };
   let detail = null;
   let sortBy = null; // client-side re-sort of the table: {key, dir}
 

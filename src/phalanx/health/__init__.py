@@ -1,0 +1,1 @@
+"""A gang's health: progress and ETA, stragglers, anomalies (NaN, spikes), bad nodes (doctor)."""
