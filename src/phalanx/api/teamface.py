@@ -78,8 +78,7 @@ class TeamVerbs:
             big = admission.too_big(project, gpus, cpus)
             if big:
                 raise UsageError(f"this job can never start: {big}", f"ask for less, or ask an admin of {name} to raise it")
-        admins = [u.name for u in store.users.list() if u.admin and u.revoked_at is None]
-        budget.check(store, spec, project, gpus, cpus, admins)
+        budget.check(store, spec, project, gpus, cpus, budget.admins(store))
         spec = spec.with_(project=name)
         if not who.local:
             spec = spec.with_(env={**spec.env, "PHALANX_PROJECT": name})

@@ -4,8 +4,9 @@ refuses a job whose estimate would cross the budget. Checked when a job or a swe
 submitted, never while a job runs: a budget lowered or spent meanwhile stops nothing.
 
 The estimate is the job's GPUs (or CPUs) times its expected hours, priced as its usage would be
-(``monitor/accounting.py``). Expected hours: the mean wall time of the last jobs of the same name
-in the project that ended, else the ``budget_estimate_hours`` setting. A job no price applies to
+(``monitor/accounting.py``). Expected hours: its ``--max-duration`` when it has one (it cannot
+run longer), else the mean wall time of the last jobs of the same name in the project that
+succeeded, else the ``budget_estimate_hours`` setting. A job no price applies to
 counts 0 toward a money budget (and says so).
 """
 
@@ -76,7 +77,7 @@ def estimate(store: Store, spec: JobSpec, project: ProjectRecord, gpus: int, cpu
     """(estimated amount in the budget's unit, hours assumed); None: no price applies."""
     from ..monitor.accounting import Usage, price
 
-    hours = expected_hours(store, project.name, spec.name)
+    hours = spec.max_duration / 3600.0 if spec.max_duration else expected_hours(store, project.name, spec.name)
     if project.budget_unit == GPU_HOURS:
         return gpus * hours, hours
     usage = Usage(gpu_hours=gpus * hours, cpu_hours=cpus * hours, wall_hours=hours, gpu_model=_gpu_model(spec),
@@ -122,3 +123,20 @@ def check(store: Store, spec: JobSpec, project: ProjectRecord, gpus: int, cpus: 
 
 def _num(value: float) -> str:
     return f"{value:,.2f}".rstrip("0").rstrip(".") if value != int(value) else f"{int(value):,}"
+
+
+def check_job(store: Store, spec: JobSpec) -> None:
+    """``check`` for a job of ``spec`` in its (resolved) project: a sweep's next trial."""
+    from ..core.identity import DEFAULT_PROJECT
+    from .admission import needs
+
+    project = store.projects.get(spec.project or DEFAULT_PROJECT)
+    if project is None or project.budget is None:
+        return
+    gpus, cpus = needs(spec)
+    check(store, spec, project, gpus, cpus, admins(store))
+
+
+def admins(store: Store) -> list[str]:
+    """The server admins (who may raise a budget), by name."""
+    return [u.name for u in store.users.list() if u.admin and u.revoked_at is None]

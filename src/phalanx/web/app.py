@@ -112,18 +112,48 @@ def _list_query(request: Request, sweeps: bool = False) -> Any:
 
 
 def api_jobs(request: Request) -> Response:
-    """A page of jobs (``?limit=``, default 50), filtered (``state name backend tag since q``),
-    sorted (``sort``) with metric ``columns``; the header ``X-Next-Page`` holds the cursor of
-    the next page (``?after=``) when there are more."""
+    """A page of jobs (``?limit=``, default 50), filtered (``state name backend tag since q
+    project``), sorted (``sort``) with metric ``columns``; the header ``X-Next-Page`` holds the
+    cursor of the next page (``?after=``) when there are more. A queued job carries its place in
+    its project's queue and why it waits."""
     from ..api.lists import page
 
     wanted = _list_query(request)
     limit = max(1, min(_int(request, "limit", 50) or 50, 1000))
-    rows, after = page(query.open_store(), wanted, limit, request.query_params.get("after") or None)
+    store = query.open_store()
+    rows, after = page(store, wanted, limit, request.query_params.get("after") or None)
+    _queue_places(store, rows)
     response = _json(rows)
     if after is not None:
         response.headers["X-Next-Page"] = after
     return response
+
+
+def _queue_places(store: Any, rows: list[dict[str, Any]]) -> None:
+    from ..supervise.admission import places
+
+    waiting = [r for r in rows if r.get("state") == "QUEUED"]
+    if not waiting:
+        return
+    found = places(store, {r["project"] for r in waiting})
+    for row in waiting:
+        place = found.get(row["id"])
+        if place is not None:
+            row["queue_place"], row["queue_length"] = place
+
+
+def api_events(request: Request) -> Response:
+    """The audit log, newest first (``?since user project before limit``): project admins see
+    their projects' events, server admins all, others get 403."""
+    q = request.query_params
+    found = _face(request).events(since=q.get("since") or None, user=q.get("user") or None,
+                                  project=q.get("project") or None, before=_int(request, "before"),
+                                  limit=max(1, min(_int(request, "limit", 100) or 100, 1000)))
+    return _json(found)
+
+
+def page_events(request: Request) -> Response:
+    return _html(pages.events_page(_csrf(request), _who(request)))
 
 
 def api_jobs_count(request: Request) -> Response:
@@ -387,6 +417,8 @@ def routes() -> list[Route]:
         Route("/jobs/{job}", page_job, methods=get),
         Route("/sweeps/{sweep}", page_sweep, methods=get),
         Route("/compare", page_compare, methods=get),
+        Route("/events", page_events, methods=get),
+        Route("/api/events", api_events, methods=get),
         Route("/api/jobs", api_jobs, methods=get),
         Route("/api/jobs/count", api_jobs_count, methods=get),
         Route("/api/meta", api_meta, methods=get),
@@ -405,5 +437,6 @@ def routes() -> list[Route]:
         Route("/static/plotly.min.js", static_plotly, methods=get),
         *(Route(f"/static/{name}", _static(name, kind), methods=get) for name, kind in (
             ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
+            ("events.js", "text/javascript"),
             ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]
