@@ -91,6 +91,8 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
     plan = submit.plan_job(spec, where, job_id)
     record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user))
     _say_at_submit(store, record, events, plan=plan)
+    if _queued(store, record, events):  # its project's quota is full: no supervisor until the queue admits it
+        return store.get(record.id)
     # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
     try:
         hosted = get_backend(spec.backend).host_supervisor(record, plan, events)
@@ -100,6 +102,24 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
         raise
     store.update(record.id, **(hosted if hosted is not None else detached.spawn_supervisor(record, spec.workdir)))
     return store.get(record.id)
+
+
+def _queued(store: Store, record: JobRecord, events: Events | None) -> bool:
+    """Admission at submit (``supervise/admission.py``): True when the job waits in its
+    project's queue (QUEUED, said in ``events``); a job that can never start is recorded FAILED
+    and raised."""
+    from ..supervise.admission import admit
+
+    decision = admit(store, record)
+    if decision.never:
+        store.transition(record.id, JobState.FAILED, exit_code=1,
+                         root_cause=json.dumps({"message": f"could not start: {decision.reason}", "exitcode": 1}))
+        raise UsageError(f"job {record.id} can never start: {decision.reason}", "ask for less, or for a larger quota")
+    if decision.admitted:
+        return False
+    if events:
+        events(f"queued: {decision.reason} (place {decision.place}); it starts by itself when capacity frees")
+    return True
 
 
 def reship(spec: JobSpec, job_id: str) -> tuple[JobSpec, str]:
