@@ -54,10 +54,25 @@ def start_server(work: Path) -> tuple[subprocess.Popen, str, dict[str, str]]:
     return proc, url, client
 
 
+FAILED: dict[str, int] = {"server": 0, "local": 0}
+
+
 def first_lines(env: dict[str, str], cwd: Path, local: bool) -> float:
+    """One timed run; a run that failed (gloo's connect on a machine this loaded, either way) is
+    counted and run again."""
+    for _ in range(5):
+        took = _first_lines(env, cwd, local)
+        if took is not None:
+            return took
+        FAILED["local" if local else "server"] += 1
+    sys.exit(f"the run ({'local' if local else 'server'}) failed five times: {(cwd.parent / 'run.err').read_text()}")
+
+
+def _first_lines(env: dict[str, str], cwd: Path, local: bool) -> float | None:
     started = time.perf_counter()
+    err = open(cwd.parent / "run.err", "w+")
     proc = cli(env, *(["--local"] if local else []), "run", "-n", "2", "first_line.py", cwd=cwd,
-               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+               stdout=subprocess.PIPE, stderr=err, text=True)
     assert proc.stdout is not None
     seen: set[str] = set()
     took = None
@@ -66,9 +81,7 @@ def first_lines(env: dict[str, str], cwd: Path, local: bool) -> float:
             seen.add(line.split("first rank=")[1].split()[0])
             if len(seen) == 2 and took is None:
                 took = time.perf_counter() - started
-    if proc.wait() != 0 or took is None:
-        sys.exit(f"the run ({'local' if local else 'server'}) failed")
-    return took
+    return took if proc.wait() == 0 else None
 
 
 def submits(client: dict[str, str], work: Path) -> list[dict[str, float]]:
@@ -160,6 +173,7 @@ def main() -> None:
         "machine": f"{platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
         "first_line_s": {k: {"median": statistics.median(v), "all": v} for k, v in times.items()},
         "first_line_ratio": statistics.median(times["server"]) / statistics.median(times["local"]),
+        "failed_runs_run_again": FAILED,
         "unchanged_50mb_project": shipped,
         "logs_follow_latency_s": {k: {"p50": pct(v, 0.5), "p95": pct(v, 0.95), "n": len(v)} for k, v in late.items()},
     }

@@ -143,3 +143,55 @@ def _state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+# -- the store's second engine: a private PostgreSQL (tests/pgserver.py) --------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One private PostgreSQL for the session (None where it cannot run: the tests that need
+    it skip, saying why; CI sets PHALANX_REQUIRE_PG=1 to fail instead). Stopped at the end."""
+    from tests import pgserver
+
+    why = pgserver.unavailable()
+    if why is None:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            why = "psycopg is not installed: pip install -e '.[postgres]'"
+    if why is not None:
+        yield why
+        return
+    server = pgserver.PgServer()
+    server.db = server.create_database("phalanx_tests")
+    try:
+        yield server
+    finally:
+        from phalanx.store import postgres
+
+        postgres.dispose_all()
+        server.stop()
+
+
+@pytest.fixture
+def pg(pg_server):
+    from tests.pgserver import need_pg
+
+    return need_pg(pg_server)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_at(request, tmp_path, pg_server):
+    """Where a new, empty store is, once per engine: a SQLite file, or a fresh schema of the
+    private PostgreSQL (a URL). ``Store(store_at)`` opens it, as often as a test likes."""
+    if request.param == "sqlite":
+        yield tmp_path / "p.db"
+        return
+    from tests.pgserver import need_pg
+
+    url = need_pg(pg_server).create_schema(pg_server.db)
+    yield url
+    from phalanx.store import postgres
+
+    postgres.dispose_all(url)

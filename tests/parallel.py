@@ -39,6 +39,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "s3_server": ("tests/cluster/test_channels_s3.py", "tests/cluster/test_sagemaker_fakeplane.py",
                   "tests/cluster/test_sagemaker_moto.py", "tests/cluster/test_state_s3.py"),
     "demo": ("tests/web/test_api.py", "tests/web/test_browser.py"),
+    # a private PostgreSQL (tests/pgserver.py): the store's tests on its second engine
+    "pg_server": ("tests/unit/test_store.py", "tests/unit/test_store_plans.py", "tests/unit/test_store_engines.py",
+                  "tests/unit/test_store_concurrency.py", "tests/unit/test_store_listing.py",
+                  "tests/local/test_pgstore_cli.py"),
 }
 SHARED = ("ray_cluster", "slurm_cluster", "ssh_hosts", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}
@@ -51,7 +55,7 @@ WEIGHT: dict[str, float] = {
     "tests/differential/test_contracts.py": 260, "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
     "tests/terminal/test_ctrl_c.py": 180, "tests/cluster/test_track_mlflow.py": 200,
     "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,
-    "tests/local/test_health.py": 200,
+    "tests/local/test_health.py": 200, "pg_server": 300,
 }
 
 

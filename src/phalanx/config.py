@@ -28,6 +28,12 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("home", "~/.phalanx", str, "Directory holding the job store and job directories."),
     Setting("backend", "local", str, "Backend used when --backend is not given."),
+    # The store (issue 22): empty for the SQLite file in the home; a team's PostgreSQL by URL.
+    Setting("store", "", str, "Where the job store lives: empty for the SQLite file in the home (phalanx.db), "
+            "postgresql://USER@HOST:PORT/DATABASE for a team's PostgreSQL (see docs/store.md; a password "
+            "belongs in PGPASSWORD, ~/.pgpass or a service, not here)."),
+    Setting("store_retry", 30.0, float, "Seconds a PostgreSQL store keeps retrying a lost connection before "
+            "giving up (the database restarting)."),
     Setting("grace", 30.0, float, "Seconds a stopped job gets between SIGTERM and SIGKILL."),
     Setting("ps_limit", 50, int, "Rows `phalanx ps --all` shows unless --limit is given."),
     Setting("state_sync_interval", 60.0, float, "Seconds between uploads of the state directory to --state."),

@@ -42,6 +42,13 @@ class StoreError(PhalanxError):
     """The job store is unreadable or from a newer phalanx."""
 
 
+class StoreUnavailable(StoreError):
+    """The job store's server (PostgreSQL) cannot be reached, or did not come back within the
+    time the store retries for (a team server answers 503). The write that raised it was not made,
+    unless the connection broke while its commit was answered (docs/store.md, "Faults"). The
+    message names the host and database, never a password."""
+
+
 class MissingDependency(PhalanxError):
     """An optional dependency (torch, jax, ...) is needed but not installed."""
 

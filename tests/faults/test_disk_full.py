@@ -82,7 +82,7 @@ def test_run_that_cannot_start_leaves_nothing(tmpfs: Path, tmp_path: Path) -> No
     first = phalanx("run", "ok.py", cwd=code, env=_env(tmpfs), timeout=120)
     assert first.returncode == 0, first.stderr
     # fill the disk to all but a little
-    with open(tmpfs / "ballast", "wb") as fh:
+    with open(tmpfs / "ballast", "wb", buffering=0) as fh:  # unbuffered: nothing left to flush at close
         try:
             while True:
                 fh.write(b"\0" * 65536)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from phalanx import config
 from phalanx.api import audit, projects, users
 from phalanx.api.face import LocalFace
 from phalanx.api.ps import PsRequest
@@ -34,7 +35,7 @@ def world(tmp_path_factory):
     script = root / "job.py"
     script.write_text(SCRIPT)
     store = Store(root / "home" / "phalanx.db")
-    here = Principal.here()
+    here = Principal.here(config.user())
     for name in ("alice", "bob", "carol"):
         users.add_user(store, name, admin=name == "alice")
     for name in ("vision", "nlp"):
@@ -55,7 +56,7 @@ def world(tmp_path_factory):
 
 
 def as_bob(store: Store, role: str) -> LocalFace:
-    projects.set_member(store, Principal.here(), "vision", "bob", role, new=False)
+    projects.set_member(store, Principal.here(config.user()), "vision", "bob", role, new=False)
     return LocalFace(Principal(user="bob", projects=store.projects.roles_of("bob"), address="10.1.2.3"))
 
 
@@ -101,7 +102,7 @@ def test_every_verb_role_and_job_as_the_table_says(world, role):
     assert seen == wanted
     listed = {r["id"] for r in face.ps(PsRequest(all=True)).rows}
     assert listed == {jobs["bob"], jobs["alice"]}, "ps lists the projects they are in, nothing else"
-    denied = [e for e in audit.events(store, Principal.here(), user="bob", limit=500) if e["outcome"] == "denied"]
+    denied = [e for e in audit.events(store, Principal.here(config.user()), user="bob", limit=500) if e["outcome"] == "denied"]
     assert denied and all(e["address"] == "10.1.2.3" for e in denied), "refusals are audited with where they came from"
 
 

@@ -75,8 +75,7 @@ def test_every_verb_prints_what_it_prints_locally(team):
     for mode in ("remote", "local"):
         lead = ["--local"] if mode == "local" else []
 
-        def run(*args: str, ok: tuple[int, ...] = (0,), lead: list[str] = lead,
-                mode: str = mode) -> subprocess.CompletedProcess[str]:
+        def run(*args: str, ok: tuple[int, ...] = (0,), lead: list[str] = lead, mode: str = mode) -> subprocess.CompletedProcess[str]:
             done = bob.run(*lead, *args, cwd=where)
             assert done.returncode in ok, f"{mode} {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
             return done
@@ -198,11 +197,19 @@ def test_a_sweep_runs_remote_and_shows_as_locally(team):
 
 def test_the_python_api_and_the_cli_of_another_process_see_one_server(team):
     srv, alice, bob = team
-    code = ("import json; from phalanx.cli.face import face; from phalanx.api.ps import PsRequest; "
-            "print(json.dumps([r['user_name'] for r in face().ps(PsRequest(all=True)).rows]))")
-    done = subprocess.run([sys.executable, "-c", code], env=alice.env, capture_output=True, text=True, timeout=120)
+    where = project(alice)
+    code = ("import json, phalanx; from phalanx.api.ps import PsRequest\n"
+            "face = phalanx.face()\n"
+            "job = face.submit(phalanx.build_spec(phalanx.RunOptions(words=['ticks.py', '2', '0.01'])))\n"
+            "done = face.wait(job['id'])\n"
+            "print(json.dumps({'users': [r['user_name'] for r in face.ps(PsRequest(all=True)).rows],\n"
+            "                  'state': done['state'], 'mine': job['user_name']}))")
+    done = subprocess.run([sys.executable, "-c", code], env=alice.env, cwd=where, capture_output=True, text=True,
+                          timeout=240)
     assert done.returncode == 0, done.stderr
-    assert "bob" in json.loads(done.stdout)
+    answer = json.loads(done.stdout)
+    assert answer["mine"] == "alice" and answer["state"] == "SUCCEEDED" and "alice" in answer["users"]
+    assert not (alice.root / "home" / "phalanx.db").exists(), "through the server, not this machine's store"
     who = cli(["whoami"], alice.env)
     assert who.stdout.strip() == f"alice on {srv.url} (admin)"
     assert cli(["--local", "whoami"], alice.env).stdout.strip().endswith("(this machine's store)")

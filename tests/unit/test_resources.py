@@ -132,6 +132,7 @@ def _cli(monkeypatch, record, *args: str):
 def test_top_once_and_metrics_commands(tmp_path, monkeypatch):
     from phalanx.monitor.metrics import MetricsCollector
 
+    monkeypatch.setenv("PHALANX_HOME", str(tmp_path / "home"))  # the commands open a store: never the user's own
     paths = _job(tmp_path)
     paths.rank_log(0, 0).write_text("step=1 loss=0.5\nstep=2 loss=0.25\n")
     MetricsCollector(paths, 0).poll()

@@ -152,3 +152,44 @@ def test_the_dashboard_login_cookie_and_csrf(api):
                       headers={**origin, "Content-Type": "application/x-www-form-urlencoded"})
     assert out.status_code == 303 and 'phalanx_token=""' in out.headers["set-cookie"]
     assert os.environ.get("PHALANX_HOME")
+
+
+def test_the_job_page_follows_a_log_over_one_stream_of_events(api, tmp_path):
+    """``/api/jobs/ID/logs/stream``: what is in the log, each write as it comes (the file
+    changing wakes the server), then ``end`` once the job has ended; one request throughout."""
+    import threading
+    import time
+
+    import psutil
+
+    from phalanx.core.state import JobState
+
+    client, tokens, store = api
+    job_dir = tmp_path / "jobdir"
+    log = job_dir / "attempt_0" / "rank_0" / "output.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("first\n")
+    store.insert_job(id="cccc0001", name="t", backend="local", nnodes=1, nproc_per_node=1, command="t.py",
+                     job_dir=str(job_dir), spec_json=json.dumps({"entrypoint": {"kind": "script", "target": "t.py"}}),
+                     state="RUNNING", user_name="bob", supervisor_pid=os.getpid(),
+                     supervisor_started=psutil.Process().create_time())
+
+    def later() -> None:
+        time.sleep(0.5)
+        with open(log, "a") as fh:
+            fh.write("second\n")
+        time.sleep(0.5)
+        store.transition("cccc0001", JobState.SUCCEEDED)
+
+    threading.Thread(target=later, daemon=True).start()
+    pieces = []
+    with client.stream("GET", "/api/jobs/cccc0001/logs/stream?rank=0&offset=0",
+                       headers={"Authorization": f"Bearer {tokens['bob']}"}) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                pieces.append(json.loads(line[6:]))
+                if pieces[-1].get("end"):
+                    break
+    texts = "".join(p.get("text", "") for p in pieces)
+    assert texts == "first\nsecond\n" and pieces[-1] == {"end": True, "state": "SUCCEEDED"}

@@ -6,6 +6,7 @@ import pytest
 from phalanx.core.state import JobState, is_terminal
 from phalanx.errors import JobNotFound, StoreError
 from phalanx.store import Store
+from phalanx.store.engine import StoreConflict
 from phalanx.store.migrations import MIGRATIONS
 
 
@@ -33,8 +34,8 @@ def test_newer_schema_is_refused(tmp_path):
         Store(tmp_path / "p.db")
 
 
-def test_transition_is_compare_and_set(tmp_path):
-    store = Store(tmp_path / "p.db")
+def test_transition_is_compare_and_set(store_at):
+    store = Store(store_at)
     _insert(store, "a1")
     assert store.transition("a1", JobState.RUNNING)
     assert store.get("a1").started_at is not None
@@ -46,8 +47,8 @@ def test_transition_is_compare_and_set(tmp_path):
     assert rec.state is JobState.SUCCEEDED and is_terminal(rec.state) and rec.ended_at is not None
 
 
-def test_find_by_id_prefix_and_name(tmp_path):
-    store = Store(tmp_path / "p.db")
+def test_find_by_id_prefix_and_name(store_at):
+    store = Store(store_at)
     _insert(store, "abcd1111", name="resnet", created=1.0)
     _insert(store, "abcd2222", name="resnet", created=2.0)
     _insert(store, "ef001122", name="bert", created=3.0)
@@ -62,8 +63,8 @@ def test_find_by_id_prefix_and_name(tmp_path):
         store.find("%")
 
 
-def test_list_active_and_limit(tmp_path):
-    store = Store(tmp_path / "p.db")
+def test_list_active_and_limit(store_at):
+    store = Store(store_at)
     for i in range(5):
         _insert(store, f"j{i}", created=float(i), state="SUCCEEDED" if i % 2 else "RUNNING")
     assert [r.id for r in store.list(active_only=True)] == ["j4", "j2", "j0"]
@@ -71,10 +72,10 @@ def test_list_active_and_limit(tmp_path):
     assert store.count() == 5
 
 
-def test_new_ids_are_checked_against_every_id_ever_handed_out(tmp_path, monkeypatch):
+def test_new_ids_are_checked_against_every_id_ever_handed_out(store_at, monkeypatch):
     import phalanx.store.db as db
 
-    store = Store(tmp_path / "p.db")
+    store = Store(store_at)
     _insert(store, "0badc0de")
     store.sweeps.insert(id="5eed5eed", name="s", strategy="grid", command="t.py", topology="1x1", spec_json="{}",
                         settings_json="{}", sweep_dir="/tmp/s")
@@ -88,18 +89,18 @@ def test_new_ids_are_checked_against_every_id_ever_handed_out(tmp_path, monkeypa
     _insert(store, reserved)  # the id it was handed is the job's to use
 
 
-def test_new_ids_from_concurrent_processes_never_collide(tmp_path):
+def test_new_ids_from_concurrent_processes_never_collide(store_at):
     """Two processes drawing from a tiny id space at once: every id is handed out once."""
     import subprocess
     import sys
 
-    Store(tmp_path / "p.db").close()
+    Store(store_at).close()
     program = (
         "import sys, secrets; from pathlib import Path; from phalanx.store import Store; import phalanx.store.db as db\n"
         "db.secrets.token_hex = lambda n: '%08x' % secrets.randbelow(300)\n"
-        "s = Store(Path(sys.argv[1])); print(' '.join(s.new_id() for _ in range(100)))\n"
+        "s = Store(sys.argv[1]); print(' '.join(s.new_id() for _ in range(100)))\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", program, str(tmp_path / "p.db")], stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", program, str(store_at)], stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     got = [i for p in procs for i in p.communicate(timeout=120)[0].split()]
     assert all(p.returncode == 0 for p in procs)
@@ -126,10 +127,10 @@ def test_an_existing_store_migrates_and_keeps_its_jobs(tmp_path, monkeypatch):
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
-def test_pages_cover_every_job_once_newest_first(tmp_path):
+def test_pages_cover_every_job_once_newest_first(store_at):
     from phalanx.errors import UsageError
 
-    store = Store(tmp_path / "p.db")
+    store = Store(store_at)
     # created_at ties (same second) must neither repeat nor drop a job across page edges
     store.insert_jobs(dict(id=f"j{i:03d}", name="n", backend="local", nnodes=1, nproc_per_node=1, command="t.py",
                            job_dir="/tmp/x", spec_json="{}", created_at=float(i // 3), state="SUCCEEDED")
@@ -149,8 +150,8 @@ def test_pages_cover_every_job_once_newest_first(tmp_path):
         store.page(5, after="junk")
 
 
-def test_latest_by_name_and_state(tmp_path):
-    store = Store(tmp_path / "p.db")
+def test_latest_by_name_and_state(store_at):
+    store = Store(store_at)
     _insert(store, "a1", name="r", created=1.0, state="SUCCEEDED")
     _insert(store, "a2", name="r", created=2.0, state="FAILED")
     store.insert_job(id="t1", name="r", backend="local", nnodes=1, nproc_per_node=1, command="t.py", job_dir="/tmp/x",
@@ -161,12 +162,12 @@ def test_latest_by_name_and_state(tmp_path):
     assert store.latest("nope") is None
 
 
-def test_bulk_insert_is_all_or_nothing(tmp_path):
-    store = Store(tmp_path / "p.db")
+def test_bulk_insert_is_all_or_nothing(store_at):
+    store = Store(store_at)
     _insert(store, "dup")
     rows = [dict(id=i, name="n", backend="local", nnodes=1, nproc_per_node=1, command="t.py", job_dir="/x",
                  spec_json="{}", created_at=1.0, state="SUCCEEDED") for i in ("new1", "dup")]
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(StoreConflict):
         store.insert_jobs(rows)
     assert store.count() == 1
 

@@ -91,7 +91,9 @@ class LocalFace(TeamVerbs):
     """The face on this machine's store (``$PHALANX_HOME``, or the store ``PHALANX_STORE`` names)."""
 
     def __init__(self, principal: Principal | None = None) -> None:
-        self.principal = principal or Principal.here()
+        from .. import config
+
+        self.principal = principal or Principal.here(config.user())
 
     @property
     def _submitter(self) -> str | None:
@@ -181,7 +183,7 @@ class LocalFace(TeamVerbs):
         from .. import config
         from .ps import ps
 
-        return ps(self._store(), request, int(config.get("ps_limit")), asker=self.principal.user,
+        return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user,
                   projects=self._projects_asked(request.project))
 
     def _projects_asked(self, project: str | None) -> tuple[str, ...] | None:

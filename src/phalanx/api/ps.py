@@ -28,10 +28,10 @@ class PsRequest:
     columns: tuple[str, ...] = ()
     limit: int | None = None
     wide: bool = False
-    user: str | None = None  # only jobs this user submitted (``--user NAME``)
-    mine: bool = False  # only the asker's own (``--mine``: the face's principal)
-    project: str | None = None  # only jobs of this project (``--project NAME``)
     people: bool = True  # rows for a table: each job's progress and health read (a file per job)
+    user: str | None = None  # only what this user submitted
+    mine: bool = False  # only what the asker submitted
+    project: str | None = None  # only jobs of this project (``--project NAME``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,18 +57,20 @@ class PsListing:
     wide: bool
 
 
-def ps(store: Store, request: PsRequest, default_limit: int, asker: str | None = None,
+def ps(store: Store, request: PsRequest, default_limit: int, me: str,
        projects: tuple[str, ...] | None = None) -> PsListing:
     """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter.
-    ``asker``: who asks (what ``mine`` means); ``projects``: the only projects whose jobs are
-    listed (None: all). Queued jobs carry their place in their project's queue."""
+    ``me``: who asks (``--mine``); ``projects``: the only projects whose jobs are listed (None:
+    all). Queued jobs carry their place in their project's queue."""
     from .query import refresh_hosted
 
     if request.limit is not None and request.limit < 1:
         raise UsageError(f"invalid --limit {request.limit}", "give a number of rows of at least 1, e.g. --limit 20")
-    if request.mine and request.user and request.user != asker:
-        raise UsageError(f"--mine (you are {asker}) and --user {request.user} contradict", "give one of them")
-    user = asker if request.mine else request.user
+    user = request.user
+    if request.mine:
+        if user is not None and user != me:
+            raise UsageError(f"--mine (you are {me}) and --user {user} contradict", "give one of them")
+        user = me
     refresh_hosted(store, request.backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=request.states, name=request.name, backend=request.backend, tags=request.tags,
                         since=request.since, search=request.search, sort=request.sort, columns=request.columns,

@@ -20,6 +20,7 @@ from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord, Store
 from ..supervise.liveness import effective
+from ..store import open_store as open_store_at
 
 if TYPE_CHECKING:
     from ..core.contracts import SchedulerRecord
@@ -32,7 +33,7 @@ def home() -> HomePaths:
 
 
 def open_store() -> Store:
-    return Store(home().db)
+    return open_store_at(home().db)
 
 
 # -- jobs and sweeps ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from .. import config
 from ..core.identity import Principal
 from ..errors import NotAuthenticated, UsageError
 from ..store import Store
@@ -61,7 +62,7 @@ def add_user(store: Store, name: str, admin: bool = False, who: Principal | None
     remove them from it). ``who``: who adds them (the audit log's; default: this machine's user)."""
     from . import audit
 
-    who = who or Principal.here()
+    who = who or Principal.here(config.user())
     with audit.audited(store, who, "user.add", name) as event:
         check_name(name)
         token, record = _new_token(name)
@@ -102,7 +103,7 @@ def revoke_user(store: Store, name: str, who: Principal | None = None) -> UserRe
     """The user and their tokens stop working at once; their jobs stay (and keep their name)."""
     from . import audit
 
-    with audit.audited(store, who or Principal.here(), "user.revoke", name):
+    with audit.audited(store, who or Principal.here(config.user()), "user.revoke", name):
         user = _live(store, name)
         store.users.revoke(user.name, time.time())
     revoked = store.users.get(name)
@@ -114,7 +115,7 @@ def rotate_token(store: Store, name: str, who: Principal | None = None) -> str:
     """A new token for the user; every older one stops working."""
     from . import audit
 
-    with audit.audited(store, who or Principal.here(), "token.rotate", name) as event:
+    with audit.audited(store, who or Principal.here(config.user()), "token.rotate", name) as event:
         user = _live(store, name)
         token, record = _new_token(user.name)
         store.users.add_token(record)

@@ -26,10 +26,11 @@ def face() -> "Face":
             from ..remote.face import RemoteFace
 
             return RemoteFace(login, PROJECT)
+    from .. import config
     from ..api.face import LocalFace
     from ..core.identity import Principal
 
-    return LocalFace(Principal.here().narrowed(PROJECT))
+    return LocalFace(Principal.here(config.user()).narrowed(PROJECT))
 
 
 def narrow(project: str | None) -> str | None:

@@ -30,13 +30,13 @@ def ps_cmd(
     tag: List[str] = typer.Option([], "--tag", help="Only jobs with this tag, KEY=VALUE or KEY (repeatable: all must hold)."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 2h, 3d, 2025-03-01."),
     search: Optional[str] = typer.Option(None, "--search", "-s", help="Only jobs whose id, name or command contains this."),
+    user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
+    mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
     sort: Optional[str] = typer.Option(None, "--sort", help="created (default), name, state, backend, gpu_hours, cost or a metric (loss, acc:max); '-' descends."),
     columns: List[str] = typer.Option([], "--columns", "-c", help="Metric columns: loss, loss:min, acc:max (comma-separated or repeated)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows (default 50 with --all or a filter)."),
     wide: bool = typer.Option(False, "--wide", "-w", help="Also backend, GPU-hours, CPU-hours, cost, tags and health "
                               "(the slow rank of a running job, what stopped an ended one)."),
-    user: Optional[str] = typer.Option(None, "--user", help="Only jobs and sweeps this user submitted."),
-    mine: bool = typer.Option(False, "--mine", help="Only jobs and sweeps you submitted (--user YOU)."),
     trials: Optional[str] = typer.Option(None, "--trials", help="The trials of this sweep instead."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only the ids (e.g. for phalanx rm)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -50,8 +50,8 @@ def ps_cmd(
         _trials(face().trials(trials), as_json, quiet)
         return
     request = PsRequest(all=all_jobs, states=tuple(state), name=name, backend=backend, tags=tuple(tag), since=since,
-                        search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide, user=user, mine=mine,
-                        project=project, people=not (as_json or quiet))
+                        search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide,
+                        people=not (as_json or quiet), user=user, mine=mine, project=project)
     listing = face().ps(request)
     if as_json:
         from ..api.face import rows_json

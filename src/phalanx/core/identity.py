@@ -17,22 +17,11 @@ exist (``visible``: the projects a lookup may find anything in).
 
 from __future__ import annotations
 
-import getpass
-import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
 ROLES = ("viewer", "member", "admin")  # each may do what the one before it may, and more
 DEFAULT_PROJECT = "default"
-
-
-def local_user() -> str:
-    """The name of the person at this machine (``$USER`` where the password database has none,
-    as in a container started with an arbitrary uid)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return os.environ.get("USER") or f"uid{os.getuid()}"
 
 
 @dataclass(frozen=True)
@@ -56,9 +45,9 @@ class Principal:
     only: str | None = field(default=None, compare=False)  # narrowed to this project (``--project``)
 
     @classmethod
-    def here(cls) -> Principal:
-        """The person at this machine, on their own store."""
-        return cls(user=local_user(), admin=True, local=True)
+    def here(cls, user: str) -> Principal:
+        """The person at this machine (``config.user()``), on their own store."""
+        return cls(user=user, admin=True, local=True)
 
     @property
     def everywhere(self) -> bool:

@@ -189,7 +189,12 @@ class RemoteFace:
     def wait(self, ref: str, timeout: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         body = {"timeout": timeout, "progress": progress is not None}
-        return self._streamed("POST", self._job(ref, "/wait"), body=body, progress=progress)  # type: ignore[no-any-return]
+        for item in self.client.lines("POST", self._job(ref, "/wait"), body=body):
+            if "progress" in item and progress is not None:
+                progress(item["progress"])
+            elif "result" in item:
+                return item["result"]  # type: ignore[no-any-return]
+        raise PhalanxError(f"the server's answer to wait {ref} ended without one", "try again")
 
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
         return self._streamed("POST", self._job(ref, "/stop"), body={"timeout": timeout}, events=events)  # type: ignore[no-any-return]

@@ -159,7 +159,7 @@ class _Pipe:
 
 
 async def wait(request: Request) -> Response:
-    ref, given = _ref(request), await body(request, schema.WAIT_PROGRESS)
+    ref, given = _ref(request), await body(request, schema.WAIT)
 
     def work(face: LocalFace, sink: Sink) -> Any:
         heard = (lambda seen: sink.send({"progress": seen})) if given.get("progress") else None

@@ -81,8 +81,7 @@ SUBMIT: Schema = obj(("spec",), spec=SPEC, code={"type": ["object", "null"], **{
                      settings={"type": ["object", "null"], "extra": True, "properties": {}})
 MISSING: Schema = obj(("objects",), objects={"type": "array", "max": 200_000,
                                              "items": {"type": "array", "max": 2}})
-WAIT: Schema = obj((), timeout=OPT_NUMBER)
-WAIT_PROGRESS: Schema = obj((), timeout=OPT_NUMBER, progress=BOOL)
+WAIT: Schema = obj((), timeout=OPT_NUMBER, progress=BOOL)
 RESUME: Schema = obj((), detach=BOOL, ranks=SUBMIT["properties"]["ranks"])
 PRUNE: Schema = obj(("older_than",), older_than=STRING, states={"type": "array", "items": STRING, "max": 20},
                     dry_run=BOOL)

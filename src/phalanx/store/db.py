@@ -1,35 +1,34 @@
 """Store: the index of jobs and their summaries. Bulk data stays in the job directories.
 
-Concurrency: every process that writes (CLI, supervisors) opens its own connection;
-SQLite's WAL mode gives readers a consistent snapshot while one writer commits, and
-``busy_timeout`` serialises writers. State changes are compare-and-set
-(``transition``), so a stop racing a finish cannot overwrite a terminal state.
+Two engines behind this one face (``engine.py``): a SQLite file in the home (the default) and
+PostgreSQL for a team (``PHALANX_STORE=postgresql://...``, ``postgres.py``). Every process that
+writes (CLI, supervisors) opens its own store; state changes are compare-and-set
+(``transition``), so a stop racing a finish cannot overwrite a terminal state, on either engine.
 
 Scale: every read the CLI makes costs the same at a thousand jobs and at a million (an index
-seek, then the rows it returns; ``tests/unit/test_store_plans.py`` pins the plans). Listings
-page by key (``page``, ``iter``): each page is one short query, so a long listing holds
-neither memory nor a read transaction that would keep writers waiting.
+seek, then the rows it returns; ``tests/unit/test_store_plans.py`` pins the plans of both
+engines). Listings page by key (``page``, ``iter``): each page is one short query, so a long
+listing holds neither memory nor a read transaction that would keep writers waiting.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
+from .engine import Engine, Tx
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
 from .keys import scope as _scope
-from .migrations import MIGRATIONS
 from .records import COLUMNS, JobRecord, Page, from_row
-from .sql import TextConnection
+from .sqlite import SqliteEngine
 
 if TYPE_CHECKING:
+    import sqlite3
+
     from .sweeps import SweepTable
     from .teams import ProjectTable
     from .users import UserTable
@@ -38,108 +37,29 @@ if TYPE_CHECKING:
 # made unlikely by length.
 ID_BYTES = 4
 PAGE = 500  # rows per query when a listing is iterated
+_SELECT = ", ".join(COLUMNS)
 
 
 class Store:
-    """Open (creating and migrating if needed) the store at ``path``."""
+    """Open (creating and migrating if needed) the store at ``where``: a SQLite file's path, or
+    a ``postgresql://`` URL (``options``: ``retry_for``, ``pool_size``; see ``postgres.py``).
+    ``open_store`` picks the one the settings name."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._conn = self._open_writable()
-        except sqlite3.DatabaseError as exc:
-            self._conn = self._read_only(exc)
-        self._lock = threading.Lock()
-        self._migrate()
+    def __init__(self, where: Path | str, **options: Any) -> None:
+        self.engine: Engine = open_engine(where, **options)
+        self.where = self.engine.where  # for messages: never holds a password
+        self.engine.migrate()
 
-    def _open_writable(self) -> sqlite3.Connection:
-        """A connection in WAL mode. Setting the journal mode does not wait on SQLite's busy
-        handler while another connection creates the store or switches it to WAL (two processes, or
-        a supervisor thread and a reader, opening a new home at once): "database is locked" then
-        means "try again shortly", for as long as a write would wait."""
-        deadline = time.monotonic() + 30
-        while True:
-            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False,
-                                   factory=TextConnection)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA busy_timeout=30000")
-                return conn
-            except sqlite3.OperationalError as exc:
-                conn.close()
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-            except BaseException:
-                conn.close()
-                raise
-
-    def _read_only(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
-        """A store on a read-only filesystem or directory (a shared, mounted home), or on a full
-        disk: SQLite cannot create the WAL's ``-shm`` beside it (no connection has it open, so
-        nobody writes), so it is opened ``immutable`` (SQLite's URI option for read-only media):
-        reads work, every write is refused in words (``write_error``)."""
-        from ..core.disk import free_bytes
-
-        full = (free_bytes(self.path.parent) or 0) < 64 * 1024
-        self._full_at_open = full
-        if not self.path.exists() or (os.access(self.path.parent, os.W_OK) and not full):
-            raise StoreError(f"cannot open the job store {self.path}: {exc}", "move the file aside to start a new store") from None
-        try:
-            return sqlite3.connect(f"{self.path.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None,
-                                   check_same_thread=False, factory=TextConnection)
-        except sqlite3.DatabaseError as again:
-            raise StoreError(f"cannot open the read-only job store {self.path}: {again}",
-                             "check the file, or set PHALANX_HOME to another store") from None
+    @property
+    def _conn(self) -> "sqlite3.Connection":
+        """The SQLite connection (tests trace its statements; benchmarks fill stores through it)."""
+        return self.engine.conn  # type: ignore[attr-defined, no-any-return]
 
     def close(self) -> None:
-        self._conn.close()
-
-    def _migrate(self) -> None:
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(MIGRATIONS):
-            raise StoreError(
-                f"the job store {self.path} has schema {version}, newer than this phalanx knows ({len(MIGRATIONS)})",
-                "upgrade phalanx",
-            )
-        if version == len(MIGRATIONS):
-            return
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                # Re-read inside the write lock: another process may have migrated meanwhile.
-                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                for number in range(version, len(MIGRATIONS)):
-                    for statement in _statements(MIGRATIONS[number]):
-                        self._conn.execute(statement)
-                    self._conn.execute(f"PRAGMA user_version = {number + 1}")
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        self.engine.close()
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> int:
-        with self._lock:
-            try:
-                cur = self._conn.execute(sql, tuple(params))
-            except sqlite3.OperationalError as exc:
-                raise self.write_error(exc) from exc
-            return cur.rowcount
-
-    def write_error(self, exc: sqlite3.OperationalError) -> Exception:
-        """A refused write in words: the disk is full, or the store is read-only (a shared,
-        mounted store: reads work, writes need a home of one's own). Anything else as it was."""
-        from ..core.disk import as_disk_full, is_full
-
-        if is_full(exc) or getattr(self, "_full_at_open", False):
-            return as_disk_full(exc, f"the job store ({self.path.name})", self.path.parent)
-        if "readonly" in str(exc) or "read-only" in str(exc):
-            return StoreError(f"the job store {self.path} is read-only, so this command cannot record anything "
-                              "(ps, status and logs work)",
-                              "run it where the store is writable, or set PHALANX_HOME to a writable directory")
-        return exc
+        return self.engine.write(sql, tuple(params))
 
     # -- writes -----------------------------------------------------------------
 
@@ -152,34 +72,31 @@ class Store:
         """
         for _ in range(64):  # even a store holding half of all ids finds a free one at once
             candidate = secrets.token_hex(ID_BYTES)
-            try:
-                self._write("INSERT INTO ids (id) VALUES (?)", [candidate])
+            if self._write("INSERT INTO ids (id) VALUES (?) ON CONFLICT DO NOTHING", [candidate]) == 1:
                 return candidate
-            except sqlite3.IntegrityError:
-                continue
-        raise StoreError(f"no free job id found in the store {self.path}", "move the store aside to start a new one")
+        raise StoreError(f"no free job id found in the store {self.where}", "move the store aside to start a new one")
 
-    def insert_job(self, then: Callable[[], None] | None = None, **fields: Any) -> None:
+    def insert_job(self, then: Callable[[], None] | None = None, undo: Callable[[], None] | None = None,
+                   **fields: Any) -> None:
         """Insert a job's row; ``then`` (moving its directory into place) runs inside the same
-        transaction, which commits only once it returned: a failure of either leaves neither."""
+        transaction, which commits only once it returned: a failure of either leaves neither.
+        ``undo`` reverses ``then`` when the commit then fails (on PostgreSQL the transaction is
+        then tried again, ``then`` included; a commit whose answer a broken connection lost
+        counts as done when the row is there)."""
         fields.setdefault("created_at", time.time())
         fields.setdefault("state", JobState.PENDING.value)
-        cols = ", ".join(fields)
-        marks = ", ".join("?" for _ in fields)
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self._conn.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(fields.values()))
-                    if then is not None:
-                        then()
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    if self._conn.in_transaction:  # SQLite may have rolled back itself (disk full)
-                        self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.OperationalError as exc:
-                raise self.write_error(exc) from exc
+        sql = f"INSERT INTO jobs ({', '.join(fields)}) VALUES ({', '.join('?' for _ in fields)})"
+        values = tuple(fields.values())
+
+        def insert(tx: Tx) -> None:
+            tx.execute(sql, values)
+            if then is not None:
+                then()
+
+        def there(tx: Tx) -> bool:
+            return bool(tx.rows("SELECT 1 FROM jobs WHERE id = ?", [fields["id"]]))
+
+        self.engine.atomic(insert, retry=then is None or undo is not None, undo=undo, committed=there)
 
     def insert_jobs(self, rows: Iterable[dict[str, Any]]) -> int:
         """Insert many jobs in one transaction (imports, benchmarks); every row has the same
@@ -189,16 +106,7 @@ class Store:
         if first is None:
             return 0
         cols = list(first)
-        sql = f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                cur = self._conn.executemany(sql, (tuple(r[c] for c in cols) for r in _chain(first, it)))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-        return cur.rowcount
+        return self.engine.insert_many("jobs", cols, (tuple(r[c] for c in cols) for r in _chain(first, it)))
 
     def update(self, job_id: str, **fields: Any) -> None:
         """Set non-state fields (pid, attempt, ...)."""
@@ -267,8 +175,7 @@ class Store:
     # -- reads ------------------------------------------------------------------
 
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[JobRecord]:
-        cur = self._conn.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs {sql}", tuple(params))
-        return [from_row(row) for row in cur.fetchall()]
+        return [from_row(row) for row in self.engine.rows(f"SELECT {_SELECT} FROM jobs {sql}", tuple(params))]
 
     def get(self, job_id: str) -> JobRecord:
         rows = self._rows("WHERE id = ?", [job_id])
@@ -318,8 +225,8 @@ class Store:
         return rows[0] if rows else None
 
     def explain(self, sql: str, params: Iterable[Any] = ()) -> list[str]:
-        """SQLite's plan for a read of this store (what tests pin)."""
-        return [row[3] for row in self._conn.execute(f"EXPLAIN QUERY PLAN {sql}", tuple(params))]
+        """The engine's plan for a read of this store (what tests pin)."""
+        return self.engine.explain(sql, tuple(params))
 
     def page(self, limit: int = 50, after: str | None = None, active_only: bool = False,
              trials: bool = False) -> Page:
@@ -353,7 +260,28 @@ class Store:
         return list(self.iter(active_only, limit or None, trials))
 
     def count(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+        row = self.engine.row("SELECT COUNT(*) FROM jobs")
+        return int(row[0]) if row else 0
+
+
+def is_url(where: str | Path) -> bool:
+    return isinstance(where, str) and where.split(":", 1)[0].lower() in ("postgresql", "postgres")
+
+
+def open_engine(where: str | Path, **options: Any) -> Engine:
+    """SQLite for a path (or ``sqlite:///path``), PostgreSQL for a ``postgresql://`` URL."""
+    if is_url(where):
+        from .postgres import connect
+
+        return connect(str(where), **options)
+    if isinstance(where, str) and where.startswith("sqlite://"):
+        where = where[len("sqlite://"):]
+    if isinstance(where, Path):
+        return SqliteEngine(where)
+    if "://" in where:
+        raise StoreError(f"unknown job store '{where.split('://', 1)[0]}://...'",
+                         "use a path, sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE")
+    return SqliteEngine(Path(where).expanduser())
 
 
 def _listing(active_only: bool, trials: bool) -> tuple[list[str], list[Any]]:
@@ -365,19 +293,6 @@ def _listing(active_only: bool, trials: bool) -> tuple[list[str], list[Any]]:
         where.append(f"state IN ({', '.join('?' for _ in ACTIVE)})")
         params.extend(ACTIVE)
     return where, params
-
-
-def _statements(script: str) -> Iterator[str]:
-    """The statements of a migration script; ``;`` inside a trigger's body does not end one."""
-    pending = ""
-    for piece in script.split(";"):
-        pending += piece + ";"
-        if sqlite3.complete_statement(pending):
-            if pending.replace(";", "").strip():
-                yield pending
-            pending = ""
-    if pending.replace(";", "").strip():
-        raise StoreError("a store migration ends inside a statement", "this is a bug in phalanx: report it")
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

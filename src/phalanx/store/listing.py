@@ -11,12 +11,12 @@ are not in such a listing); other sorts read the matching rows once and sort the
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..core.state import JobState
 from .db import Store
+from .engine import Engine, Tx
 from .records import COLUMNS, JobRecord, from_row
 from .keys import ACTIVE
 
@@ -61,7 +61,7 @@ class Listing:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _terms(f: Filter, alias: str = "j", sweeps: bool = False) -> tuple[list[str], list[Any]]:
+def _terms(db: Engine, f: Filter, alias: str = "j", sweeps: bool = False) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     params: list[Any] = []
     if not sweeps:
@@ -75,14 +75,17 @@ def _terms(f: Filter, alias: str = "j", sweeps: bool = False) -> tuple[list[str]
         # the table: walk the order's index and test each row (a unary + keeps the planner off
         # the state index, which would fetch and sort almost every row).
         few = all(s in ACTIVE for s in f.states)
-        where.append(f"{'' if few else '+'}{alias}.state IN ({', '.join('?' for _ in f.states)})")
+        state = f"{alias}.state" if few else db.noindex(f"{alias}.state")
+        where.append(f"{state} IN ({', '.join('?' for _ in f.states)})")
         params.extend(f.states)
     if f.name:
         if any(c in f.name for c in "*?["):
-            where.append(f"{alias}.name GLOB ?")
+            term, param = db.glob(f"{alias}.name", f.name)
+            where.append(term)
+            params.append(param)
         else:
             where.append(f"{alias}.name = ?")
-        params.append(f.name)
+            params.append(f.name)
     if f.backend and not sweeps:
         where.append(f"{alias}.backend = ?")
         params.append(f.backend)
@@ -104,7 +107,8 @@ def _terms(f: Filter, alias: str = "j", sweeps: bool = False) -> tuple[list[str]
         params.append(f.since)
     if f.search:
         needle = f.search.lower()
-        where.append(f"(instr({alias}.id, ?) OR instr(lower({alias}.name), ?) OR instr(lower({alias}.command), ?))")
+        at = db.instr
+        where.append(f"({at}({alias}.id, ?) > 0 OR {at}(lower({alias}.name), ?) > 0 OR {at}(lower({alias}.command), ?) > 0)")
         params.extend([needle, needle, needle])
     return where, params
 
@@ -127,7 +131,7 @@ def _decode(cursor: str) -> list[Any]:
 
 def page_jobs(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, after: str | None = None) -> Listing:
     """A page of jobs matching ``f`` in ``sort`` order, and the cursor of the next page."""
-    where, params = _terms(f)
+    where, params = _terms(store.engine, f)
     cols = ", ".join(f"j.{c}" for c in COLUMNS)
     if sort.key == "metric":
         assert sort.metric and sort.agg in AGGS
@@ -153,7 +157,7 @@ def page_jobs(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, aft
             where.append(f"({key_sql}, j.id) {'<' if sort.descending else '>'} (?, ?)")
             params.extend([key, row_id])
     sql = f"{select} {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order} LIMIT ?"
-    rows = store._conn.execute(sql, [*params, limit + 1]).fetchall()
+    rows = store.engine.rows(sql, [*params, limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
     records = [from_row(tuple(r[:-1])) for r in rows]
@@ -162,15 +166,15 @@ def page_jobs(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, aft
 
 
 def count_jobs(store: Store, f: Filter) -> int:
-    where, params = _terms(f)
+    where, params = _terms(store.engine, f)
     sql = f"SELECT COUNT(*) FROM jobs j {'WHERE ' + ' AND '.join(where) if where else ''}"
-    return int(store._conn.execute(sql, params).fetchone()[0])
+    row = store.engine.row(sql, params)
+    return int(row[0]) if row else 0
 
 
 def count_by_state(store: Store) -> dict[str, int]:
     """Every job (trials too) by state: one pass over the state index, not the rows."""
-    rows = store._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
-    return {str(state): int(n) for state, n in rows}
+    return {str(state): int(n) for state, n in store.engine.rows("SELECT state, COUNT(*) FROM jobs GROUP BY state")}
 
 
 def page_sweeps(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, after: str | None = None) -> Listing:
@@ -178,7 +182,7 @@ def page_sweeps(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, a
     from .sweeps import _COLUMNS as SWEEP_COLUMNS
     from .sweeps import SweepRecord
 
-    where, params = _terms(f, "s", sweeps=True)
+    where, params = _terms(store.engine, f, "s", sweeps=True)
     key_sql = _SWEEP_SORT_SQL[sort.key]
     direction = "DESC" if sort.descending else "ASC"
     if after is not None:
@@ -192,7 +196,7 @@ def page_sweeps(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, a
     cols = ", ".join(f"s.{c}" for c in SWEEP_COLUMNS)
     sql = (f"SELECT {cols}, {key_sql} FROM sweeps s {'WHERE ' + ' AND '.join(where) if where else ''} "
            f"ORDER BY {key_sql} {direction}, s.id {direction} LIMIT ?")
-    rows = store._conn.execute(sql, [*params, limit + 1]).fetchall()
+    rows = store.engine.rows(sql, [*params, limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
     out = []
@@ -209,23 +213,20 @@ def page_sweeps(store: Store, f: Filter, sort: Sort = Sort(), limit: int = 50, a
 
 def set_tags(store: Store, row_id: str, tags: dict[str, str]) -> None:
     """The tags of a job or sweep (replacing any it had)."""
-    with store._lock:
-        store._conn.execute("BEGIN IMMEDIATE")
-        try:
-            store._conn.execute("DELETE FROM tags WHERE id = ?", (row_id,))
-            store._conn.executemany("INSERT INTO tags (id, key, value) VALUES (?, ?, ?)",
-                                    [(row_id, k, v) for k, v in tags.items()])
-            store._conn.execute("COMMIT")
-        except BaseException:
-            store._conn.execute("ROLLBACK")
-            raise
+    rows = [(row_id, k, v) for k, v in tags.items()]
+
+    def replace(tx: Tx) -> None:
+        tx.execute("DELETE FROM tags WHERE id = ?", (row_id,))
+        tx.executemany("INSERT INTO tags (id, key, value) VALUES (?, ?, ?)", rows)
+
+    store.engine.atomic(replace)
 
 
 def tags_of(store: Store, ids: Sequence[str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for chunk in _chunks(ids):
         marks = ", ".join("?" for _ in chunk)
-        for row_id, key, value in store._conn.execute(f"SELECT id, key, value FROM tags WHERE id IN ({marks})", chunk):
+        for row_id, key, value in store.engine.rows(f"SELECT id, key, value FROM tags WHERE id IN ({marks})", chunk):
             out.setdefault(row_id, {})[key] = value
     return out
 
@@ -242,16 +243,13 @@ def save_metrics(store: Store, job_id: str, summary: dict[str, dict[str, Any]]) 
     """A job's metric summary (name -> last, min, max, count, step), replacing the old one."""
     rows = [(job_id, name, float(m["last"]), float(m["min"]), float(m["max"]), int(m["count"]), m.get("last_step"))
             for name, m in summary.items()]
-    with store._lock:
-        store._conn.execute("BEGIN IMMEDIATE")
-        try:
-            store._conn.execute("DELETE FROM job_metrics WHERE id = ?", (job_id,))
-            store._conn.executemany(
-                "INSERT INTO job_metrics (id, name, last, min, max, count, step) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-            store._conn.execute("COMMIT")
-        except BaseException:
-            store._conn.execute("ROLLBACK")
-            raise
+
+    def replace(tx: Tx) -> None:
+        tx.execute("DELETE FROM job_metrics WHERE id = ?", (job_id,))
+        tx.executemany("INSERT INTO job_metrics (id, name, last, min, max, count, step) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       rows)
+
+    store.engine.atomic(replace)
 
 
 def metrics_of(store: Store, ids: Sequence[str], names: Iterable[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -267,7 +265,7 @@ def metrics_of(store: Store, ids: Sequence[str], names: Iterable[str] | None = N
                 return {}
             sql += f" AND name IN ({', '.join('?' for _ in wanted)})"
             args.extend(wanted)
-        for row_id, name, last, lo, hi, count, step in store._conn.execute(sql, args):
+        for row_id, name, last, lo, hi, count, step in store.engine.rows(sql, args):
             out.setdefault(row_id, {})[name] = {"last": last, "min": lo, "max": hi, "count": count, "last_step": step}
     return out
 
@@ -278,16 +276,15 @@ def metric_names(store: Store, limit: int = 500) -> list[str]:
 
 
 def has_metric(store: Store, name: str) -> bool:
-    return store._conn.execute("SELECT 1 FROM job_metrics WHERE name = ? LIMIT 1", (name,)).fetchone() is not None
+    return store.engine.row("SELECT 1 FROM job_metrics WHERE name = ? LIMIT 1", (name,)) is not None
 
 
 def _distinct(store: Store, table: str, column: str, limit: int) -> list[str]:
     out: list[str] = []
-    row = store._conn.execute(f"SELECT {column} FROM {table} ORDER BY {column} LIMIT 1").fetchone()
+    row = store.engine.row(f"SELECT {column} FROM {table} ORDER BY {column} LIMIT 1")
     while row is not None and len(out) < limit:
         out.append(row[0])
-        row = store._conn.execute(f"SELECT {column} FROM {table} WHERE {column} > ? ORDER BY {column} LIMIT 1",
-                                  (row[0],)).fetchone()
+        row = store.engine.row(f"SELECT {column} FROM {table} WHERE {column} > ? ORDER BY {column} LIMIT 1", (row[0],))
     return out
 
 
@@ -296,29 +293,29 @@ def _distinct(store: Store, table: str, column: str, limit: int) -> list[str]:
 
 def trial_states(store: Store, sweep_id: str) -> dict[str, int]:
     """How many of a sweep's trials are in each state (the trial index: one sweep's rows)."""
-    rows = store._conn.execute("SELECT state, COUNT(*) FROM jobs WHERE sweep_id = ? GROUP BY state", (sweep_id,))
+    rows = store.engine.rows("SELECT state, COUNT(*) FROM jobs WHERE sweep_id = ? GROUP BY state", (sweep_id,))
     return {state: int(n) for state, n in rows}
 
 
 def usage_sum(store: Store, sweep_id: str | None = None, name: str | None = None) -> dict[str, float | None]:
     """GPU-hours, CPU-hours and cost summed over a sweep's trials, or over every job of a name."""
     where, arg = ("sweep_id = ?", sweep_id) if sweep_id is not None else ("name = ?", name)
-    row = store._conn.execute(f"SELECT SUM(gpu_hours), SUM(cpu_hours), SUM(cost), COUNT(*) FROM jobs WHERE {where}",
-                              (arg,)).fetchone()
+    row = store.engine.row(f"SELECT SUM(gpu_hours), SUM(cpu_hours), SUM(cost), COUNT(*) FROM jobs WHERE {where}", (arg,))
+    assert row is not None  # an aggregate always has its one row
     return {"gpu_hours": row[0], "cpu_hours": row[1], "cost": row[2], "jobs": row[3]}
 
 
 GROUPS = ("name", "backend", "sweep", "state", "day", "user", "project")
 _GROUP_SQL = {"name": "COALESCE((SELECT s.name FROM sweeps s WHERE s.id = j.sweep_id), j.name)", "backend": "j.backend",
               "sweep": "COALESCE(j.sweep_id, '-')", "state": "j.state", "user": "COALESCE(j.user_name, '-')",
-              "day": "date(j.created_at, 'unixepoch', 'localtime')", "project": "j.project"}
+              "project": "j.project"}
 
 
 def usage_totals(store: Store, by: str, since: float | None = None,
                  projects: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Recorded usage grouped by ``by`` (one of GROUPS; ``name`` counts a sweep's trials under
     the sweep's name), biggest GPU-hours first. One pass over the jobs (``projects``: of these)."""
-    group = _GROUP_SQL[by]
+    group = store.engine.day("j.created_at") if by == "day" else _GROUP_SQL[by]
     terms: list[str] = []
     params: list[Any] = []
     if since is not None:
@@ -328,9 +325,9 @@ def usage_totals(store: Store, by: str, since: float | None = None,
         terms.append(f"j.project IN ({', '.join('?' for _ in projects)})" if projects else "0 = 1")
         params.extend(projects)
     where = f"WHERE {' AND '.join(terms)}" if terms else ""
-    rows = store._conn.execute(
+    rows = store.engine.rows(
         f"SELECT {group} AS g, COUNT(*), SUM(j.gpu_hours), SUM(j.cpu_hours), SUM(j.cost) FROM jobs j {where} "
-        "GROUP BY g ORDER BY SUM(j.gpu_hours) DESC, SUM(j.cpu_hours) DESC, g", params)
+        "GROUP BY g ORDER BY SUM(j.gpu_hours) DESC NULLS LAST, SUM(j.cpu_hours) DESC NULLS LAST, g", params)
     return [{"group": g, "jobs": n, "gpu_hours": gpu or 0.0, "cpu_hours": cpu or 0.0, "cost": cost} for g, n, gpu, cpu, cost in rows]
 
 
@@ -339,43 +336,34 @@ def usage_totals(store: Store, by: str, since: float | None = None,
 
 def delete_jobs(store: Store, ids: Sequence[str]) -> int:
     """Remove jobs' rows (and their tags and metric summaries). Their ids stay taken."""
-    with store._lock:
-        store._conn.execute("BEGIN IMMEDIATE")
-        try:
-            removed = 0
-            for chunk in _chunks(ids):
-                marks = ", ".join("?" for _ in chunk)
-                removed += store._conn.execute(f"DELETE FROM jobs WHERE id IN ({marks})", chunk).rowcount
-                store._conn.execute(f"DELETE FROM tags WHERE id IN ({marks})", chunk)
-                store._conn.execute(f"DELETE FROM job_metrics WHERE id IN ({marks})", chunk)
-            store._conn.execute("COMMIT")
-        except BaseException as exc:
-            if store._conn.in_transaction:
-                store._conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError):
-                raise store.write_error(exc) from exc  # read-only or full: in words
-            raise
-    return removed
+    chunks = list(_chunks(sorted(ids)))  # one order for every remover: no two wait on each other in a circle
+
+    def delete(tx: Tx) -> int:
+        removed = 0
+        for chunk in chunks:
+            marks = ", ".join("?" for _ in chunk)
+            removed += tx.execute(f"DELETE FROM jobs WHERE id IN ({marks})", chunk)
+            tx.execute(f"DELETE FROM tags WHERE id IN ({marks})", chunk)
+            tx.execute(f"DELETE FROM job_metrics WHERE id IN ({marks})", chunk)
+        return removed
+
+    return store.engine.atomic(delete)
 
 
 def delete_sweep(store: Store, sweep_id: str) -> None:
-    with store._lock:
-        store._conn.execute("BEGIN IMMEDIATE")
-        try:
-            store._conn.execute("DELETE FROM sweeps WHERE id = ?", (sweep_id,))
-            store._conn.execute("DELETE FROM tags WHERE id = ?", (sweep_id,))
-            store._conn.execute("COMMIT")
-        except BaseException:
-            store._conn.execute("ROLLBACK")
-            raise
+    def delete(tx: Tx) -> None:
+        tx.execute("DELETE FROM sweeps WHERE id = ?", (sweep_id,))
+        tx.execute("DELETE FROM tags WHERE id = ?", (sweep_id,))
+
+    store.engine.atomic(delete)
 
 
 def old_jobs(store: Store, before: float, states: Sequence[str], limit: int = 10_000) -> list[JobRecord]:
     """Finished top-level jobs created before ``before`` (in ``states``), oldest first."""
     marks = ", ".join("?" for _ in states)
-    sql = (f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE sweep_id IS NULL AND created_at < ? AND +state IN ({marks}) "
-           "ORDER BY created_at, id LIMIT ?")
-    return [from_row(r) for r in store._conn.execute(sql, [before, *states, limit])]
+    sql = (f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE sweep_id IS NULL AND created_at < ? "
+           f"AND {store.engine.noindex('state')} IN ({marks}) ORDER BY created_at, id LIMIT ?")
+    return [from_row(r) for r in store.engine.rows(sql, [before, *states, limit])]
 
 
 def old_sweeps(store: Store, before: float, states: Sequence[str]) -> list[Any]:

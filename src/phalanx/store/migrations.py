@@ -1,8 +1,10 @@
-"""Numbered schema migrations; ``PRAGMA user_version`` records how many ran.
+"""Numbered schema migrations of the SQLite store; ``PRAGMA user_version`` records how many ran.
 
 Append only: never edit a migration that has shipped. A migration is a script of statements
 separated by ``;`` (a trigger's body may hold ``;`` too: statements are split where SQLite
-says one is complete).
+says one is complete). ``pgmigrations.py`` holds the same numbers for PostgreSQL: migration N
+makes the same tables, columns and index names on both (``tests/unit/test_store_engines.py``
+compares them); add a migration to both, or to neither.
 """
 
 MIGRATIONS: tuple[str, ...] = (
@@ -182,7 +184,7 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT 'default', name, 'member', created_at FROM users WHERE revoked_at IS NULL;
     ALTER TABLE users ADD COLUMN default_project TEXT;
     CREATE TABLE events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id INTEGER PRIMARY KEY,
         at REAL NOT NULL,
         user_name TEXT NOT NULL,
         address TEXT,

@@ -1,5 +1,5 @@
-"""What the store's tables share: the writer they go through, its connection (``TextConnection``); id
-prefixes are index ranges: ``keys``."""
+"""What the store's tables share: the store as they see it, text bound in a form both engines hold
+(``TextConnection``, ``bindable``); id prefixes are index ranges: ``keys``."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import sqlite3
 from typing import Any, Iterable, Protocol
 
 from ..core.state import JobState
+from .engine import Engine
 
 
 class Writer(Protocol):
-    """The store as its tables see it (``db.Store``): one connection, one writer lock."""
+    """The store as its tables see it (``db.Store``): its engine, and the writes they share."""
 
-    _conn: sqlite3.Connection
+    engine: Engine
 
     def _write(self, sql: str, params: Iterable[Any] = ()) -> int: ...
 
     def _transition(self, table: str, row_id: str, new: JobState, fields: dict[str, Any]) -> bool: ...
-
 
 
 class TextConnection(sqlite3.Connection):
@@ -28,13 +28,15 @@ class TextConnection(sqlite3.Connection):
     the row. The exact bytes live where JSON keeps them (``spec_json``, ``params_json``)."""
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
-        return super().execute(sql, _bindable(parameters))
+        return super().execute(sql, bindable(parameters))
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Any], /) -> sqlite3.Cursor:  # type: ignore[override]
-        return super().executemany(sql, (_bindable(p) for p in seq_of_parameters))
+        return super().executemany(sql, (bindable(p) for p in seq_of_parameters))
 
 
-def _bindable(parameters: Any) -> Any:
+def bindable(parameters: Any) -> Any:
+    """Parameters with every text in a form either engine can hold (``TextConnection``; the
+    PostgreSQL engine binds through it too)."""
     if isinstance(parameters, dict):
         return {k: _text(v) for k, v in parameters.items()}
     return tuple(_text(v) for v in parameters)

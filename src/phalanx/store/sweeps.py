@@ -114,9 +114,8 @@ class SweepTable:
         return changed == 1
 
     def _rows(self, sql: str, params: list[Any]) -> list[SweepRecord]:
-        cur = self._store._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM sweeps {sql}", tuple(params))
         out = []
-        for row in cur.fetchall():
+        for row in self._store.engine.rows(f"SELECT {', '.join(_COLUMNS)} FROM sweeps {sql}", tuple(params)):
             data = dict(zip(_COLUMNS, row))
             data["state"] = JobState(data["state"])
             out.append(SweepRecord(**data))

@@ -1,16 +1,15 @@
-"""One unit of work on the store: several statements that commit together or not at all, and
-reads of one snapshot (the teams' tables: ``teams.py``, ``audit.py``, ``queue.py``).
+"""One unit of work on the store, for the teams' tables (``teams.py``, ``audit.py``, ``queue.py``):
+several statements that commit together or not at all (``atomic``), and single reads (``rows``),
+on either engine (``engine.py``).
 
 ``atomic(store, fn)`` runs ``fn(tx)`` in one write transaction: on SQLite ``BEGIN IMMEDIATE``
-under the store's writer lock, so two processes' units run one after the other (what admission
-needs: the usage it reads is still true when it admits). ``fn`` acts only through ``tx``.
-``rows(store, sql, params)`` is one read.
+(one writer at a time), on PostgreSQL SERIALIZABLE, re-run from the start on a serialization
+failure. So two processes' units behave as one after the other (what admission needs: the
+usage it reads is still true when it admits). ``fn`` acts only through ``tx``.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -18,54 +17,32 @@ Params = Sequence[Any]
 
 
 class Store(Protocol):
-    """The store as a unit of work needs it (``db.Store``): its connection, its writer lock, and
-    how a refused write is said."""
-
-    _conn: sqlite3.Connection
-    _lock: threading.Lock
-
-    def write_error(self, exc: sqlite3.OperationalError) -> Exception: ...
+    engine: Any
 
 
 class Tx:
-    """A transaction as ``atomic``'s function sees it."""
+    """A transaction as ``atomic``'s function sees it (the engine's, with ``row``)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
 
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run one statement; the rows it changed."""
-        return int(self._conn.execute(sql, tuple(params)).rowcount)
+        return int(self._inner.execute(sql, tuple(params)))
 
     def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        return list(self._conn.execute(sql, tuple(params)).fetchall())
+        return [tuple(r) for r in self._inner.rows(sql, tuple(params))]
 
     def row(self, sql: str, params: Params = ()) -> tuple[Any, ...] | None:
-        found = self._conn.execute(sql, tuple(params)).fetchone()
-        return None if found is None else tuple(found)
+        found = self.rows(sql, params)
+        return found[0] if found else None
 
 
 def atomic(store: Store, fn: Callable[[Tx], T]) -> T:
-    """``fn(tx)`` in one write transaction: committed when it returns, rolled back if it raises.
-    A refused write (full disk, read-only store) is raised in words (``Store.write_error``)."""
-    conn = store._conn
-    with store._lock:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise store.write_error(exc) from exc
-        try:
-            result = fn(Tx(conn))
-            conn.execute("COMMIT")
-            return result
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError):
-                raise store.write_error(exc) from exc
-            raise
+    """``fn(tx)`` in one write transaction: committed when it returns, rolled back if it raises."""
+    return store.engine.atomic(lambda inner: fn(Tx(inner)))  # type: ignore[no-any-return]
 
 
 def rows(store: Store, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
     """One read (its own snapshot)."""
-    return list(store._conn.execute(sql, tuple(params)).fetchall())
+    return [tuple(r) for r in store.engine.rows(sql, tuple(params))]

@@ -43,7 +43,7 @@ class UserTable:
         self._store = store
 
     def _read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        return list(self._store._conn.execute(sql, tuple(params)).fetchall())
+        return list(self._store.engine.rows(sql, tuple(params)))
 
     # -- writes ---------------------------------------------------------------------------------
 

@@ -7,14 +7,14 @@ import sys
 from .. import config
 from ..core.paths import HomePaths, read_json
 from ..core.plan import Plan
-from ..store import Store
+from ..store import open_store
 from .job import supervise
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
-    store = Store(home.db)
+    store = open_store(home.db)
     record = store.get(args[0])
     plan = Plan.from_dict(read_json(record.paths.plan))
 

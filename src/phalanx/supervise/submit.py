@@ -21,14 +21,14 @@ from ..core.spec import JobSpec
 from ..core.state import JobState
 from ..errors import DiskFull, PhalanxError
 from ..storage.statedir import for_job
-from ..store import JobRecord, Store
+from ..store import JobRecord, Store, open_store
 
 
 def new_job_id(home: HomePaths) -> str:
     """A fresh job (or sweep) id, checked against every id the store ever handed out, and
     against the directories of jobs and sweeps a store that was moved aside left behind."""
     disk.need(home.root, disk.START_BYTES, "a new job's files and row")  # before the store is written
-    store = Store(home.db)
+    store = open_store(home.db)
     while True:
         job_id = store.new_id()
         if not home.job(job_id).root.exists() and not home.sweep_dir(job_id).exists():
@@ -128,6 +128,7 @@ def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs:
         write_atomic(staged.plan, plan_json)
         store.insert_job(
             then=lambda: os.rename(staged.root, final.root),  # fails when the id's directory exists
+            undo=lambda: os.rename(final.root, staged.root),  # the commit failed: staged again, removed below
             id=plan.job_id,
             name=spec.name,
             backend=spec.backend,

@@ -27,7 +27,7 @@ from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, JobSpec
 from ..core.state import JobState, is_terminal
 from ..launch.procs import ChildWatcher
-from ..store import JobRecord, Store
+from ..store import JobRecord, Store, open_store
 from ..store.sweeps import SweepRecord
 from ..supervise import endings, liveness
 from ..supervise.job import JobRun
@@ -181,7 +181,7 @@ class SweepRunner:
         plan = plan_job(spec, self.home)
         record = create_job(self.store, self.home, spec, plan, sweep_id=self.sweep.id, trial=number,
                             params_json=json.dumps(params, sort_keys=True), user_name=self.sweep.user_name or config.user(),
-                            **identity)
+                            project=self.sweep.project, **identity)
         self.store.sweeps.count(self.sweep.id, "launched")
         run = JobRun(self.store, self.home, record, plan, self.say)
         run.start(identity)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     """Detached entry point: ``python -m phalanx.sweeps.runner SWEEP_ID``."""
     args = sys.argv[1:] if argv is None else argv
     home = HomePaths(config.home())
-    store = Store(home.db)
+    store = open_store(home.db)
 
     def say(text: str) -> None:
         print(f"phalanx: {text}", flush=True)

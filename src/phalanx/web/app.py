@@ -56,7 +56,9 @@ def _int(request: Request, name: str, default: int | None = None) -> int | None:
 def principal(request: Request) -> Principal:
     """Who asks: the user a team server logged in (``server/auth.py``), else the person at this
     machine (``phalanx ui``: its guard lets nobody else in)."""
-    return (request.scope.get("state") or {}).get("principal") or Principal.here()
+    from .. import config
+
+    return (request.scope.get("state") or {}).get("principal") or Principal.here(config.user())
 
 
 def _face(request: Request) -> LocalFace:
@@ -230,55 +232,14 @@ def api_logs(request: Request) -> Response:
 def api_logs_stream(request: Request) -> Response:
     """A rank's log as Server-Sent Events while it is written (the job page's "follow"): one
     long answer, each new piece an event, ``end`` once the job has ended (``logs.follow_log``)."""
-    import asyncio
-    import json
-    import threading
-
     from starlette.responses import StreamingResponse
 
-    from .logs import follow_log
+    from .logs import log_events
 
     record = _record(request)
-    rank = _int(request, "rank", 0) or 0
-    attempt, offset = _int(request, "attempt"), _int(request, "offset")
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=32)
-    gone = threading.Event()
-
-    def send(item: Any) -> None:
-        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
-        while not gone.is_set():
-            try:
-                future.result(timeout=1.0)
-                return
-            except TimeoutError:
-                continue
-        future.cancel()
-
-    def work() -> None:
-        try:
-            follow_log(lambda: query.get_job(record.id), rank, attempt, offset, send, gone)
-        except PhalanxError as exc:
-            send({"error": str(exc)})
-        finally:
-            send(None)
-
-    async def events() -> Any:
-        threading.Thread(target=work, name=f"phalanx-ui-follow-{record.id}", daemon=True).start()
-        try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), 15.0)
-                except asyncio.TimeoutError:
-                    yield b": keep-alive\n\n"
-                    continue
-                if item is None:
-                    return
-                yield b"data: " + json.dumps(item).encode() + b"\n\n"
-        finally:
-            gone.set()
-
-    return StreamingResponse(events(), media_type="text/event-stream",
+    events = log_events(lambda: query.get_job(record.id), _int(request, "rank", 0) or 0, _int(request, "attempt"),
+                        _int(request, "offset"))
+    return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 

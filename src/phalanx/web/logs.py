@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from ..core.paths import JobPaths
 from ..core.state import is_terminal
@@ -93,3 +93,53 @@ def follow_log(get: Callable[[], JobRecord], rank: int, attempt: int | None, off
                 return
             watch.wait(LIVENESS_S)
             record = get()
+
+
+def log_events(get: Callable[[], JobRecord], rank: int, attempt: int | None, offset: int | None) -> AsyncIterator[bytes]:
+    """``follow_log`` as the bytes of Server-Sent Events: it runs in a thread of its own (it
+    blocks on the file changing), its pieces cross to the event loop through a bounded queue,
+    a comment every 15 s keeps a quiet answer open, and the thread stops once the page is gone.
+    Call on the event loop."""
+    import asyncio
+    import json
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=32)
+    gone = threading.Event()
+
+    def send(item: Any) -> None:
+        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+        while not gone.is_set():
+            try:
+                future.result(timeout=1.0)
+                return
+            except TimeoutError:
+                continue
+        future.cancel()
+
+    def work() -> None:
+        from ..errors import PhalanxError
+
+        try:
+            follow_log(get, rank, attempt, offset, send, gone)
+        except PhalanxError as exc:
+            send({"error": str(exc)})
+        finally:
+            send(None)
+
+    async def events() -> AsyncIterator[bytes]:
+        threading.Thread(target=work, name="phalanx-ui-follow", daemon=True).start()
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), 15.0)
+                except asyncio.TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if item is None:
+                    return
+                yield b"data: " + json.dumps(item).encode() + b"\n\n"
+        finally:
+            gone.set()
+
+    return events()
