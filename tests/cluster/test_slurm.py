@@ -264,3 +264,36 @@ def test_a_sweep_runs_its_trials_as_slurm_jobs(slurm_env, tmp_path):
     jobs = [_status(t["id"]) for t in trials]
     assert [(j["backend"], j["state"]) for j in jobs] == [("slurm", "SUCCEEDED")] * 2
     assert all(Path(j["job_dir"], "attempt_0", "scheduler.json").exists() for j in jobs)
+
+
+def test_a_warm_pool_never_outlives_the_allocation_that_started_it(slurm_env, tmp_path, tmp_path_factory, monkeypatch):
+    """``phalanx run`` (local, warm) inside a batch job starts a warm pool there; SLURM's process
+    tracking (here proctrack/linuxproc) does not see the daemonized pool, so the pool itself ends
+    once the allocation's slurmstepd has gone, and its log says so."""
+    import sys
+
+    from phalanx.launch.warm import plan as warm
+
+    pools = tmp_path_factory.mktemp("pools")  # short: a socket's path has at most 107 bytes
+    pools.chmod(0o700)
+    monkeypatch.setenv("PHALANX_WARM", "1")
+    monkeypatch.setenv("PHALANX_WARM_DIR", str(pools))
+    hello = tmp_path / "hello.py"
+    hello.write_text("print('hello from the script')\n")
+    run = f"{sys.executable} -m phalanx run {hello}"
+    batch = tmp_path / "job.sh"
+    # The first run starts the pool; the second, once it listens, is forked from it.
+    batch.write_text(f"#!/bin/sh\n{run}\nfor i in $(seq 600); do ls {pools}/*.sock >/dev/null 2>&1 && break; "
+                     f"sleep 0.1; done\n{run}\n")
+    submitted = slurm_env.run("sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path}/out.log", str(batch))
+    assert submitted.returncode == 0, submitted.stderr
+    slurm_id = submitted.stdout.strip().split(";")[0]
+    _wait_for(lambda: slurm_env.job_state(slurm_id) not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"),
+              timeout=300, what="the batch job to end")
+    assert (tmp_path / "out.log").read_text().count("hello from the script") == 2, (tmp_path / "out.log").read_text()
+    log = "".join(p.read_text() for p in pools.glob("*.log"))
+    assert "holding" in log, log  # a pool did start in the allocation
+    _wait_for(lambda: not [p for p in warm.pools(str(pools)) if not p.get("dead")], timeout=60,
+              what="the pool to end with the allocation")
+    _wait_for(lambda: "the SLURM allocation that started it ended" in "".join(p.read_text() for p in pools.glob("*.log")),
+              timeout=30, what="the pool's note")

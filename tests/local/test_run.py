@@ -142,7 +142,49 @@ def test_failure_shows_first_failing_rank_with_traceback(phx_home):
     # Rank 0 is stopped, or failed on its own ("Connection closed by peer") if that came first.
     assert states[1] == "failed" and states[0] in ("stopped", "failed"), states
     text = phalanx("status", job["id"], check=True).stdout
-    assert "root cause: rank 1 on node 0: injected failure at step 2" in text
+    assert "root cause: rank 1 on node 0: RuntimeError: injected failure at step 2" in text, text
+    # `logs` starts at the cause: rank 1's log first, said in one line; rank 0, which only lost
+    # its peer (gloo's "Connection closed by peer" after rank 1 raised), folded under one line.
+    logs = phalanx("logs", job["id"], check=True)
+    assert f"job {job['id']}: rank 1 failed first (RuntimeError: injected failure at step 2): its log comes first" \
+        in logs.stderr, logs.stderr
+    lines = logs.stdout.splitlines()
+    first_of = {rank: next(i for i, line in enumerate(lines) if line.startswith(f"[{rank}] ")) for rank in (0, 1)}
+    assert first_of[1] < first_of[0] and "[1] RuntimeError: injected failure at step 2" in lines, logs.stdout
+    # Rank 0 is blocked in the all-reduce rank 1 never joined, and train_ddp.py's SIGTERM handler
+    # lets it run on when torch stops it: it raises gloo's error once rank 1's process is gone.
+    whole = phalanx("logs", job["id"], "--rank", "0", check=True).stdout
+    assert "Connection closed by peer" in whole, whole
+    assert [p["rank"] for p in status["peer_lost"]] == [0] and status["ranks"][0]["peer_lost"], status["peer_lost"]
+    assert status["root_cause_rank"] == 1
+    assert logs.stdout.count("Connection closed by peer") == 1, logs.stdout
+    folded = [line for line in lines if "lost its peer" in line]
+    assert len(folded) == 1 and folded[0].startswith("[0] rank 0: lost its peer after rank 1 failed (RuntimeError: "
+                                                      "Connection closed by peer"), logs.stdout
+    assert not any(line.startswith("[0] Traceback") for line in lines), "the collateral trace is folded"
+    assert "; rank 0 lost its peer after it (folded)" in logs.stderr
+    assert "rank 0: lost its peer after rank 1 failed" in text
+
+
+def test_a_short_failed_job_without_metrics_says_so(phx_home, tmp_path):
+    # Two seconds, no name=value output, a KeyError: status keeps the exception's type, says no
+    # metrics were reported (and how to report some), and sums up its few resource samples.
+    script = tmp_path / "short.py"
+    script.write_text("import time\nprint('loading the config', flush=True)\ntime.sleep(2)\n"
+                      "config = {'lr': 0.1}\nbs = config['batch_size']\n")
+    assert phalanx("run", "--name", "short", str(script)).returncode == 1
+    job = _only_job()["id"]
+    text = phalanx("status", job, check=True).stdout
+    assert "root cause: rank 0 on node 0: KeyError: 'batch_size'" in text, text
+    assert "metrics   no metrics were reported: print name=value pairs (loss=0.42) or declare one with " \
+           "--metric NAME=REGEX" in text, text
+    view = _status(job)
+    assert view["root_cause_error"] == "KeyError: 'batch_size'" and view["metrics_note"].startswith("no metrics were reported")
+    summary = view["resources_summary"]
+    assert summary is not None and 1 <= summary["samples"] < 4 and summary["nodes"][0]["mem_total"] > 0, summary
+    assert re.search(r"^resources node 0 \(.+\): \d samples?, CPU peak \d+% of \d+ cores, memory peak", text, re.M), text
+    said = phalanx("metrics", job, check=True).stdout
+    assert said.startswith(f"no metrics were reported by job {job}") and "--metric NAME=REGEX" in said, said
 
 
 def test_root_cause_is_the_rank_that_raised_not_the_peer_that_died_first(phx_home, tmp_path):

@@ -126,6 +126,16 @@ def test_job_detail_has_ranks_attempts_usage_and_root_cause(demo_env):
     assert cause["rank"] == 1 and cause["type"] == "RuntimeError" and "injected failure at step 3" in cause["message"]
     assert failed["attempts"][0]["outcome"] == "failed" and "injected failure" in failed["attempts"][0]["message"]
     assert {r["rank"]: r["state"] for r in failed["ranks"]}[1] == "failed"
+    # The view the page and `phalanx status` share: the cause's error as Python prints it, its
+    # rank (the log panel opens on it), and rank 0 that only lost its peer, folded in its log.
+    assert failed["root_cause_error"] == "RuntimeError: injected failure at step 3" and failed["root_cause_rank"] == 1
+    assert [(p["rank"], p["line"]) for p in failed["peer_lost"]] == [(0, "rank 0: lost its peer after rank 1 failed")]
+    log = c.get(f"/api/jobs/{demo_env.failed}/logs", params={"rank": 0}).json()
+    assert "step=3" in log["text"] and "Traceback" not in log["text"] and log["fold"]["text"].startswith("Traceback")
+    assert "Connection closed by peer" in log["fold"]["text"] and log["fold"]["line"] == failed["peer_lost"][0]["line"]
+    assert c.get(f"/api/jobs/{demo_env.failed}/logs", params={"rank": 1}).json()["fold"] is None
+    assert ok["root_cause_rank"] is None and ok["peer_lost"] == [] and ok["resources_summary"] is None
+    assert ok["metrics_note"] is None
     tagged = c.get(f"/api/jobs/{demo_env.outputs}").json()
     assert tagged["tags"] == {"team": "vision", "stage": "eval"}
 
@@ -221,7 +231,7 @@ def test_pages_render_with_local_assets_and_no_inline_script(demo_env):
             assert "src=" in tag or 'type="application/json"' in tag, tag
     js = c.get("/static/plotly.min.js")
     assert js.status_code == 200 and len(js.content) > 1_000_000 and b"plotly" in js.content[:2000].lower()
-    for name in ("common.js", "list.js", "job.js", "sweep.js", "app.css"):
+    for name in ("common.js", "list.js", "job.js", "jobparts.js", "sweep.js", "app.css"):
         assert c.get(f"/static/{name}").status_code == 200, name
     compare = c.get("/api/compare", params={"jobs": f"{demo_env.ok},{demo_env.failed}"}).json()
     assert [t["job"] for t in compare["metrics"]["loss"]] == [demo_env.ok, demo_env.failed]

@@ -155,6 +155,149 @@ def test_sweep_page_table_and_plots(ui, demo, browser, tmp_path):
     shot(b, tmp_path, "sweep")
 
 
+def test_failed_job_page_opens_its_logs_at_the_cause_and_folds_the_peer(ui, demo, browser, tmp_path):
+    """The 2-rank gloo DDP job whose rank 1 raised: the log panel opens on rank 1 and says why;
+    rank 0's "Connection closed by peer" trace is folded under one line until opened."""
+    b = browser
+    b.open(f"{ui.url}jobs/{demo.failed}")
+    b.wait_for(RENDERED)
+    b.wait_for("document.getElementById('log').textContent.includes('injected failure at step 3')", what="rank 1's log")
+    assert b.evaluate("document.getElementById('log-rank').value") == "1"
+    assert b.text("#log-note") == ("rank 1 failed first: its log is shown; "
+                                   "rank 0: lost its peer after rank 1 failed (folded in its log)")
+    assert "rank 0: lost its peer after rank 1 failed (RuntimeError: Connection closed by peer" in b.text("#cause-box")
+    assert "RuntimeError: injected failure at step 3" in b.text("#cause-box p")
+    assert "lost its peer" in b.text("#topology") and "root cause" in b.text("#topology")
+    b.evaluate("const r = document.getElementById('log-rank'); r.value = '0'; r.dispatchEvent(new Event('change'))")
+    b.wait_for("!!document.querySelector('#log details.fold')", what="rank 0's folded trace")
+    shown = b.evaluate("document.getElementById('log').innerText")
+    assert "epoch=1 step=3 loss=" in shown and "Traceback" not in shown, shown
+    assert shown.rstrip().splitlines()[-1].startswith("rank 0: lost its peer after rank 1 failed (RuntimeError: "
+                                                      "Connection closed by peer")
+    assert b.text("#log-note") == ""
+    b.click("#log details.fold summary")
+    opened = b.wait_for("document.getElementById('log').innerText.includes('Traceback') && document.getElementById('log').innerText")
+    assert "Connection closed by peer" in opened.split("Traceback", 1)[1]
+    shot(b, tmp_path, "failed-folded")
+
+
+DEEP = """
+import time
+print("loading the config", flush=True)
+time.sleep(2)
+config = {"lr": 0.1}
+""" + "".join(f"def f{i}(c):\n    return f{i + 1}(c) + 1\n" for i in range(30)) + """
+def f30(c):
+    return c["batch_size"] * 2
+f0(config)
+"""
+
+LOG_TRIAL = """
+import argparse, math
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float, required=True)
+a = p.parse_args()
+print(f"loss={abs(math.log10(a.lr) + 2.5):.4f}", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory):
+    """A home with a 2-second job that raised a KeyError 31 frames deep and printed no metric,
+    and a sweep over a log-spaced learning rate (loguniform(0.001, 0.1, 3): 0.001, 0.01, 0.1)."""
+    home = tmp_path_factory.mktemp("phx-failures") / "home"
+    scripts = home.parent / "scripts"
+    scripts.mkdir()
+    (scripts / "deep.py").write_text(DEEP)
+    (scripts / "log_trial.py").write_text(LOG_TRIAL)
+    env = {"PHALANX_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    assert phalanx("run", "--name", "deep", str(scripts / "deep.py"), env=env).returncode == 1
+    phalanx("run", "--name", "logsweep", "--objective", "loss:min", "--parallel", "1", str(scripts / "log_trial.py"),
+            "--lr", "loguniform(0.001, 0.1, 3)", check=True, env=env)
+    server = UiServer(home)
+    try:
+        yield server, env
+    finally:
+        server.stop()
+
+
+def test_short_failed_job_page_summary_row_metrics_note_and_traceback_end(failures, browser, tmp_path):
+    server, env = failures
+    job = json.loads(phalanx("status", "deep", "--json", env=env, check=True).stdout)
+    b = browser
+    b.open(f"{server.url}jobs/{job['id']}")
+    b.wait_for(CHARTS, timeout=60, what="the page drawn")
+    assert "KeyError: 'batch_size'" in b.text("#cause-box p")
+    # The box scrolls, and opens on its end: the frame that raised, its ~~~^^^ line, the exception.
+    box = "document.querySelector('#cause pre.trace')"
+    assert b.evaluate(f"{box}.scrollHeight > {box}.clientHeight"), "a trace taller than its box"
+    assert b.evaluate(f"getComputedStyle({box}).overflowY") in ("auto", "scroll")
+    visible = b.evaluate(f"""(() => {{
+        const pre = {box}, text = pre.firstChild, box = pre.getBoundingClientRect();
+        const carets = text.data.split("\\n").filter((line) => /^ *[~^]*\\^[~^]* *$/.test(line)).pop().trim();
+        const want = [carets, "KeyError: 'batch_size'"];
+        return want.map((w) => {{
+            const at = text.data.lastIndexOf(w), range = document.createRange();
+            range.setStart(text, at); range.setEnd(text, at + w.length);
+            const r = range.getBoundingClientRect();
+            return at >= 0 && r.top >= box.top && r.bottom <= box.bottom && r.left >= box.left && r.right <= box.right;
+        }});
+    }})()""")
+    assert visible == [True, True], "the last frame's ~~~^^^ line and the exception are in view"
+    # Too short to chart: one row, not four charts of a sample or two.
+    b.wait_for("!!document.querySelector('#resources .resource-summary')", what="the summary row")
+    assert b.evaluate("document.querySelectorAll('#resources [data-chart]').length") == 0
+    row = b.text("#resources .resource-summary tbody tr")
+    assert row.startswith("node 0") and "sample" in row and "cores" in row, row
+    assert b.text("#metrics") == ("no metrics were reported: print name=value pairs (loss=0.42) or declare one with "
+                                  "--metric NAME=REGEX")
+    shot(b, tmp_path, "short-failed")
+
+
+def _axis_labels(b: Browser, axis: int) -> list[tuple[str, float]]:
+    """The tick labels plotly rendered beside parallel-coordinates axis ``axis`` (its title
+    left out), each with its height on the page."""
+    return b.evaluate(f"""(() => {{
+        const div = document.getElementById('parcoords'), notes = div.layout.annotations;
+        return [...div.querySelectorAll('.annotation')].filter((g) => {{
+            const n = notes[Number(g.dataset.index)];
+            return n.x === {axis} && n.y <= 1;
+        }}).map((g) => {{ const r = g.querySelector('.annotation-text').getBoundingClientRect();
+            return [g.querySelector('.annotation-text').textContent, (r.top + r.bottom) / 2]; }})
+          .sort((a, b) => b[1] - a[1]);
+    }})()""")
+
+
+def test_sweep_axes_use_the_parameters_scale(failures, ui, demo, browser, tmp_path):
+    """A loguniform parameter gets a log axis labelled by decades, each trial's line crossing it
+    at its own label; a list gets one tick per value."""
+    server, env = failures
+    sweep = json.loads(phalanx("sweep", "show", "logsweep", "--json", env=env, check=True).stdout)
+    b = browser
+    b.open(f"{server.url}sweeps/{sweep['id']}")
+    b.wait_for(CHARTS, what="the sweep's plots")
+    b.wait_for("document.querySelectorAll('#parcoords .scatterlayer .trace').length >= 3", what="the parallel coordinates")
+    labels = _axis_labels(b, 0)
+    assert [text for text, _ in labels] == ["0.001", "0.01", "0.1"], labels
+    heights = dict(labels)
+    # Where each trial's line meets the lr axis, on the page, against the label of its value.
+    points = b.evaluate("""(() => {
+        const div = document.getElementById('parcoords');
+        return [...div.querySelectorAll('.scatterlayer .trace')].map((g, i) => [div.data[i].text && div.data[i].text[0],
+            (() => { const p = g.querySelector('.point'); if (!p) return null; const r = p.getBoundingClientRect(); return (r.top + r.bottom) / 2; })()])
+          .filter(([t, y]) => t && y !== null);
+    })()""")
+    assert len(points) == 3, points
+    for text, y in points:
+        assert abs(y - heights[text.split("=", 1)[1]]) < 3, (text, y, labels)
+    assert "(log)" in b.text("#parcoords")
+    shot(b, tmp_path, "sweep-log-axis")
+    b.open(f"{ui.url}sweeps/{demo.sweep}")
+    b.wait_for(CHARTS)
+    b.wait_for("document.querySelectorAll('#parcoords .scatterlayer .trace').length >= 2")
+    assert [text for text, _ in _axis_labels(b, 0)] == ["0.1", "0.2", "3", "5"]
+
+
 LONG_JOB = """
 import time
 for step in range(1, 100000):

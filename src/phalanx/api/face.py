@@ -66,7 +66,8 @@ class Face(Protocol):
     def interrupt(self, ref: str) -> dict[str, Any]: ...
     def wait(self, ref: str, timeout: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]: ...
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]: ...
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]: ...
     def rm(self, refs: Sequence[str], dry_run: bool = False) -> dict[str, Any]: ...
@@ -233,9 +234,17 @@ class LocalFace(TeamVerbs):
                               refresh=lambda sweep_id: query.find_sweep(sweep_id, store))
             return
         record = self._job(ref)
-        offsets = query.log_offsets(record, attempt, rank, tail, since, events or (lambda text: None)) \
-            if (tail is not None or since) else None
-        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets)
+        say = events or (lambda text: None)
+        offsets = query.log_offsets(record, attempt, rank, tail, since, say) if (tail is not None or since) else None
+        failed = None
+        if rank is None and record.nnodes * record.nproc_per_node > 1:  # one rank: nothing to put first or fold
+            from .failure import failure
+
+            query.log_paths(record, attempt)  # an attempt that does not exist: its own error first
+            failed = failure(record, attempt)
+            if failed is not None:
+                say(f"job {record.id}: {failed.headline()}")
+        query.follow_logs(record, emit, attempt=attempt, rank=rank, follow=follow, offsets=offsets, failed=failed)
 
     def metrics(self, ref: str, attempt: int | None = None, rank: int | None = None) -> dict[str, Any]:
         from ..monitor.report import metrics_report
@@ -245,7 +254,10 @@ class LocalFace(TeamVerbs):
             from .sweepview import trial_table
 
             return {"kind": "sweep", "id": sweep.id, **trial_table(self._store(), sweep)}
-        return {"kind": "job", **metrics_report(self._job(ref), attempt=attempt, rank=rank)}
+        from ..core.state import is_terminal
+
+        record = self._job(ref)
+        return {"kind": "job", **metrics_report(record, attempt=attempt, rank=rank), "ended": is_terminal(record.state)}
 
     def metric_records(self, ref: str, emit: Emit, attempt: int | None = None, rank: int | None = None) -> int:
         from ..monitor.report import export_metrics
@@ -374,7 +386,10 @@ class LocalFace(TeamVerbs):
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}
 
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]:
+        """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
+        is stopping already keeps its grace period unless ``now``."""
         from . import jobs
 
         with audited(self._store(), self.principal, "stop", ref) as event:
@@ -386,7 +401,7 @@ class LocalFace(TeamVerbs):
             record = self._job(ref)
             event.target, event.project = record.id, record.project
             self.check_may_act("job", record.id, record.user_name, "stop", record.project)
-            done = jobs.stop(record.id, timeout=timeout, events=events, by=self.principal.user)
+            done = jobs.stop(record.id, timeout=timeout, events=events, now=now, by=self.principal.user)
             return {"kind": "job", **_job_dict(done)}
 
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,

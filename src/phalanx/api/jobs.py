@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from ..backends.registry import get_backend
+from ..core.contracts import StopRequest, read_stop_request, write_stop_request
 from ..core.paths import write_atomic
 from ..core.plan import Plan
 from ..core.spec import JobSpec
@@ -168,10 +169,11 @@ def _say_at_submit(store: Store, record: JobRecord, events: Events | None, resum
 def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | None, ranks: set[int] | None,
                     events: Events | None) -> tuple[JobRecord, int]:
     from ..launch.console import lend
-    from ..monitor.tail import Stop, follow_attempts
+    from ..monitor.tail import Stop
     from ..supervise.job import supervise
 
     done = Stop()  # setting it wakes the streamer, which otherwise sleeps until output comes
+    closed = threading.Event()  # the streamer's reader went away (`phalanx run -n 2 gen.py | head -1`)
     streamer = None
     # A lone process started here gets the terminal (stdin; its output relayed as it comes);
     # the ranks of other jobs are streamed from their logs (rank 0 writing to a terminal of its own).
@@ -179,11 +181,11 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
     if out is not None and not (console is not None and get_backend(plan.backend).lends_console(plan)):
         prefix = record.nnodes * record.nproc_per_node > 1
         streamer = threading.Thread(
-            target=follow_attempts, args=(record.paths, plan.attempt, ranks, prefix, out, done), daemon=True
+            target=_stream, args=(record.paths, plan.attempt, ranks, prefix, out, done, closed), daemon=True
         )
         streamer.start()
     try:
-        code = supervise(store, home(), record, plan, events=events, console=console)
+        code = supervise(store, home(), record, plan, events=events, console=console, output_closed=closed)
     finally:
         done.set()
         if streamer:
@@ -192,6 +194,24 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
             console.close()
     assert code is not None  # a foreground run waits for its queue
     return store.get(record.id), code
+
+
+def _stream(paths: Any, attempt: int, ranks: set[int] | None, prefix: bool, out: TextIO, done: threading.Event,
+            closed: threading.Event) -> None:
+    """The ranks' output to ``out`` until ``done``. When ``out``'s reader goes away, ``closed`` is
+    set and the supervisor ends the job as python's broken pipe would (``supervise``)."""
+    from ..launch.procs import wake
+    from ..monitor.tail import follow_attempts
+
+    try:
+        follow_attempts(paths, attempt, ranks, prefix, out, done)
+    except BrokenPipeError:
+        try:  # nothing reaches the reader any more, not even Python's last flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        closed.set()
+        wake()
 
 
 def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
@@ -217,12 +237,16 @@ def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set
     return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 
-def stop(ref: str, timeout: float | None = None, events: Events | None = None, by: str | None = None) -> JobRecord:
+def stop(ref: str, timeout: float | None = None, events: Events | None = None, now: bool = False,
+         by: str | None = None) -> JobRecord:
     """Stop a job gracefully: SIGTERM to every rank, the job's grace period, then SIGKILL.
 
-    Idempotent: stopping a finished job returns its record unchanged. A LOST job (its
-    supervisor vanished) may have left its scheduler's job running: that is stopped the same
-    way, and the job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
+    Idempotent: stopping a finished job returns its record unchanged, and a stop of a job that
+    is stopping already (another ``stop``, the dashboard's, a Ctrl-C) changes nothing: its ranks
+    keep the rest of their grace period (``events`` hears how much). ``now`` skips the grace
+    period, also of a stop under way: SIGTERM, then SIGKILL at once. A LOST job (its supervisor
+    vanished) may have left its scheduler's job running: that is stopped the same way, and the
+    job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
     the backend's ``stop_margin``, 15 s but for SageMaker) bounds the wait for the ranks to stop; once they all have, the supervisor is saving
     the outputs and the state, which takes as long as the upload does: that is waited for as
     long as the supervisor lives, and ``events`` hears about it once. A job waiting in its
@@ -240,15 +264,25 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, b
         if stop_queued(store, record, by or config_user()):  # nothing runs: cancelled at once
             return store.get(record.id)
         record = store.get(record.id)
-    # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption).
-    store.transition(record.id, JobState.STOPPING)
-    if record.supervisor_pid is None:
+    # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption). Only
+    # the stop that marks it signals: a second signal would cut the grace period short.
+    marked = store.transition(record.id, JobState.STOPPING)
+    if not marked:
+        record = liveness.record_lost(store, store.get(record.id))
+        if is_terminal(record.state):
+            return _stop_leftover(store, record, events)
+        if events and not now:
+            events(_already_stopping(record))
+    if marked or now:
+        write_stop_request(record.paths.stop_request, StopRequest(time.time(), now))  # read on the signal
+    if marked and record.supervisor_pid is None:
         store.transition(record.id, JobState.CANCELLED, exit_code=143)
         return store.get(record.id)
-    try:
-        os.kill(record.supervisor_pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return _stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
+    if (marked or now) and record.supervisor_pid is not None:
+        try:
+            os.kill(record.supervisor_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return _stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
     limit = timeout if timeout is not None else record.spec.grace + get_backend(record.spec.backend).stop_margin
     deadline = time.monotonic() + limit
     saving = False
@@ -286,6 +320,17 @@ def interrupt(record: JobRecord) -> JobRecord:
         except ProcessLookupError:
             pass
     return record
+
+
+def _already_stopping(record: JobRecord) -> str:
+    """"job ID is already stopping: 2.1 s of grace left" (what a second stop says)."""
+    try:
+        asked = read_stop_request(record.paths.stop_request)
+    except PhalanxError:
+        asked = None
+    left = asked.at + record.spec.grace - time.time() if asked is not None and not asked.now else 0.0
+    grace = f": {left:.1f} s of grace left" if left > 0 else ""
+    return f"job {record.id} is already stopping{grace} (--now ends it at once)"
 
 
 def _ranks_ended(record: JobRecord) -> bool:

@@ -4,7 +4,9 @@ store and the job directory and writes nothing.
 
 Everything in the view is JSON (a server sends it as it is): the record, the ranks of the latest
 attempt, the attempts with their outcomes, where the supervisor and the scheduler's job are,
-usage, the metric summary and hints, the root cause, and what the asker may do with the job.
+usage, the metric summary and hints (or why there are no metrics), the resources of a job too
+short to chart in one row per node, the root cause with its rank and error and the ranks that only
+lost their peer (``failure.py``), the tracker runs, and what the asker may do with the job.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     """The whole view of ``record`` (as it stands now: ``query.get_job``'s) for ``principal``."""
     from ..monitor.accounting import job_usage
     from ..monitor.hints import hints
-    from ..monitor.report import recent_metrics, status_summary_lines
+    from ..monitor.report import recent_metrics, resource_summary, status_summary_lines
     from ..monitor.resources import recent_resources
     from ..store.listing import tags_of
     from ..supervise import admission
@@ -79,9 +81,39 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     view["trackers"] = query.trackers(record)
     view["health"] = query.health(record)  # progress and ETA, the slow rank, the anomaly, the stop clocks
     view["actions"] = actions(record, principal)
+    view.update(failure_facts(record, view["ranks"]))
+    view["resources_summary"] = resource_summary(record.paths) if view["terminal"] else None  # a running job's charts fill in
+    view["metrics_note"] = metrics_note(record, view["terminal"])
     if record.sweep_id:
         view["sweep"] = {"id": record.sweep_id, "trial": record.trial, "params": view.get("params")}
     return view
+
+
+def failure_facts(record: JobRecord, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the latest attempt failed, for a reader (``failure.py``): the root-cause rank (the
+    log panel opens on it), the ranks that only lost their peer (each marked in ``ranks`` and
+    folded under one line), and the root cause's error as Python prints it (type and message)."""
+    from ..supervise.outcome import error_text
+    from .failure import failure
+
+    failed = failure(record)
+    cause = record.root_cause_dict()
+    lost = {p.rank: p.to_dict() for p in failed.peer_lost} if failed is not None else {}
+    for rank in ranks:
+        rank["peer_lost"] = rank["rank"] in lost
+    return {"root_cause_rank": failed.rank if failed is not None else None, "peer_lost": list(lost.values()),
+            "root_cause_error": error_text(cause) if cause else None}
+
+
+def metrics_note(record: JobRecord, ended: bool) -> str | None:
+    """What to say where a job's metrics would be, when it has none (None when it has some)."""
+    from ..monitor.readback import metric_file
+
+    paths = record.paths
+    if any(metric_file(paths, a, r) is not None for a in paths.attempts() for r in paths.ranks(a)):
+        return None
+    how = "print name=value pairs (loss=0.42) or declare one with --metric NAME=REGEX"
+    return f"no metrics were reported: {how}" if ended else f"no metrics yet: {how}"
 
 
 def _supervisor(record: JobRecord, away: bool) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..core.contracts import SchedulerRecord
     from ..core.spec import JobSpec
     from ..store.sweeps import SweepRecord
+    from .failure import Failure
 
 
 def home() -> HomePaths:
@@ -290,11 +291,13 @@ def log_paths(record: JobRecord, attempt: int | None = None, rank: int | None = 
 def follow_logs(
     record: JobRecord, emit: Callable[[str], None], attempt: int | None = None, rank: int | None = None,
     follow: bool = False, poll: float = 0.2, offsets: dict[int, int] | None = None,
+    failed: Failure | None = None,
 ) -> JobRecord:
     """Emit the logs of an attempt (all ranks prefixed, or one rank raw); with ``follow``,
     keep emitting new lines until the job ends (woken by the files changing, not polling
     them). ``offsets``: where each rank's log is read from (``logs --tail/--since``).
-    Returns the latest record."""
+    ``failed``: how the attempt failed (``failure.failure``): its root-cause rank comes first,
+    the traces of the ranks that lost their peer are folded. Returns the latest record."""
     from ..monitor.tail import follow_job
 
     log_paths(record, attempt, rank)  # validates attempt and rank
@@ -308,7 +311,8 @@ def follow_logs(
 
     follow_job(record.paths, record.attempt if attempt is None else attempt, {rank} if rank is not None else None,
                rank is None and record.nnodes * record.nproc_per_node > 1, emit, refresh, follow, latest,
-               also=[home().db], interval=poll, offsets=offsets)
+               also=[home().db], interval=poll, offsets=offsets,
+               order=[failed.rank] if failed is not None else (), folds=failed.folds() if failed is not None else None)
     return record
 
 

@@ -18,13 +18,19 @@ from ..store import JobRecord, Store
 
 def param_order(sweep: Any) -> list[str]:
     """The sweep's parameters in the order the command line gives them."""
+    return list(param_scales(sweep))
+
+
+def param_scales(sweep: Any) -> dict[str, str]:
+    """The sweep's parameters in command-line order, each with the scale of its axis on a plot
+    (``sweeps.space.Param.scale``: log, categorical or linear)."""
     try:
         from ..sweeps.space import parse_space
 
         args = json.loads(sweep.spec_json)["entrypoint"]["args"]
-        return [p.name for p in parse_space(args).params]
+        return {p.name: p.scale for p in parse_space(args).params}
     except Exception:  # noqa: BLE001 - a spec of another version: the trials' order will do
-        return []
+        return {}
 
 
 def pruned_info(record: JobRecord) -> dict[str, Any] | None:
@@ -47,7 +53,8 @@ def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
 
     trials = [effective(t) for t in store.trials(sweep.id)]  # a vanished runner's trials: LOST (not written)
     recorded = metrics_of(store, [t.id for t in trials])
-    params: list[str] = param_order(sweep)
+    scales = param_scales(sweep)
+    params: list[str] = list(scales)
     metrics: list[str] = []
     rows = []
     for t in trials:
@@ -73,7 +80,8 @@ def trial_table(store: Store, sweep: Any) -> dict[str, Any]:
                              sign * (r["objective"] if r["objective"] is not None and math.isfinite(r["objective"]) else 0.0),
                              r["trial"] if r["trial"] is not None else 0))
     hidden = {"step", "epoch"}
-    return {"params": params, "metrics": [m for m in metrics if m not in hidden], "objective": sweep.objective,
+    return {"params": params, "scales": {p: scales.get(p, "linear") for p in params},
+            "metrics": [m for m in metrics if m not in hidden], "objective": sweep.objective,
             "direction": sweep.direction, "rows": rows}
 
 

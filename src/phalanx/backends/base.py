@@ -149,6 +149,12 @@ class NodeHandle(abc.ABC):
         (it exits; nothing of the job is left on the node). Idempotent, non-blocking or briefly
         blocking; nothing for a handle whose agent was handed to a later attempt (``rerun``)."""
 
+    def wait_hint(self) -> float | None:
+        """Seconds within which this handle wants its next ``poll`` (a node ending what its
+        processes left running, ``launch/strays.py``); None: whenever (child exits and the
+        supervisor's own tick wake it)."""
+        return None
+
     def running(self) -> bool:
         """Whether the node's processes can run now: False while a scheduler holds the node back
         (queued, requeued, suspended), so the supervisor's stall clock does not count that time."""

@@ -15,12 +15,12 @@ import subprocess
 import time
 from dataclasses import replace
 
-from ..core.contracts import NodeResult
+from ..core.contracts import NodeResult, Stray
 from ..core.env import Topology
-from ..core.paths import HomePaths, JobPaths
+from ..core.paths import HomePaths, JobPaths, read_json
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec, in_snapshot
-from ..launch import trace
+from ..launch import strays, trace
 from ..launch.console import RELAY, RELAY_ENV, TTY_ENV, Console, Streams
 from ..launch.control import AgentControl
 from ..launch.nodes import RESTART_SAFE_ENV, build_nodes
@@ -34,6 +34,7 @@ LOOPBACK = "127.0.0.1"
 class LocalBackend(Backend):
     name = "local"
     _lent: Console | None = None
+    _grace = 30.0  # the plan's, for what a lone process leaves running (set by _start)
     warm_starts = True  # its Python processes start here, from this interpreter (launch/warm/plan.py)
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
@@ -69,6 +70,7 @@ class LocalBackend(Backend):
         # The terminal goes to the job's only process; a node's lone process of a bigger job
         # writes to its log like every other rank.
         self._lent = self.console if self.lends_console(plan) else None
+        self._grace = plan.grace
         return super()._start(plan, paths)
 
     def _start_node(self, node: NodePlan, paths: JobPaths, attempt: int) -> NodeHandle:
@@ -82,7 +84,7 @@ class LocalBackend(Backend):
             proc = node.processes[0]
             if self._lent is None:
                 popen = commands.spawn(proc.argv, {**node.env, **proc.env, **tty}, log, cwd=node.cwd)
-                return SingleProcessNode(node, proc.rank, popen, paths, attempt)
+                return SingleProcessNode(node, proc.rank, popen, paths, attempt, self._grace)
             streams = self._lent.open(paths.rank_log(attempt, proc.rank))
             try:
                 popen = commands.spawn(proc.argv, {**node.env, **proc.env, RELAY_ENV: RELAY}, log, cwd=node.cwd,
@@ -91,7 +93,7 @@ class LocalBackend(Backend):
                 streams.abandon()
                 raise
             streams.started()
-            return SingleProcessNode(node, proc.rank, popen, paths, attempt, streams)
+            return SingleProcessNode(node, proc.rank, popen, paths, attempt, self._grace, streams)
         control = AgentControl()
         line = control.agent_end.fileno()
         # The agent applies node.env to itself anyway; starting it with it lets a warm agent share
@@ -119,7 +121,7 @@ class SingleProcessNode(NodeHandle):
     samples_itself = False
 
     def __init__(self, node: NodePlan, rank: int, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int,
-                 streams: Streams | None = None) -> None:
+                 grace: float, streams: Streams | None = None) -> None:
         self.streams = streams  # its output relayed from the terminal lent to it, into its log
         self.node_rank = node.node_rank
         self.host = node.host
@@ -127,8 +129,12 @@ class SingleProcessNode(NodeHandle):
         self.proc = proc
         self.paths, self.attempt = paths, attempt
         self.started = time.time()
+        self.grace = grace
+        self.job_id = node.env.get("PHALANX_JOB_ID", "")
         self._signalled: int | None = None
         self._result: NodeResult | None = None
+        self._strays: strays.Ending | None = None
+        self._ended_at = 0.0
 
     def poll(self) -> NodeResult | None:
         if self.streams is not None and self.streams.log_error is not None and self._signalled is None:
@@ -137,21 +143,32 @@ class SingleProcessNode(NodeHandle):
             code = self.proc.poll()
             if code is None:
                 return None
+            if self._strays is None:  # what it left running ends with it (launch/strays.py), without blocking
+                self._ended_at = time.time()
+                proc = read_json(self.paths.rank_proc(self.attempt, self.rank)) or {}
+                self._strays = strays.Ending(self.job_id, self.attempt,
+                                             {self.rank: str(self.paths.rank_dir(self.attempt, self.rank))}, self.grace,
+                                             strays.sessions({self.rank: proc}))
+            ended = self._strays.poll()
+            if ended is None:
+                return None
             if self.streams is not None:
                 self.streams.join()  # its last words are in its log before anyone reads it
-            self._result = synthesize(self.paths, self.attempt, self._report(code))
+            self._result = synthesize(self.paths, self.attempt, self._report(code, tuple(ended)))
         return self._result
 
-    def _report(self, code: int) -> NodeResult:
+    def wait_hint(self) -> float | None:
+        return self._strays.wait_hint() if self._strays is not None and self._result is None else None
+
+    def _report(self, code: int, left: tuple[Stray, ...]) -> NodeResult:
         from ..core.contracts import RankExit, RankFailure
 
-        now = time.time()
         failed = code != 0 and self._signalled is None
-        failures = (RankFailure(self.rank, exit_code(code), now, pid=self.proc.pid, signal=signal_name(code)),) if failed else ()
+        failures = (RankFailure(self.rank, exit_code(code), self._ended_at, pid=self.proc.pid, signal=signal_name(code)),) if failed else ()
         return NodeResult(
             self.node_rank, exit_code(code), self.host, failures, ranks={self.rank: RankExit(exit_code(code), self.proc.pid)},
             stopped_by=signal.Signals(self._signalled).name if self._signalled is not None else None,
-            started=self.started, finished=now,
+            started=self.started, finished=time.time(), strays=left,
         )
 
     def signal(self, signum: int) -> None:
@@ -163,7 +180,9 @@ class SingleProcessNode(NodeHandle):
         self._signalled = self._signalled or signal.SIGKILL
         signal_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        self.poll()
+        if self.poll() is None and self._strays is not None:  # the grace is over for what it left, too
+            self._strays.kill_now()
+            self.poll()
 
 
 class LocalNode(NodeHandle):

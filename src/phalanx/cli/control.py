@@ -161,12 +161,15 @@ def stop_cmd(
     timeout: Optional[float] = typer.Option(
         None, "--timeout", callback=seconds, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
         "The upload of outputs and state that follows is waited for in full."),
+    now: bool = typer.Option(False, "--now", "--force", help="Skip the grace period (also of a stop under way): "
+                             "SIGTERM, then SIGKILL at once."),
 ) -> None:
     """Stop a job gracefully (SIGTERM to every rank, its grace period, then SIGKILL), or a sweep
-    with all its running trials."""
+    with all its running trials. Stopping a job that is stopping already changes nothing
+    (its ranks keep their grace period) unless --now."""
     from .face import face
 
-    done = face().stop(job, timeout=timeout, events=event)
+    done = face().stop(job, timeout=timeout, events=event, now=now)
     typer.echo(f"{done['id']} {done['state']}")
 
 

@@ -45,12 +45,14 @@ def metrics_cmd(
         render_metrics(report, as_json)
         return
     report.pop("kind")
+    ended = report.pop("ended")
     if as_json:
         dump_json(report, sys.stdout)
         return
     out = sys.stdout
     if not report["metrics"]:
-        out.write(f"no metrics for job {report['job']} yet ({report['where']})\n")
+        out.write(f"no metrics were reported by job {report['job']} ({report['where']})\n" if ended else
+                  f"no metrics for job {report['job']} yet ({report['where']})\n")
         out.write("print name=value numbers, pass --metric NAME=REGEX, or write JSON lines to $PHALANX_METRICS_FILE\n")
         return
     from .render import table

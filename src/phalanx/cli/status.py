@@ -81,21 +81,33 @@ def render(view: dict[str, Any], out: TextIO) -> None:
         out.write("\n")
         rows = [
             (str(r["rank"]), "-" if r["node_rank"] is None else str(r["node_rank"]), r["host"] or "-", str(r["pid"] or "-"),
-             "-" if r["exitcode"] is None else str(r["exitcode"]) + (f" ({r['signal']})" if r["signal"] else ""), r["state"])
+             "-" if r["exitcode"] is None else str(r["exitcode"]) + (f" ({r['signal']})" if r["signal"] else ""),
+             r["state"] + (" (root cause)" if r["rank"] == view.get("root_cause_rank") else
+                           " (lost its peer)" if r.get("peer_lost") else ""))
             for r in view["ranks"]
         ]
         table(rows, ("RANK", "NODE", "HOST", "PID", "EXIT", "STATE"), out)
-    if view["summary_lines"]:
-        out.write("\n" + "\n".join(view["summary_lines"]) + "\n")
-    _root_cause(view.get("root_cause"), out)
+    lines = [*view["summary_lines"], *(f"resources {line}" for line in _resources(view.get("resources_summary")))]
+    if view.get("metrics_note"):
+        lines.insert(0, f"metrics   {view['metrics_note']}")
+    if lines:
+        out.write("\n" + "\n".join(lines) + "\n")
+    _root_cause(view, out)
 
 
-def _root_cause(cause: dict[str, Any] | None, out: TextIO) -> None:
+def _resources(summary: dict[str, Any] | None) -> list[str]:
+    from ..monitor.report import resource_summary_line
+
+    return [resource_summary_line(row) for row in summary["nodes"]] if summary else []
+
+
+def _root_cause(view: dict[str, Any], out: TextIO) -> None:
+    cause = view.get("root_cause")
     if not cause:
         return
     where = f"rank {cause['rank']} on node {cause.get('node_rank')}: " if "rank" in cause else (
         f"node {cause['node_rank']}: " if cause.get("node_rank") is not None else "")
-    out.write(f"\nroot cause: {where}{cause.get('message')}\n")
+    out.write(f"\nroot cause: {where}{view.get('root_cause_error') or cause.get('message')}\n")
     if cause.get("host"):
         out.write(f"  host: {cause['host']}\n")
     detail = cause.get("traceback") or cause.get("log_tail")
@@ -103,3 +115,5 @@ def _root_cause(cause: dict[str, Any] | None, out: TextIO) -> None:
         out.write("  " + detail.rstrip().replace("\n", "\n  ") + "\n")
     if cause.get("log"):
         out.write(f"log: {cause['log']}\n")
+    for lost in view.get("peer_lost") or []:
+        out.write(f"{lost['line']} ({lost['error']}; phalanx logs {view['id']} --rank {lost['rank']})\n")

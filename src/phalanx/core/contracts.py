@@ -188,8 +188,28 @@ class RankExit:
     pid: int | None = None
 
 
+@dataclass(frozen=True)
+class Stray:
+    """A process that a rank left running when it ended, and that had to be ended with its
+    attempt (``launch/strays.py``)."""
+
+    rank: int
+    pid: int
+    command: str
+    how: str | None = None  # how it had left the rank's process group: "setsid", "own process group"
+    killed: bool = False  # it outlived SIGTERM and the grace period: SIGKILL ended it
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Stray":
+        r = _Reader(data, where)
+        return cls(r.whole("rank"), r.whole("pid"), r.text("command"), r.text("how", None), r.flag("killed"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": self.pid, "command": self.command, "how": self.how, "killed": self.killed}
+
+
 _RESULT_KEYS = {"version", "node_rank", "host", "exitcode", "failures", "terminated", "ranks", "stopped_by",
-                "started", "finished", "error", "synthesized", "agent_pid"}
+                "started", "finished", "error", "synthesized", "agent_pid", "strays"}
 
 
 @dataclass(frozen=True)
@@ -210,6 +230,7 @@ class NodeResult:
     synthesized: bool = False  # the node never reported; its handle wrote this in its place
     details: Mapping[str, Any] = field(default_factory=dict)  # backend-specific (slurm_job, slurm_state)
     agent_pid: int | None = None  # the node agent that ran the attempt (a kept agent runs several)
+    strays: tuple[Stray, ...] = ()  # processes its ranks left running, ended with the attempt
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "result.json") -> "NodeResult":
@@ -227,7 +248,8 @@ class NodeResult:
         return cls(r.whole("node_rank", None), r.whole("exitcode"), r.text("host", None), failures, tuple(terminated),
                    ranks, r.text("stopped_by", None), r.number("started", None), r.number("finished", None),
                    r.text("error", None), r.flag("synthesized"),
-                   {k: v for k, v in r.data.items() if k not in _RESULT_KEYS}, r.whole("agent_pid", None))
+                   {k: v for k, v in r.data.items() if k not in _RESULT_KEYS}, r.whole("agent_pid", None),
+                   tuple(Stray.from_dict(s, f"{where} strays[{i}]") for i, s in enumerate(r.items("strays"))))
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {**self.details, "version": VERSION, "node_rank": self.node_rank, "host": self.host,
@@ -241,6 +263,8 @@ class NodeResult:
                 data[key] = getattr(self, key)
         if self.synthesized:
             data["synthesized"] = True
+        if self.strays:
+            data["strays"] = [s.to_dict() for s in self.strays]
         return data
 
     @classmethod
@@ -258,6 +282,36 @@ def write_node_result(path: Path, result: NodeResult) -> None:
 def read_node_result(path: Path) -> NodeResult | None:
     data = _load(path)
     return None if data is None else NodeResult.from_dict(data, str(path))
+
+
+# -- stop.json ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A user's ``phalanx stop`` (CLI, dashboard): when it asked, and whether the grace period is
+    skipped (``--now``). Written by the stop that marked the job STOPPING (or asks ``--now``)
+    before it signals the supervisor; read by the supervisor on that signal and by a later stop."""
+
+    at: float
+    now: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, "at": self.at, "now": self.now}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "stop.json") -> "StopRequest":
+        r = _Reader(data, where)
+        return cls(r.number("at"), r.flag("now"))
+
+
+def write_stop_request(path: Path, request: StopRequest) -> None:
+    write_json(path, request.to_dict())
+
+
+def read_stop_request(path: Path) -> StopRequest | None:
+    data = _load(path)
+    return None if data is None else StopRequest.from_dict(data, str(path))
 
 
 # -- attempts.jsonl -----------------------------------------------------------------------------

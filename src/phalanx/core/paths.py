@@ -25,6 +25,7 @@ exception left: the k8s ``--in-cluster`` files, joined in ``backends/kubernetes/
         supervisor.log                the supervisor's own output (detached runs)
         attempts.jsonl                one line per finished attempt: outcome, exit code, retry decision
         trace.jsonl                   with PHALANX_TRACE=1: when each step of a start or restart happened
+        stop.json                     the latest ``phalanx stop``: when, and whether --now (the grace skipped)
         output/                       PHALANX_OUTPUT_DIR
         code/                         the code snapshot (at submit time): hard links into cache/code/objects
         code.json                     what the snapshot holds: files, bytes, digest, large files left out
@@ -230,6 +231,10 @@ class JobPaths:
     @property
     def supervisor_log(self) -> Path:
         return self.root / "supervisor.log"
+
+    @property
+    def stop_request(self) -> Path:
+        return self.root / "stop.json"
 
     @property
     def attempts_log(self) -> Path:

@@ -39,7 +39,7 @@ from ..core.plan import NodePlan, bind_addresses
 from ..errors import ContractError
 from . import trace
 from .control import AgentLine
-from .exits import add_unnoticed_raises, died_at, failure_of, interrupted_code, rank_exits
+from .exits import add_unnoticed_raises, died_at, end_strays, failure_of, interrupted_code, rank_exits
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
 from .workers import Standbys, WorkerSource, supplied
 
@@ -245,6 +245,9 @@ def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = No
             result = run_torchrun(node, paths, attempt, data.grace, watcher, source)
         else:
             result = run_direct(node, data.grace, paths, attempt, watcher, source)
+        # No orphans: what the ranks left running ends with them (launch/strays.py).
+        result["strays"] = end_strays(paths, attempt, node.node_rank, node.env.get("PHALANX_JOB_ID", ""),
+                                      data.grace, watcher)
     finally:
         trace.unfollow(steps)
         if sampler is not None:

@@ -7,6 +7,8 @@ It makes an unmodified script observable and safe to stop, then gets out of the 
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
+- it moves into a cgroup of the rank's own where it can (``launch/strays.py``), so that whatever the
+  script starts (a daemon, a child in a session of its own) is found and ended with the attempt;
 - it runs the script as python would (``sys.argv``, ``__file__``, ``sys.path[0]``, a fresh
   ``__main__``), with ``--frozen`` its Python code read from the submit-time copy under the
   user's own file names (``launch/frozen.py``);
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 from phalanx.launch.procs import die_with_parent
+from phalanx.launch.strays import enlist
 
 # File names inside the rank directory; JobPaths (core/paths.py) documents the layout and
 # hands the directory over in PHALANX_RANK_DIR. Not imported here: workers start faster.
@@ -316,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     rank_dir = _rank_dir()
     if rank_dir:
         _redirect_output(rank_dir)
+        # After the terminal's relay is forked (ours, not the script's), before the script runs:
+        # everything the script starts stays in the rank's cgroup (launch/strays.py).
+        enlist()
     die_with_parent(signal.SIGKILL)
     _install_stack_dumps()
     try:

@@ -9,7 +9,10 @@ clock, the failure's last lines), so it lends the process:
 - stdout and stderr: a pseudo-terminal each where phalanx's own stream is a terminal (a pipe
   where it is not, as python's would be a file or a pipe), of the terminal's size, with output
   processing off (no ``\\r\\n`` for ``\\n`` in the log). A relay thread copies every byte, as it
-  comes and partial lines too, to phalanx's stdout or stderr and appends it to the log.
+  comes and partial lines too, to phalanx's stdout or stderr and appends it to the log. When the
+  reader of phalanx's stream goes (``phalanx run gen.py | head -1``), the relay closes that
+  pipe: the process's next write fails with EPIPE (BrokenPipeError) as python's would, and the
+  job ends as python does.
 
 The process is told (``PHALANX_STDIO=relay``, which the bootstrap removes before the script
 starts) not to point its output at the log itself. It stays in a session of its own: Ctrl-C
@@ -69,6 +72,9 @@ class Streams:
         pairs = [_pair(target) for target in (console.stdout_fd, console.stderr_fd)]
         self.child = (console.stdin_fd, pairs[0][1], pairs[1][1])
         self._reads = {pairs[0][0]: console.stdout_fd, pairs[1][0]: console.stderr_fd}
+        # Our ends of the pipes (not pseudo-terminals): their process writes into a pipe, as
+        # python's into phalanx's, and gets EPIPE when phalanx's reader has gone.
+        self._pipes = {ours for ours, _theirs in pairs if not os.isatty(ours)}
         self._thread: threading.Thread | None = None
         self._stop = (-1, -1)
         # A write to the log that failed (the disk is full): the relay goes on to the terminal
@@ -119,7 +125,13 @@ class Streams:
                             _close(fd)
                             open_fds.pop(fd)
                             continue
-                        _write_all(open_fds[fd], data)
+                        if not _write_all(open_fds[fd], data) and fd in self._pipes:
+                            # Its reader is gone (`phalanx run gen.py | head -1`): so is the
+                            # process's, as under python: its next write fails with EPIPE
+                            # (BrokenPipeError). What it wrote after that reaches no one.
+                            _close(fd)
+                            open_fds.pop(fd)
+                            continue
                         if self.log_error is None:
                             try:
                                 log.write(data)
@@ -166,15 +178,20 @@ def _pair(target: int) -> tuple[int, int]:
     return master, slave
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write all of ``data``; False when ``fd``'s reader is gone (EPIPE). A terminal that went
+    away (EIO) is not that: the log still gets everything, as it does after a hang-up."""
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view):]
         except BlockingIOError:
             select.select([], [fd], [])
-        except OSError:  # the terminal went away (EPIPE, EIO): the log still gets everything
-            return
+        except BrokenPipeError:
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def _close(fd: int) -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
+from contextlib import ExitStack
 from typing import Any
 
 from ..core.contracts import read_rank_error
 from ..core.paths import JobPaths
 from ..errors import ContractError
-from .procs import exit_code, signal_name
+from .procs import ChildWatcher, exit_code, signal_name
 
 
 def died_at(paths: JobPaths, attempt: int, rank: int, noticed: float) -> float:
@@ -60,6 +62,21 @@ def add_unnoticed_raises(result: dict[str, Any], paths: JobPaths, attempt: int, 
     result["exitcode"] = min(failures, key=lambda f: f["timestamp"])["exitcode"] or 1
 
 
+def node_ranks(paths: JobPaths, attempt: int, node_rank: int) -> dict[int, dict[str, Any]]:
+    """This node's ranks that started (their bootstrap wrote ``proc.json``): rank -> proc.json."""
+    import json
+
+    ranks: dict[int, dict[str, Any]] = {}
+    for rank in paths.ranks(attempt):
+        try:
+            proc = json.loads(paths.rank_proc(attempt, rank).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(proc, dict) and proc.get("node_rank") == node_rank:
+            ranks[rank] = proc
+    return ranks
+
+
 def rank_exits(paths: JobPaths, attempt: int, node_rank: int, unknown: int) -> dict[str, dict[str, Any]]:
     """How this node's ranks ended, from what each bootstrap wrote (``proc.json`` at start,
     ``exit.json`` at its end), for workers torch started and reaped; a rank without an exit
@@ -67,13 +84,7 @@ def rank_exits(paths: JobPaths, attempt: int, node_rank: int, unknown: int) -> d
     import json
 
     ranks: dict[str, dict[str, Any]] = {}
-    for rank in paths.ranks(attempt):
-        try:
-            proc = json.loads(paths.rank_proc(attempt, rank).read_text())
-        except (OSError, ValueError):
-            continue
-        if proc.get("node_rank") != node_rank:
-            continue
+    for rank, proc in node_ranks(paths, attempt, node_rank).items():
         try:
             code = int(json.loads(paths.rank_exit(attempt, rank).read_text())["exitcode"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -102,3 +113,28 @@ def rank_error(paths: JobPaths, attempt: int, rank: int) -> Any:
         return read_rank_error(paths.rank_error(attempt, rank))
     except ContractError:
         return None
+
+
+def end_strays(paths: JobPaths, attempt: int, node_rank: int, job_id: str, grace: float,
+               watcher: ChildWatcher | None = None) -> list[dict[str, Any]]:
+    """End what this node's ranks left running (``strays``): SIGTERM, ``grace``, SIGKILL; a stop
+    signal meanwhile (``watcher``'s, else one of its own) skips the rest of the grace. Returns them,
+    for ``result.json``. Blocking."""
+    from . import strays
+
+    ranks = node_ranks(paths, attempt, node_rank)
+    dirs = {rank: str(paths.rank_dir(attempt, rank)) for rank in ranks}
+    try:
+        with ExitStack() as stack:
+            watcher = watcher or stack.enter_context(ChildWatcher())
+            seen = len(watcher.stop_requests)
+            ending = strays.Ending(job_id, attempt, dirs, grace, strays.sessions(ranks))
+            while (done := ending.poll()) is None:
+                watcher.wait(ending.wait_hint())
+                if len(watcher.stop_requests) > seen:
+                    done = ending.kill_now()
+                    break
+    except OSError as exc:  # the node's report matters more than this
+        print(f"phalanx agent: could not end what the ranks left running: {exc}", file=sys.stderr, flush=True)
+        return []
+    return [s.to_dict() for s in done]

@@ -30,7 +30,8 @@ class RankTailer:
     """Incrementally read ``attempt_<k>/rank_*/output.log`` files."""
 
     def __init__(self, paths: JobPaths, attempt: int, ranks: set[int] | None = None, prefix: bool = True,
-                 offsets: dict[int, int] | None = None) -> None:
+                 offsets: dict[int, int] | None = None, order: Sequence[int] = (),
+                 folds: dict[int, tuple[int, str]] | None = None) -> None:
         self.paths = paths
         self.attempt = attempt
         self.ranks = ranks
@@ -38,6 +39,11 @@ class RankTailer:
         self._offsets: dict[int, int] = dict(offsets or {})  # where each rank's reading starts (logs --tail/--since)
         self._partial: dict[int, bytes] = {}
         self._decoders: dict[int, codecs.IncrementalDecoder] = {}
+        self._order = list(order)  # ranks read first (a failed job's root-cause rank), then the rest in rank order
+        # Per rank: where its log stops being shown, and the one line shown for the rest (a
+        # collateral trace of a failed job: ``api/failure.py``).
+        self._folds = dict(folds or {})
+        self._folded: set[int] = set()
 
     def poll(self, final: bool = False) -> list[tuple[int, str]]:
         """New complete lines since the last call, as (rank, line); ``final`` flushes partial lines."""
@@ -53,6 +59,10 @@ class RankTailer:
             elif rest:
                 lines.append(rest)
             out.extend((rank, line.decode(errors="replace")) for line in lines)
+            fold = self._folds.get(rank)
+            if fold is not None and rank not in self._folded and self._offsets.get(rank, 0) >= fold[0]:
+                self._folded.add(rank)
+                out.append((rank, fold[1]))
         return out
 
     def poll_live(self) -> list[tuple[int, str]]:
@@ -68,13 +78,16 @@ class RankTailer:
     def _new_bytes(self) -> list[tuple[int, bytes]]:
         """What each followed rank's log gained since the last read (the offsets move past it)."""
         out: list[tuple[int, bytes]] = []
-        for rank in self.paths.ranks(self.attempt):
+        first = {rank: i for i, rank in enumerate(self._order)}
+        for rank in sorted(self.paths.ranks(self.attempt), key=lambda r: (first.get(r, len(first)), r)):
             if self.ranks is not None and rank not in self.ranks:
                 continue
+            offset = self._offsets.get(rank, 0)
+            fold = self._folds.get(rank)
             try:
                 with open(self.paths.rank_log(self.attempt, rank), "rb") as fh:
-                    fh.seek(self._offsets.get(rank, 0))
-                    chunk = fh.read()
+                    fh.seek(offset)
+                    chunk = fh.read() if fold is None else fh.read(max(0, fold[0] - offset))
             except FileNotFoundError:
                 continue
             self._offsets[rank] = self._offsets.get(rank, 0) + len(chunk)
@@ -217,14 +230,15 @@ def _settle(done: threading.Event, read_at: float, interval: float) -> bool:
 def follow_job(
     paths: JobPaths, attempt: int, ranks: set[int] | None, prefix: bool, emit: Callable[[str], None],
     refresh: Callable[[], tuple[int, bool]], follow: bool, latest: bool, also: Sequence[Path] = (),
-    interval: float = 0.2, offsets: dict[int, int] | None = None,
+    interval: float = 0.2, offsets: dict[int, int] | None = None, order: Sequence[int] = (),
+    folds: dict[int, tuple[int, str]] | None = None,
 ) -> None:
     """``phalanx logs [-f]``: emit an attempt's lines (all of them, then with ``follow`` every
     new one until the job ends). ``refresh()`` returns the job's current attempt and whether it
     has ended; it runs when the logs, the job's directories or the files in ``also`` (the
     store) change, and every :data:`LIVENESS_S` seconds. With ``latest``, a new attempt is
-    followed as it starts."""
-    tailer = RankTailer(paths, attempt, ranks, prefix=prefix, offsets=offsets)
+    followed as it starts. ``order`` and ``folds``: see :class:`RankTailer`."""
+    tailer = RankTailer(paths, attempt, ranks, prefix=prefix, offsets=offsets, order=order, folds=folds)
     with Watch(fallback=interval) as watch:
         for path in also if follow else ():
             watch.add(path.parent, _named(path.name, prefix=True))  # the store and its -wal file

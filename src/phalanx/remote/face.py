@@ -196,8 +196,10 @@ class RemoteFace:
                 return item["result"]  # type: ignore[no-any-return]
         raise PhalanxError(f"the server's answer to wait {ref} ended without one", "try again")
 
-    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None) -> dict[str, Any]:
-        return self._streamed("POST", self._job(ref, "/stop"), body={"timeout": timeout}, events=events)  # type: ignore[no-any-return]
+    def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
+             now: bool = False) -> dict[str, Any]:
+        return self._streamed("POST", self._job(ref, "/stop"), body={"timeout": timeout, "now": now},
+                              events=events)  # type: ignore[no-any-return]
 
     def resume(self, ref: str, detach: bool = False, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:

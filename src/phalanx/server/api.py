@@ -169,8 +169,9 @@ async def wait(request: Request) -> Response:
 
 
 async def stop(request: Request) -> Response:
-    ref, given = _ref(request), await body(request, schema.WAIT)
-    return streamed(request, lambda face, sink: face.stop(ref, timeout=given.get("timeout"), events=sink.event))
+    ref, given = _ref(request), await body(request, schema.STOP)
+    return streamed(request, lambda face, sink: face.stop(ref, timeout=given.get("timeout"), events=sink.event,
+                                                                  now=bool(given.get("now"))))
 
 
 async def interrupt(request: Request) -> Response:

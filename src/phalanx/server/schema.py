@@ -82,6 +82,7 @@ SUBMIT: Schema = obj(("spec",), spec=SPEC, code={"type": ["object", "null"], **{
 MISSING: Schema = obj(("objects",), objects={"type": "array", "max": 200_000,
                                              "items": {"type": "array", "max": 2}})
 WAIT: Schema = obj((), timeout=OPT_NUMBER, progress=BOOL)
+STOP: Schema = obj((), timeout=OPT_NUMBER, now=BOOL)
 RESUME: Schema = obj((), detach=BOOL, ranks=SUBMIT["properties"]["ranks"])
 PRUNE: Schema = obj(("older_than",), older_than=STRING, states={"type": "array", "items": STRING, "max": 20},
                     dry_run=BOOL)

@@ -14,7 +14,8 @@ from ..core.plan import Plan
 from ..core.spec import JobSpec
 from .guard import Guard, Verdict
 from .outcome import Outcome, decide
-from .observers import Watch, dump_stacks, end_stragglers
+from ..monitor.report import stray_lines
+from .observers import Watch, dump_stacks, end_left_strays, end_stragglers
 
 Events = Callable[[str], None]
 
@@ -52,9 +53,9 @@ class AttemptRun:
         # whether the attempt was taken by a scheduler; the others got the supervisor's SIGTERM.
         self.failed_first: list[int] | None = None
 
-    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
         """Every node gets ``signum`` (SIGINT stays SIGINT, anything else is SIGTERM) and the
-        grace period; a second call kills at once.
+        grace period (none with ``now``: SIGKILL follows); a second call kills at once.
 
         SIGINT is a person's Ctrl-C and is python's Ctrl-C: the ranks get that one SIGINT (their
         ``except KeyboardInterrupt:`` runs) and the grace period to end as they choose; the
@@ -72,8 +73,10 @@ class AttemptRun:
         self.stop_reason, self.stop_signal = reason, signum
         for h in self.handles:
             h.signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-        self.kill_at = time.monotonic() + self.plan.grace + self.margin
-        if signum == signal.SIGINT:
+        self.kill_at = time.monotonic() + (0.0 if now else self.plan.grace + self.margin)
+        if now:
+            self.say("stopping now: SIGKILL follows SIGTERM without the grace period")
+        elif signum == signal.SIGINT:
             self.say(f"interrupted: SIGINT sent to every rank; waiting up to {self.plan.grace:g}s for them to end "
                      "(Ctrl-C again: SIGTERM, then SIGKILL)")
 
@@ -86,9 +89,10 @@ class AttemptRun:
         self.say(f"SIGTERM sent to every rank; SIGKILL in {ESCALATE_S + self.margin:g}s (Ctrl-C again: now)")
 
     def wait_hint(self) -> float:
-        if self.kill_at is None:
-            return Watch.EVERY
-        return max(0.0, min(Watch.EVERY, self.kill_at - time.monotonic()))
+        hints = [h for h in (handle.wait_hint() for handle in self.handles) if h is not None]
+        if self.kill_at is not None:
+            hints.append(self.kill_at - time.monotonic())
+        return max(0.0, min([Watch.EVERY, *hints]))
 
     def tick(self) -> Outcome | None:
         """Advance; the outcome once every node has ended (metrics collected, samplers stopped)."""
@@ -97,10 +101,13 @@ class AttemptRun:
             self.watch.collect()
         if all(r is not None for r in results):
             end_stragglers(self.paths, self.plan.attempt)  # no rank outlives the attempt it belongs to
+            ended = end_left_strays(self.paths, self.plan.attempt, self.plan.job_id, [r for r in results if r is not None])
+            for line in stray_lines([s for r in ended for s in r.strays]):
+                self.say(line)
             self.watch.collect(final=True)
             self.watch.close()
             self.guard.write()
-            outcome = decide(self.paths, self.plan.attempt, [r for r in results if r is not None], self.stop_reason,
+            outcome = decide(self.paths, self.plan.attempt, ended, self.stop_reason,
                              self.stop_signal, self.stalled_for, self.spec.stall_timeout, self.failed_first)
             if self.verdict is not None and self.stop_reason is self.verdict.reason:
                 outcome = Outcome(outcome.kind, self.verdict.exit_code, {**self.verdict.cause, "attempt": self.plan.attempt})

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -61,11 +62,15 @@ QUEUE_POLL = 0.25  # seconds between looks at the store while a job waits in its
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
-              console: Console | None = None, wait_queued: bool = True) -> int | None:
+              console: Console | None = None, output_closed: threading.Event | None = None,
+              wait_queued: bool = True) -> int | None:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
-    the terminal a lone process is lent (a foreground run). A job its project's quota queues is
-    waited for (``wait_queued``), or left to the queue: None is returned at once, and a new
-    supervisor is started when the queue admits it (``admission.advance``).
+    the terminal a lone process is lent (a foreground run). ``output_closed``: set when the
+    reader of the ranks' streamed output went away; the job then ends as python's broken pipe
+    would end it (the ranks are stopped; FAILED, exit 1, never retried: ``outcome.output_closed``).
+    A job its project's quota queues is waited for (``wait_queued``), or left to the queue: None
+    is returned at once, and a new supervisor is started when the queue admits it
+    (``admission.advance``).
 
     Blocking; main thread only (it handles signals).
     """
@@ -76,11 +81,16 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
         if run.queued is not None and not wait_queued:
             return None
         seen = 0
+        closing = False
         while not run.done:
+            if output_closed is not None and output_closed.is_set() and not closing:
+                closing = True
+                run.stop(StopReason.CANCELLED, signal.SIGPIPE)
             if len(watcher.stop_requests) > seen:
                 signum = watcher.stop_requests[seen]
                 seen = len(watcher.stop_requests)
-                run.stop(stop_reason(store, record.id, signum), signum)
+                reason = stop_reason(store, record.id, signum)
+                run.stop(reason, signum, now=reason is StopReason.CANCELLED and asked_now(record, signum))
             run.tick()
             if not run.done:
                 watcher.wait(run.wait_hint())
@@ -93,6 +103,20 @@ def stop_reason(store: Store, job_id: str, signum: int) -> StopReason:
     if signum == signal.SIGINT or store.get(job_id).state is JobState.STOPPING:
         return StopReason.CANCELLED
     return StopReason.PREEMPTED
+
+
+def asked_now(record: JobRecord, signum: int) -> bool:
+    """Whether the ``phalanx stop`` behind this signal asked to skip the grace period (``--now``)."""
+    from ..core.contracts import read_stop_request
+    from ..errors import ContractError
+
+    if signum == signal.SIGINT:
+        return False
+    try:
+        asked = read_stop_request(record.paths.stop_request)
+    except ContractError:
+        return False
+    return asked is not None and asked.now
 
 
 class JobRun:
@@ -238,9 +262,10 @@ class JobRun:
         self.attempt = AttemptRun(left.plan, left.handles, left.started, self.spec, self.paths, self.say, self.ran,
                                   self.objective)
 
-    def stop(self, reason: StopReason, signum: int = signal.SIGTERM) -> None:
-        """Stop the current attempt: cancelled, preempted or pruned. A second call kills. A job
-        still queued is CANCELLED at once (nothing of it runs)."""
+    def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
+        """Stop the current attempt: cancelled, preempted or pruned. A second call, or ``now``
+        (``phalanx stop --now``), kills without the grace period. A job still queued is CANCELLED
+        at once (nothing of it runs)."""
         if self.queued is not None and not self.done:
             code = 128 + int(signum)
             cause = json.dumps({"message": f"cancelled while queued ({signal_name(code)})", "exitcode": code})
@@ -253,7 +278,7 @@ class JobRun:
             return
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
             self.store.transition(self.record.id, JobState.STOPPING)
-        self.attempt.stop(reason, signum)
+        self.attempt.stop(reason, signum, now)
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""

@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from ..backends.base import NodeHandle
+from ..core.contracts import NodeResult
 from ..core.paths import JobPaths, read_json
 from ..core.spec import JobSpec
 from ..monitor import logindex
@@ -128,6 +129,31 @@ def end_stragglers(paths: JobPaths, attempt: int, timeout: float = 10.0) -> None
         ranks = [p for p in ranks if _running(p)]
         if ranks:
             time.sleep(0.05)
+
+
+def end_left_strays(paths: JobPaths, attempt: int, job_id: str, results: list[NodeResult]) -> list[NodeResult]:
+    """For nodes whose agent never reported (killed at the end of the grace period, or lost):
+    what their ranks on this machine left running, which that agent did not get to end
+    (``launch/strays.py``), is killed now (their grace is spent) and added to the node's result."""
+    from dataclasses import replace
+
+    from ..core.contracts import write_node_result
+    from ..launch import strays
+    from ..launch.exits import node_ranks
+
+    here = (socket.gethostname(), os.uname().nodename, None)
+    updated = []
+    for result in results:
+        node = result.node_rank
+        if result.synthesized and node is not None:
+            ranks = {rank: proc for rank, proc in node_ranks(paths, attempt, node).items() if proc.get("host") in here}
+            dirs = {rank: str(paths.rank_dir(attempt, rank)) for rank in ranks}
+            ended = strays.end(job_id, attempt, dirs, 0.0, strays.sessions(ranks)) if dirs else []
+            if ended:
+                result = replace(result, strays=(*result.strays, *ended))
+                write_node_result(paths.node_result(attempt, node), result)
+        updated.append(result)
+    return updated
 
 
 def _running(process: Any) -> bool:

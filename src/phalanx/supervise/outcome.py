@@ -31,7 +31,15 @@ class Outcome:
         """One line for ``attempts.jsonl`` and the supervisor's messages."""
         cause = self.cause or {}
         where = f"rank {cause['rank']}: " if "rank" in cause else ""
-        return f"{where}{cause.get('message', self.kind.value)}"
+        return f"{where}{error_text(cause) or self.kind.value}"
+
+
+def error_text(cause: dict[str, Any]) -> str:
+    """``KeyError: 'batch_size'``: a root cause's exception type and message, as Python prints
+    them (the message alone, such as a signal's, when there is no type)."""
+    message = str(cause.get("message") or "").strip()
+    kind = cause.get("type")
+    return f"{kind}: {message}" if kind and message else str(kind or message)
 
 
 def failed(message: str, attempt: int | None = None) -> Outcome:
@@ -47,6 +55,8 @@ def decide(paths: JobPaths, attempt: int, results: list[NodeResult], stop: StopR
     """The outcome of an attempt whose nodes have all ended (``results`` in node order)."""
     if stop is StopReason.CANCELLED and stop_signal == signal.SIGINT:
         return interrupted(results)
+    if stop is StopReason.CANCELLED and stop_signal == signal.SIGPIPE:
+        return output_closed()
     if stop is not None:
         return Outcome(stop.outcome, 128 + int(stop_signal))
     if stalled_for is not None:
@@ -76,6 +86,15 @@ def interrupted(results: list[NodeResult]) -> Outcome:
     code = next(code for code in codes if code != 0)
     how = f"killed by {signal_name(code)}" if signal_name(code) else f"exit {code}"
     return Outcome(OutcomeKind.CANCELLED, code, {"exitcode": code, "message": f"interrupted (Ctrl-C); {how}"})
+
+
+def output_closed() -> Outcome:
+    """The reader of the ranks' streamed output went away (``phalanx run -n 2 gen.py | head -1``)
+    and the ranks were stopped: the job ends as python's does when its stdout's reader goes
+    (BrokenPipeError, exit 1). Not retried: nobody reads a second attempt's output either."""
+    return Outcome(OutcomeKind.FAILED, 1, {
+        "exitcode": 1, "type": "BrokenPipeError", "output_closed": True,
+        "message": "[Errno 32] Broken pipe: the reader of phalanx's output went away, and the ranks were stopped"})
 
 
 def taken_by_scheduler(results: list[NodeResult], first: list[int] | None) -> int | None:

@@ -23,6 +23,8 @@ def should_retry(spec: JobSpec, outcome: Outcome, retries: int, output: Callable
         return True, "diverged: rolling back"
     if outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.STALLED) and not requeue:
         return False, outcome.kind.value
+    if (outcome.cause or {}).get("output_closed"):
+        return False, "its output's reader went away"
     if retries >= spec.max_retries:
         return False, f"no retries left ({retries}/{spec.max_retries} used)"
     if requeue:

@@ -86,6 +86,12 @@ class Param:
     def discrete(self) -> bool:
         return bool(len(self.values))
 
+    @property
+    def scale(self) -> str:
+        """How a plot's axis for this parameter is drawn: ``log`` (loguniform, spaced or not),
+        ``categorical`` (a list or choice: each value a tick of its own) or ``linear``."""
+        return "log" if self.kind == "loguniform" else "categorical" if self.kind == "choice" else "linear"
+
     def sample(self, rng: random.Random) -> Any:
         if len(self.values):
             return rng.choice(self.values)

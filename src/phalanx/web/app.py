@@ -399,5 +399,6 @@ def routes() -> list[Route]:
         *(Route(f"/static/{name}", _static(name, kind), methods=get) for name, kind in (
             ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
             ("events.js", "text/javascript"),
+            ("jobparts.js", "text/javascript"),
             ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]

@@ -1,5 +1,6 @@
 """A rank's log for the dashboard: its tail, what was appended since (follow), and search over
-the whole file. Every path goes through ``jobview.job_file`` (never a file outside the job)."""
+the whole file; a failed job's collateral traces folded. Every path goes through
+``jobview.job_file`` (never a file outside the job)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from ..core.paths import JobPaths
-from ..core.state import is_terminal
+from ..core.state import JobState, is_terminal
 from ..errors import UsageError
 from ..store import JobRecord
 from .jobview import job_file
@@ -45,8 +46,26 @@ def read_log(record: JobRecord, rank: int, attempt: int | None = None, offset: i
         start, data = start + cut, data[cut:]
     if not is_terminal(record.state) or start + len(data) < size:
         data = data[: data.rfind(b"\n") + 1]  # a line still being written comes next time
+    shown, fold = _folded(record, attempt, rank, start, data)
     return {"rank": rank, "attempt": attempt, "offset": start, "next": start + len(data), "size": size,
-            "text": data.decode("utf-8", errors="replace"), "exists": True}
+            "text": shown.decode("utf-8", errors="replace"), "fold": fold, "exists": True}
+
+
+def _folded(record: JobRecord, attempt: int, rank: int, start: int, data: bytes) -> tuple[bytes, dict[str, Any] | None]:
+    """``data`` (from ``start`` in the rank's log) split where a rank that lost its peer after
+    the root cause began its collateral trace (``api/failure.py``): what is shown, and the rest
+    under its one line (the page folds it)."""
+    if record.state is not JobState.FAILED or not data:
+        return data, None
+    from ..api.failure import failure
+
+    failed = failure(record, attempt)
+    lost = next((p for p in failed.peer_lost if p.rank == rank), None) if failed is not None else None
+    if lost is None or lost.fold_at is None or lost.fold_at >= start + len(data):
+        return data, None
+    cut = max(0, lost.fold_at - start)
+    return data[:cut], {"line": lost.line, "error": lost.error, "lines": lost.folded_lines,
+                        "text": data[cut:].decode("utf-8", errors="replace")}
 
 
 def search_log(record: JobRecord, rank: int, query: str, attempt: int | None = None,

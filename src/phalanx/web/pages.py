@@ -125,6 +125,7 @@ def job_page(job_id: str, name: str, state: str, csrf: str, user: str | None = N
     <form id="log-search"><input id="log-query" type="search" placeholder="search this rank's whole log"><button>Search</button></form>
     <label><input id="log-follow" type="checkbox" checked> follow</label>
   </div>
+  <div id="log-note" class="log-note"></div>
   <div id="log-matches" class="matches" hidden></div>
   <pre id="log" class="log"></pre>
 </section>
@@ -132,7 +133,7 @@ def job_page(job_id: str, name: str, state: str, csrf: str, user: str | None = N
   <div class="bar"><h2>Artifacts</h2><span class="grow"></span><span id="art-where" class="muted"></span></div>
   <div id="artifacts"><p class="muted">loading…</p></div>
 </section>"""
-    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("job.js",), user=user)
+    return _layout(f"job {job_id}", body, {"page": "job", "job": job_id}, csrf, ("jobparts.js", "job.js"), user=user)
 
 
 def sweep_page(sweep_id: str, name: str, state: str, csrf: str, user: str | None = None) -> str:

@@ -1,7 +1,8 @@
 """What the warm pool checks before it forks: that a child would be a faithful copy of a cold
 start (no thread or descriptor left by an import, CUDA not initialised, limits it can grant, no
-module next to the script shadowing one it holds) and that nothing it imported changed on disk
-since (``Changes``: inotify on the directories of its modules, else their mtimes and sizes)."""
+module next to the script shadowing one it holds), placed where the cold start would be (the
+client's cgroup, namespaces, credentials: ``placement``), and that nothing it imported changed on
+disk since (``Changes``: inotify on the directories of its modules, else their mtimes and sizes)."""
 
 from __future__ import annotations
 
@@ -139,6 +140,84 @@ def limits(wanted: dict[str, list[int]]) -> str | None:
     return None
 
 
+def request(request: dict[str, Any], fds: list[int], interpreter: dict[str, object], baseline: tuple[str, ...],
+            environment: dict[str, str]) -> str | None:
+    """Why the client's cold start differs from what the pool can fork (another protocol,
+    interpreter, start-up, environment, placement, ``sys.path``), or None."""
+    from . import proto as warm_proto
+
+    if request.get("protocol") != warm_proto.PROTOCOL:
+        return "the client speaks another protocol"
+    if request.get("interpreter") != interpreter:
+        return "another interpreter (executable, version or flags)"
+    started = request.get("baseline", [])
+    if list(baseline[: len(started)]) != started:
+        return "the interpreter starts with other modules (site, .pth files)"
+    if warm_proto.pool_environment(dict(request["env"])) != environment:
+        return "another environment"
+    placed = placement(int(request.get("peer", 0)))
+    if placed:
+        return placed
+    if request["path"][1:] != sys.path[1:]:
+        return "another sys.path"
+    if len(fds) != len(request["fd_numbers"]) + 1:
+        return "descriptors missing from the request"
+    if not request["session_leader"]:
+        return "the client does not lead a session of its own (a child could not be placed like it)"
+    return None
+
+
+# Lines of /proc/PID/status a forked child takes from the pool, not from its client: the
+# credentials, what the kernel lets it do, and where it may run.
+PLACEMENT = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
+             "Seccomp_filters", "Cpus_allowed_list", "Mems_allowed_list")
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts")
+
+
+def placement(client: int) -> str | None:
+    """Why a child forked here would not be placed where the client's cold start would be:
+    another cgroup (a memory or CPU limit the client is under: SLURM's, ``systemd-run``'s, a
+    container's), another namespace, other credentials, capabilities, seccomp filter, CPU or
+    memory-node set, or priority. Resource limits (rlimits) are the client's own: the child sets
+    them (``limits``). ``client``: its pid as the kernel gave it (``SO_PEERCRED``)."""
+    if client <= 0:
+        return "the client's process is not visible from the pool (another pid namespace)"
+    try:
+        if _read(f"/proc/{client}/cgroup") != _read("/proc/self/cgroup"):
+            return "the client is in another cgroup (its resource limits would not hold in the pool's)"
+        for name in NAMESPACES:
+            try:
+                theirs = os.readlink(f"/proc/{client}/ns/{name}")
+            except FileNotFoundError:  # a namespace this kernel does not have
+                continue
+            if theirs != os.readlink(f"/proc/self/ns/{name}"):
+                return f"the client is in another {name} namespace"
+        theirs_status, mine_status = _status(client), _status("self")
+        for key in PLACEMENT:
+            if theirs_status.get(key) != mine_status.get(key):
+                return f"the client differs from the pool in {key} (/proc/PID/status)"
+        if _priority(client) != _priority("self"):
+            return "the client runs at another priority (nice, scheduling policy)"
+    except OSError as exc:
+        return f"the client's placement cannot be read ({exc.strerror})"
+    return None
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _status(pid: int | str) -> dict[str, str]:
+    lines = (line.partition(":") for line in _read(f"/proc/{pid}/status").splitlines())
+    return {key: value.strip() for key, _, value in lines}
+
+
+def _priority(pid: int | str) -> tuple[str, str]:
+    fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+    return fields[16], fields[38]  # nice (field 19), policy (field 41)
+
+
 def shadowed(dirs: list[str], held: set[str], baseline: set[str]) -> str | None:
     """A module or package in the script's directory (or the working directory) named like a
     top-level module the pool holds: a cold start would import that one instead."""
@@ -228,3 +307,34 @@ def fork_and_wait(work: Callable[[], object], timeout: float = 30.0) -> bool:
             os.waitpid(pid, 0)
             return False
         time.sleep(0.005)
+
+
+class Allocation:
+    """The process of a SLURM allocation (``slurmstepd``, ``salloc``) a pool must not outlive,
+    given as PID:START (its start time, so that a reused pid is not taken for it): ``fd`` is a
+    pidfd, readable once that process has exited; None when it is gone already."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    @classmethod
+    def of(cls, given: str) -> "Allocation":
+        pid, _, start = given.partition(":")
+        try:
+            fd = os.pidfd_open(int(pid))
+        except (OSError, ValueError):
+            return cls(None)
+        try:  # checked after the pidfd is open: it holds that very process
+            with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+                same = int(fh.read().rsplit(b")", 1)[1].split()[19]) == int(start)
+        except (OSError, IndexError, ValueError):
+            same = False
+        if not same:
+            os.close(fd)
+            return cls(None)
+        return cls(fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

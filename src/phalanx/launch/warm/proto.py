@@ -6,8 +6,10 @@ less the variables that differ from run to run by design (``RUN_VARIABLES``): to
 phalanx's per-process variables, which nothing reads when a module is imported, and what shells
 and terminals set per session. Everything else in the environment may change what an import
 does (``OMP_NUM_THREADS`` sizes OpenMP's pool when the library loads, ``PYTHONPATH`` decides what
-is found), so it is part of the key: a different environment gets a different pool. The key only
-finds the pool; the pool compares interpreter and environment itself.
+is found), so it is part of the key: a different environment gets a different pool. So is the
+cgroup (its memory and CPU limits): a job started under SLURM's cgroup, ``systemd-run`` or in a
+container gets a pool started there, whose children are limited as a cold start would be. The key
+only finds the pool; the pool compares interpreter, environment and placement itself.
 
 Pools live in a private directory (0700, owned by the user, never a symlink): ``$PHALANX_WARM_DIR``,
 else ``$XDG_RUNTIME_DIR/phalanx-warm``, else ``/tmp/phalanx-warm-<uid>``. Per pool:
@@ -76,11 +78,22 @@ def interpreter() -> "dict[str, object]":
 
 
 def pool_key(environ: "dict[str, str] | os._Environ[str]") -> str:
+    """The pool of this user, interpreter, environment and cgroup: a process under a memory or CPU
+    limit (SLURM's cgroup, ``systemd-run``, a container) finds a pool started under the same one,
+    never one that would fork its children outside it (the pool checks: ``warm_checks.placement``)."""
     # Not marshal: its bytes depend on interning and reference counts, not only on the value.
-    parts = [str(PROTOCOL), str(os.geteuid()), *sorted(map(str, interpreter().items())),
+    parts = [str(PROTOCOL), str(os.geteuid()), *sorted(map(str, interpreter().items())), _cgroup(),
              *(f"{k}={v}" for k, v in sorted(pool_environment(environ).items()))]
     identity = "\0".join(parts).encode("utf-8", "surrogateescape")
     return "%08x%08x%08x" % (zlib.crc32(identity), zlib.adler32(identity), zlib.crc32(identity, 0x9E3779B9))
+
+
+def _cgroup() -> str:
+    try:
+        with open("/proc/self/cgroup") as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
 def pool_dir(environ: "dict[str, str] | os._Environ[str]") -> str:
@@ -125,9 +138,32 @@ def unix_socket() -> "_socket.socket":
     return _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
 
 
+def listen(path: str) -> "_socket.socket":
+    """Bind under a temporary name, then rename over ``path``: a client never finds a socket that
+    does not accept yet, and a dead pool's socket is replaced at once."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    sock = unix_socket()
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    sock.bind(tmp)
+    os.chmod(tmp, 0o600)
+    sock.listen(64)
+    sock.setblocking(False)
+    os.replace(tmp, path)
+    return sock
+
+
 def peer_uid(conn: "_socket.socket") -> int:
+    return peer(conn)[1]
+
+
+def peer(conn: "_socket.socket") -> "tuple[int, int, int]":
+    """(pid, uid, gid) of the process at the other end, as the kernel saw it connect."""
     creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    pid, uid, gid = struct.unpack("3i", creds)
+    return int(pid), int(uid), int(gid)
 
 
 class Channel:

@@ -18,8 +18,11 @@ It answers "start cold" instead whenever forking would not give a faithful copy:
 descriptor some import left open, CUDA initialised, an installed module changed on disk since it
 was imported (the pool then retires), another interpreter, environment or start-up, resource
 limits it cannot grant, a client that does not lead its own session, a module in the script's
-directory that would shadow one it holds. It never runs anything of the script itself, and serves
-only its own user (``SO_PEERCRED``, and a socket in a 0700 directory).
+directory that would shadow one it holds, a client in another cgroup (a memory limit the pool is not
+under), namespace, or with other credentials, capabilities, CPU set or priority. It never runs
+anything of the script itself, and serves only its own user (``SO_PEERCRED``, and a socket in a 0700
+directory). Under SLURM it ends with the allocation that started it (``--allocation``: the
+``slurmstepd`` or ``salloc`` its first client ran under), taking its children with it.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class Pool:
         self.poller = select.poll()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.restorer = Restorer(recorder, self._learner())
+        self.allocation: warm_checks.Allocation | None = None  # the SLURM allocation it ends with (``within``)
 
     # -- what it holds ------------------------------------------------------------------------
 
@@ -117,7 +121,8 @@ class Pool:
     # -- serving ------------------------------------------------------------------------------
 
     def listen(self) -> None:
-        self.listener = _listen(self.path)
+        self.listener = socket.socket(fileno=warm_proto.listen(self.path).detach())
+        self.listener.setblocking(False)
         self.socket_inode = os.stat(self.path).st_ino  # to remove our socket, never a successor's
         self.poller.register(self.listener, select.POLLIN)
         self.poller.register(self._wake_r, select.POLLIN)
@@ -146,6 +151,8 @@ class Pool:
             for fd, _events in self.poller.poll(self._timeout()):
                 if fd == self._wake_r:
                     _drain(fd)
+                elif self.allocation is not None and fd == self.allocation.fd:  # its process has exited
+                    self.allocation_over()
                 elif self.listener is not None and fd == self.listener.fileno() and not self.stopping:
                     order = self._accept()
                     if order is not None:
@@ -157,6 +164,27 @@ class Pool:
                         self._forked(pid, *order)
                 elif fd in self.by_fd:
                     self._client_event(self.by_fd[fd])
+
+    def within(self, allocation: str) -> None:
+        """End with the SLURM allocation whose process is PID:START (``warm_checks.Allocation``)."""
+        self.allocation = warm_checks.Allocation.of(allocation) if allocation else None
+        if self.allocation is None:
+            return
+        if self.allocation.fd is None:  # gone already, or its pid is another's now
+            self.allocation_over()
+        else:
+            self.poller.register(self.allocation.fd, select.POLLIN)
+
+    def allocation_over(self) -> None:
+        """The allocation that started the pool has ended: nothing of it may run on, the pool's
+        children (its ranks) included."""
+        self.retire("the SLURM allocation that started it ended")
+        for pid in list(self.children):
+            _kill_group(pid, signal.SIGKILL)
+        if self.allocation is not None and self.allocation.fd is not None:
+            self.poller.unregister(self.allocation.fd)
+            self.allocation.close()
+        self.allocation = None
 
     def _timeout(self) -> int:
         if self.children:
@@ -209,8 +237,9 @@ class Pool:
         channel = warm_proto.Channel(conn)
         fds: list[int] = []
         try:
-            if warm_proto.peer_uid(conn) != os.geteuid():
-                warm_proto.note(self.log, f"refused a client of uid {warm_proto.peer_uid(conn)}")
+            client, uid, _gid = warm_proto.peer(conn)
+            if uid != os.geteuid():
+                warm_proto.note(self.log, f"refused a client of uid {uid}")
                 conn.close()
                 return None
             conn.settimeout(10.0)
@@ -220,6 +249,7 @@ class Pool:
                 return None
             request, fds = received
             assert isinstance(request, dict)
+            request["peer"] = client  # as the kernel saw it connect, not as the client says
             op = request.get("op")
             if op == "run":
                 why = self._unfit_after_preload(request, fds)
@@ -300,21 +330,9 @@ class Pool:
 
     def unfit(self, request: dict[str, Any], fds: list[int]) -> str | None:
         """Why this pool cannot fork a faithful copy of the client's cold start, or None."""
-        if request.get("protocol") != warm_proto.PROTOCOL:
-            return "the client speaks another protocol"
-        if request.get("interpreter") != self.interpreter:
-            return "another interpreter (executable, version or flags)"
-        started = request.get("baseline", [])
-        if list(self.recorder.baseline[: len(started)]) != started:
-            return "the interpreter starts with other modules (site, .pth files)"
-        if warm_proto.pool_environment(dict(request["env"])) != self.environment:
-            return "another environment"
-        if request["path"][1:] != sys.path[1:]:
-            return "another sys.path"
-        if len(fds) != len(request["fd_numbers"]) + 1:
-            return "descriptors missing from the request"
-        if not request["session_leader"]:
-            return "the client does not lead a session of its own (a child could not be placed like it)"
+        why = warm_checks.request(request, fds, self.interpreter, self.recorder.baseline, self.environment)
+        if why:
+            return why
         why = self.refusal or warm_checks.threads() or warm_checks.cuda(self.restorer.hidden) or self._stale() or warm_checks.limits(request["rlimits"])
         held = {*self.preloaded, *self.recorder.loaded}
         return why or warm_checks.shadowed(request.get("shadow_dirs", []), held, set(self.recorder.baseline))
@@ -395,23 +413,6 @@ def _kill_group(pid: int, signum: int) -> None:
         pass
 
 
-def _listen(path: str) -> socket.socket:
-    """Bind under a temporary name, then rename over ``path``: a client never finds a socket that
-    does not accept yet, and a dead pool's socket is replaced at once."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    sock.bind(tmp)
-    os.chmod(tmp, 0o600)
-    sock.listen(64)
-    sock.setblocking(False)
-    os.replace(tmp, path)
-    return sock
-
-
 def main(argv: list[str], recorder: Recorder) -> list[str]:
     """The pool's life; returns only in a forked worker child (its bootstrap arguments)."""
     parser = argparse.ArgumentParser(prog="python -m phalanx.launch.bootstrap --warm-pool")
@@ -419,8 +420,10 @@ def main(argv: list[str], recorder: Recorder) -> list[str]:
     parser.add_argument("--lock-fd", type=int, required=True)
     parser.add_argument("--idle", type=float, default=600.0)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--allocation", default="", help="PID:START of the SLURM allocation's process: end with it")
     args = parser.parse_args(argv)
     pool = Pool(args.socket, args.idle, args.lock_fd, recorder)
+    pool.within(args.allocation)
     try:
         problem = warm_proto.private_dir(os.path.dirname(args.socket))
         if problem:

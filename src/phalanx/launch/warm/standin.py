@@ -208,13 +208,38 @@ def _connect(directory: str, key: str, idle: float, preload: "list[str]", cold: 
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live pool holds it, from its start
         except BlockingIOError:
             return "the pool of this environment is starting"
+        allocation = _allocation()
+        if allocation is None:
+            return "under SLURM with no slurmstepd or salloc above this process: a pool could outlive the allocation"
         options = cold[1:cold.index("-m")] if "-m" in cold else []
         argv = [sys.executable, *options, "-m", "phalanx.launch.bootstrap", "--warm-pool", "--socket", path,
-                "--lock-fd", str(lock), "--idle", f"{idle:g}", "--preload", ",".join(preload)]
+                "--lock-fd", str(lock), "--idle", f"{idle:g}", "--preload", ",".join(preload),
+                *(["--allocation", allocation] if allocation else [])]
         _spawn_detached(argv, warm_proto.pool_environment(os.environ), lock, os.path.join(directory, f"{key}.log"))
         return "no pool was running; one is starting for the next runs"
     finally:
         os.close(lock)  # the pool holds the lock through its own copy now
+
+
+def _allocation() -> "str | None":
+    """Under SLURM (``SLURM_JOB_ID`` set): the allocation's process above this one, as PID:START
+    (``slurmstepd`` on a node, ``salloc`` where it runs the shell), which the pool must not
+    outlive; None when there is none to be found. Elsewhere: ""."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return ""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            return None
+        comm = stat[stat.index(b"(") + 1:stat.rindex(b")")]
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if comm in (b"slurmstepd", b"salloc"):
+            return f"{pid}:{int(fields[19])}"
+        pid = int(fields[1])
+    return None
 
 
 def _high(fd: int) -> int:

@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   const { C, $, el, get, link, ago, dur, bytes, num, hours, money, stateBadge, actionButtons, layout, chart, smooth,
-    COLORS, markRendered } = window.PHX;
+    COLORS, markRendered, parts } = window.PHX;
   const GiB = 2 ** 30, MiB = 2 ** 20;
 
   // -- metric charts, shared with the compare page ---------------------------------------------
@@ -79,19 +79,6 @@
       actionButtons($("actions"), "job", d.id, d.actions, refresh);
     }
 
-    function renderCause(d) {
-      const c = d.root_cause;
-      $("cause-box").hidden = !c || d.state === "SUCCEEDED";
-      if (!c) return;
-      const where = c.rank !== undefined ? `rank ${c.rank} on node ${c.node_rank}` : (c.node_rank !== undefined ? `node ${c.node_rank}` : "job");
-      const how = c.signal ? `killed by ${c.signal}` : `exit code ${c.exitcode}`;
-      $("cause").replaceChildren(
-        el("p", {}, el("b", { text: where }), ` (${how}${c.attempt !== undefined ? ", attempt " + c.attempt : ""}): `,
-          el("span", { text: (c.type ? c.type + ": " : "") + (c.message || "") })),
-        (c.traceback || c.log_tail) ? el("pre", { class: "trace", text: c.traceback || c.log_tail }) : null,
-      );
-    }
-
     function progressBar(p) {
       const pct = p.fraction === null ? 0 : Math.round(100 * p.fraction);
       return el("span", { class: "progress-cell", id: "job-progress" },
@@ -118,8 +105,9 @@
           const r = d.ranks.find((x) => x.rank === rank);
           const state = r ? r.state : (d.terminal ? "unknown" : "pending");
           const slow = d.health && d.health.straggler && d.health.straggler.ranks.includes(rank);
+          const why = rank === d.root_cause_rank ? "root cause" : r && r.peer_lost ? "lost its peer" : state;
           ranks.push(el("div", { class: "rank " + state + (slow ? " slow" : ""), title: r ? `pid ${r.pid} on ${r.host}, ${state}` + (r.exitcode !== null ? `, exit ${r.exitcode}` : "") : state },
-            el("b", { text: "rank " + rank }), el("span", { text: r && r.pid ? `pid ${r.pid} · ${state}` : state })));
+            el("b", { text: "rank " + rank }), el("span", { text: r && r.pid ? `pid ${r.pid} · ${why}` : why })));
         }
         const host = (d.ranks.find((x) => x.node_rank === n) || {}).host;
         nodes.push(el("div", { class: "node" }, el("div", { class: "node-title", text: `node ${n}` + (host ? " · " + host : "") }), el("div", { class: "ranks" }, ...ranks)));
@@ -217,8 +205,9 @@
 
     // Resources: every attempt, so a job that ended keeps its charts; attempts are marked.
     async function refreshResources() {
-      const data = await get(`/api/jobs/${job}/resources`);
       const box = $("resources");
+      if (detail && detail.resources_summary) { parts.resourceSummary(box, detail.resources_summary); return; }
+      const data = await get(`/api/jobs/${job}/resources`);
       const nodes = Object.entries(data.nodes);
       if (!nodes.length) {
         box.replaceChildren(el("p", { class: "muted", text: detail && detail.terminal
@@ -226,7 +215,7 @@
           : "no resource samples yet (the first comes within a second of the start)" }));
         return;
       }
-      box.querySelector("p.muted")?.remove();
+      box.querySelectorAll("p.muted, .resource-summary").forEach((n) => n.remove());
       const marks = data.starts.length > 1 ? data.starts.map((s) => ({
         type: "line", xref: "x", yref: "paper", x0: new Date(s.time * 1000), x1: new Date(s.time * 1000), y0: 0, y1: 1,
         line: { color: "#94a3b8", width: 1, dash: "dot" } })) : [];
@@ -272,8 +261,8 @@
       if (log.next === null && data.offset > 0) pre.textContent = `… ${bytes(data.offset)} earlier (search covers the whole log)\n`;
       if (pre.textContent === "(no output yet)") pre.textContent = "";
       const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 20;
-      if (data.text) {
-        pre.append(document.createTextNode(data.text));
+      if (data.text || data.fold) {
+        parts.appendLog(pre, data);
         if (pre.textContent.length > MAX_SHOWN) pre.textContent = pre.textContent.slice(-MAX_SHOWN);
       }
       log.next = data.next;
@@ -313,6 +302,8 @@
           stopFollowing();
           log.rank = rank; log.attempt = attempt; log.next = null;
           pre.textContent = "";
+          const first = detail && attempt === String(detail.attempt) && rank === String(detail.root_cause_rank);
+          $("log-note").textContent = first ? parts.logNote(detail) : "";
         }
         const params = { rank, attempt };
         if (log.next !== null) params.offset = log.next;
@@ -377,13 +368,17 @@
       try {
         detail = await get(`/api/jobs/${job}`);
       } catch (e) { return; }
-      renderHead(detail); renderCause(detail); renderHints(detail); renderTopology(detail); renderAttempts(detail);
+      if (detail.metrics_note && !$("metrics").querySelector("[data-chart]")) $("metrics").replaceChildren(el("p", { class: "muted", text: detail.metrics_note }));
+      renderHead(detail); parts.renderCause(detail); renderHints(detail); renderTopology(detail); renderAttempts(detail);
       markRendered("rendered");
       $("live").classList.toggle("on", !detail.terminal);
       fillSelect($("log-attempt"), detail.attempts.length ? detail.attempts.map((a) => a.attempt) : [detail.attempt]);
       if (log.attempt === null) $("log-attempt").value = String(detail.attempt);
       const ranks = [...new Set(detail.ranks.map((r) => r.rank))].sort((a, b) => a - b);
       fillSelect($("log-rank"), ranks.length ? ranks : [0]);
+      if (log.rank === null && detail.root_cause_rank !== null && ranks.includes(detail.root_cause_rank)) {
+        $("log-rank").value = String(detail.root_cause_rank);  // a failed job's panel opens on the rank that failed first
+      }
       if (metricsEvery-- <= 0 || !refresh.started) {  // charts every 6 s: they cost more than the rest
         const first = !refresh.started;
         refresh.started = true;

@@ -81,12 +81,32 @@
     }));
   }
 
-  // Categorical parameters become axes with their values as ticks.
-  function dimension(label, values) {
-    const numeric = values.every((v) => typeof v === "number" || v === null);
-    if (numeric) return { label, values };
-    const cats = [...new Set(values.map(String))];
-    return { label, values: values.map((v) => cats.indexOf(String(v))), tickvals: cats.map((_, i) => i), ticktext: cats };
+  // One axis per parameter, on the scale the sweep searched it on (the search space says:
+  // ``scales``, log for loguniform, categorical for a list), and its ticks placed on that same
+  // scale: a log axis is labelled by decades, a categorical one by its values.
+  const tick = (v) => Number(v.toPrecision(4)).toString();
+  function axis(label, values, scale, domain) {
+    const all = domain || values;  // every trial's values: the axis spans what was tried, lines show what finished
+    if (scale === "categorical" || !all.every((v) => typeof v === "number")) {
+      const cats = [...new Set(all.map((v) => JSON.stringify(v)))].map((k) => JSON.parse(k));
+      if (cats.every((v) => typeof v === "number")) cats.sort((a, b) => a - b);
+      const at = (v) => (cats.length > 1 ? cats.findIndex((c) => JSON.stringify(c) === JSON.stringify(v)) / (cats.length - 1) : 0.5);
+      return { label, scale: "categorical", y: values.map(at), text: values.map(paramText), ticks: cats.map((c) => ({ y: at(c), text: paramText(c) })) };
+    }
+    const lo = Math.min(...all), hi = Math.max(...all);
+    const log = scale === "log" && lo > 0;
+    const f = log ? Math.log10 : (v) => v;
+    const at = (v) => (hi > lo ? (f(v) - f(lo)) / (f(hi) - f(lo)) : 0.5);
+    let marks = [lo, (lo + hi) / 2, hi];
+    if (log) {
+      const decades = [];
+      for (let k = Math.ceil(Math.log10(lo) - 1e-9); k <= Math.floor(Math.log10(hi) + 1e-9); k++) decades.push(Number((10 ** k).toPrecision(12)));
+      const step = Math.ceil(decades.length / 6);
+      marks = [...decades.filter((_, i) => i % step === 0), lo, hi];
+    }
+    const ticks = [];
+    for (const v of marks) if (!ticks.some((t) => Math.abs(t.y - at(v)) < 0.06)) ticks.push({ y: at(v), text: tick(v) });
+    return { label, scale: log ? "log" : "linear", y: values.map(at), text: values.map(num), ticks };
   }
 
   // Viridis, as plotly draws it, for the lines' colours.
@@ -104,32 +124,24 @@
   // parameter and the objective, each scaled to its own range, one line per finished trial
   // coloured by its objective (the best end of the scale is yellow).
   function parallel(div, dims, objective, best, title, direction) {
-    const scaled = dims.map((d) => {
-      const lo = Math.min(...d.values), hi = Math.max(...d.values);
-      const logScale = !d.ticktext && lo > 0 && hi / lo > 50;
-      const f = (v) => (logScale ? Math.log(v) : v);
-      return { ...d, lo, hi, y: d.values.map((v) => (hi > lo ? (f(v) - f(lo)) / (f(hi) - f(lo)) : 0.5)) };
-    });
     const lo = Math.min(...objective), hi = Math.max(...objective);
     const good = (v) => (hi > lo ? (direction === "max" ? (v - lo) / (hi - lo) : (hi - v) / (hi - lo)) : 1);
     const order = objective.map((_, i) => i).sort((a, b) => good(objective[a]) - good(objective[b])); // best drawn last, on top
     const traces = order.map((i) => ({
-      x: scaled.map((_, k) => k), y: scaled.map((d) => d.y[i]), type: "scatter", mode: "lines+markers", showlegend: false,
+      x: dims.map((_, k) => k), y: dims.map((d) => d.y[i]), type: "scatter", mode: "lines+markers", showlegend: false,
       line: { color: viridis(good(objective[i])), width: i === best ? 4 : 2 }, marker: { size: i === best ? 8 : 5, color: viridis(good(objective[i])) },
-      hoverinfo: "text", text: scaled.map((d) => `${d.label}=${d.ticktext ? d.ticktext[d.values[i]] : num(d.values[i])}`),
+      hoverinfo: "text", text: dims.map((d) => `${d.label}=${d.text[i]}`),
     }));
     traces.push({ x: [null], y: [null], type: "scatter", mode: "markers", showlegend: false, hoverinfo: "skip",
       marker: { color: [lo, hi], colorscale: "Viridis", reversescale: direction !== "max", cmin: lo, cmax: hi, showscale: true,
         colorbar: { title: { text: dims[dims.length - 1].label }, thickness: 14, len: 0.9 } } });
-    const ticks = (d, k) => {
-      const values = d.ticktext ? d.ticktext.map((_, j) => j) : [d.lo, (d.lo + d.hi) / 2, d.hi];
-      return [...new Set(values)].map((v) => ({ x: k, y: d.hi > d.lo ? (v - d.lo) / (d.hi - d.lo) : 0.5, text: d.ticktext ? d.ticktext[v] : num(v),
-        showarrow: false, xanchor: "right", xshift: -6, font: { size: 10, color: "#6b7280" } }));
-    };
-    const annotations = scaled.flatMap((d, k) => [{ x: k, y: 1.1, text: `<b>${d.label}</b>`, showarrow: false, font: { size: 12 } }, ...ticks(d, k)]);
-    const shapes = scaled.map((_, k) => ({ type: "line", x0: k, x1: k, y0: 0, y1: 1, line: { color: "#64748b", width: 1.5 } }));
+    const ticks = (d, k) => d.ticks.map((t) => ({ x: k, y: t.y, text: t.text, showarrow: false, xanchor: "right", xshift: -6,
+      font: { size: 10, color: "#6b7280" }, name: "tick:" + d.label }));
+    const annotations = dims.flatMap((d, k) => [{ x: k, y: 1.1, text: `<b>${d.label}</b>` + (d.scale === "linear" ? "" : ` <i>(${d.scale})</i>`),
+      showarrow: false, font: { size: 12 } }, ...ticks(d, k)]);
+    const shapes = dims.map((_, k) => ({ type: "line", x0: k, x1: k, y0: 0, y1: 1, line: { color: "#64748b", width: 1.5 } }));
     Plotly.react(div, traces, layout(title, { height: 400, hovermode: "closest", annotations, shapes, margin: { l: 60, r: 30, t: 60, b: 20 },
-      xaxis: { visible: false, range: [-0.35, scaled.length - 0.65] }, yaxis: { visible: false, range: [-0.06, 1.18] } }),
+      xaxis: { visible: false, range: [-0.35, dims.length - 0.65] }, yaxis: { visible: false, range: [-0.06, 1.18] } }),
     { displaylogo: false, responsive: true });
   }
 
@@ -142,7 +154,11 @@
     }
     // Parameters that vary: one that has a single value says nothing about the objective.
     const varying = t.params.filter((p) => new Set(t.rows.map((r) => JSON.stringify(r.params[p]))).size > 1);
-    const dims = [...varying.map((p) => dimension(p, done.map((r) => r.params[p]))), { label: t.objective, values: done.map((r) => r.objective) }];
+    const objective = done.map((r) => r.objective);
+    const spread = Math.min(...objective) > 0 && Math.max(...objective) / Math.min(...objective) > 50;
+    const tried = (p) => t.rows.map((r) => r.params[p]).filter((v) => v !== null && v !== undefined);
+    const dims = [...varying.map((p) => axis(p, done.map((r) => r.params[p]), (t.scales || {})[p], tried(p))),
+      axis(t.objective, objective, spread ? "log" : "linear")];
     const parcoordsDiv = $("parcoords");
     parcoordsDiv.querySelector("p")?.remove();
     parallel(parcoordsDiv, dims, done.map((r) => r.objective), done.findIndex((r) => r.best),
@@ -164,14 +180,16 @@
       if (best) traces.push({ x: [best.params[p]], y: [best.objective], name: "best", type: "scatter", mode: "markers",
         marker: { size: 18, symbol: "star", color: "#facc15", line: { color: "#854d0e", width: 1.5 } }, hoverinfo: "skip" });
       const numeric = t.rows.every((r) => typeof r.params[p] === "number");
-      const positive = numeric && t.rows.every((r) => r.params[p] > 0);
-      const spread = positive ? Math.max(...t.rows.map((r) => r.params[p])) / Math.min(...t.rows.map((r) => r.params[p])) : 0;
+      const scale = (t.scales || {})[p];
+      const xtype = !numeric || scale === "categorical" ? "category" : scale === "log" && t.rows.every((r) => r.params[p] > 0) ? "log" : "linear";
+      const cats = [...new Set(t.rows.map((r) => r.params[p]))].sort((a, b) => (numeric ? a - b : 0));
       const ys = Object.values(groups).flat().map((r) => r.y);
       const ylog = ys.every((y) => y > 0) && Math.max(...ys) / Math.min(...ys) > 50;
       chart(box, "scatter:" + p, traces, layout(`${t.objective} by ${p}` + (groups.PRUNED ? " (× pruned: its value when stopped)" : ""), {
         height: 300, hovermode: "closest", legend: { orientation: "h", y: 1.02, x: 1, xanchor: "right", yanchor: "bottom", font: { size: 11 } },
         margin: { l: 56, r: 16, t: 56, b: 44 },
-        xaxis: { title: { text: p, font: { size: 11 } }, gridcolor: "#eef0f3", type: spread > 50 ? "log" : numeric ? "linear" : "category" },
+        xaxis: { title: { text: p, font: { size: 11 } }, gridcolor: "#eef0f3", type: xtype,
+          ...(xtype === "category" ? { categoryorder: "array", categoryarray: cats } : {}) },
         yaxis: { title: { text: t.objective, font: { size: 11 } }, gridcolor: "#eef0f3", type: ylog ? "log" : "linear" },
       }));
     }
