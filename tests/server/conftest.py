@@ -3,8 +3,9 @@
 add``, and each person a set of real CLI processes with a config directory and a phalanx home
 of their own (``Person``), logged in with ``phalanx login URL --token-stdin``.
 
-Until the PostgreSQL engine lands the server's store is the SQLite file in its home; the same
-fixtures take ``--store postgresql://...`` then.
+The server's store is a real PostgreSQL (``tests/pgserver.py``: a private server per test module,
+a database of its own per server, the password in ``PGPASSWORD`` as a team would keep it);
+``sqlite_server`` runs one on the SQLite file in its home, as a store of one's own would be.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Server:
     root: Path
     home: Path
     env: dict[str, str]
+    store: str | None = None  # --store (a PostgreSQL URL), or None: the SQLite file in the home
     url: str = ""
     proc: subprocess.Popen | None = None
     log: Path | None = None
@@ -55,7 +57,7 @@ class Server:
         self.args = list(args)
         self.log = self.root / "server.err"
         err = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "phalanx", "server", "--port", "0", *args], env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "phalanx", "server", *self._store(), "--port", "0", *args], env=self.env,
                                      cwd=self.root, stdout=subprocess.PIPE, stderr=err, text=True)
         if expect_fail:
             self.proc.wait(timeout=timeout)
@@ -85,9 +87,12 @@ class Server:
                 self.proc.wait()
         self.proc = None
 
+    def _store(self) -> list[str]:
+        return ["--store", self.store] if self.store else []
+
     def admin(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """``phalanx server ...`` against the server's store (no server needed)."""
-        return cli(["server", *args], self.env, cwd=self.root, input=input)
+        """``phalanx server --store URL ...`` against the server's store (no server needed)."""
+        return cli(["server", *self._store(), *args], self.env, cwd=self.root, input=input)
 
     def add_user(self, name: str, admin: bool = False) -> str:
         done = self.admin("user", "add", name, *(["--admin"] if admin else []))
@@ -141,17 +146,57 @@ def make_ca(where: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
-def new_server(root: Path) -> Server:
+def new_server(root: Path, pg: object | None = None) -> Server:
+    """A server's place: its home (job directories), and its store: a new database of ``pg``
+    (reached over loopback TCP, the password in PGPASSWORD) or, without, the home's SQLite file."""
     home = root / "server-home"
     env = base_env()
     env["PHALANX_HOME"] = str(home)
     env["HOME"] = str(root)
-    return Server(root, home, env)
+    store = None
+    if pg is not None:
+        store = pg.tcp_url(pg.create_database(), password=False)  # type: ignore[attr-defined]
+        env["PGPASSWORD"] = pg.password  # type: ignore[attr-defined]
+    return Server(root, home, env, store)
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A private PostgreSQL for a module's servers (skipped where it cannot run, saying why;
+    failed instead where CI says it must: PHALANX_REQUIRE_PG=1)."""
+    from tests import pgserver
+
+    why = pgserver.unavailable()
+    if why is None:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            why = "psycopg is not installed: pip install -e '.[postgres]'"
+    if why is not None:
+        pgserver.need_pg(why)
+    pg = pgserver.PgServer()
+    try:
+        yield pg
+    finally:
+        from phalanx.store import postgres as engine
+
+        engine.dispose_all()
+        pg.stop()
 
 
 @pytest.fixture
-def server(tmp_path):
-    """A server on loopback, plain HTTP, with a store of its own."""
+def server(tmp_path, postgres):
+    """A server on loopback, plain HTTP, on a database of its own of a real PostgreSQL."""
+    srv = new_server(tmp_path / "srv", postgres)
+    srv.root.mkdir()
+    yield srv
+    srv.stop()
+    _end_jobs(srv)
+
+
+@pytest.fixture
+def sqlite_server(tmp_path):
+    """A server on loopback whose store is the SQLite file in its home (no --store)."""
     srv = new_server(tmp_path / "srv")
     srv.root.mkdir()
     yield srv
@@ -160,11 +205,11 @@ def server(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def team(tmp_path_factory):
-    """One server for a module's tests, with alice (admin) and bob logged in, each a person with a
-    project of their own."""
+def team(tmp_path_factory, postgres):
+    """One server for a module's tests (on PostgreSQL), with alice (admin) and bob logged in, each
+    a person with a project of their own."""
     root = tmp_path_factory.mktemp("team")
-    srv = new_server(root / "srv")
+    srv = new_server(root / "srv", postgres)
     srv.root.mkdir()
     alice, bob = Person("alice", root / "alice"), Person("bob", root / "bob")
     alice.token, bob.token = srv.add_user("alice", admin=True), srv.add_user("bob")

@@ -50,6 +50,12 @@ def test_a_second_person_with_a_url_and_a_token_runs_the_readme_and_the_first_se
     assert job in alice.run("ps", "--all", "--user", "bob").stdout
     assert job not in alice.run("ps", "--all", "--mine").stdout
 
+    secret = server.env.get("PGPASSWORD")
+    if secret:  # the store is PostgreSQL: its password is in no output, log or job file
+        said = ran.stdout + ran.stderr + seen.stdout + alice.run("status", job).stdout + server.log.read_text()
+        assert secret not in said
+        assert all(secret not in p.read_text(errors="replace") for p in server.home.rglob("*") if p.is_file())
+
     # The dashboard, as alice (her token in a bearer header, as a script would): bob's job listed.
     request = urllib.request.Request(f"{server.url}/api/jobs?user=bob", headers={"Authorization": f"Bearer {alice_token}"})
     listed = json.loads(urllib.request.urlopen(request, timeout=30).read())

@@ -175,7 +175,8 @@ def _announced(url: str, token: str, length: int) -> tuple[int, dict]:
         conn.close()
 
 
-def test_a_restart_of_the_server_restarts_nothing_and_loses_nothing(server, tmp_path):
+def test_a_restart_of_the_server_restarts_nothing_and_loses_nothing(sqlite_server, tmp_path):
+    server = sqlite_server  # a store of one's own (the SQLite file in the server's home) serves a team too
     token = server.add_user("nora")
     server.start()
     nora = Person("nora", tmp_path / "nora", token)

@@ -104,7 +104,7 @@ def follow_log(get: Callable[[], JobRecord], rank: int, attempt: int | None, off
             watch.add(path.parent.parent, lambda name, is_dir: is_dir)  # the rank's directory appearing
             watch.add(path.parent, lambda name, is_dir: name == path.name)
             piece = read_log(record, rank, attempt, offset)
-            if piece["text"] or offset is None:
+            if piece["text"] or piece.get("fold") or offset is None:
                 send(piece)
             offset = piece["next"]
             if is_terminal(record.state) and offset >= piece["size"]:
@@ -127,7 +127,14 @@ def log_events(get: Callable[[], JobRecord], rank: int, attempt: int | None, off
     gone = threading.Event()
 
     def send(item: Any) -> None:
-        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+        if loop.is_closed():  # the server is shutting down: nobody is left to read
+            return
+        put = queue.put(item)
+        try:
+            future = asyncio.run_coroutine_threadsafe(put, loop)
+        except RuntimeError:  # closed between the check and the call
+            put.close()
+            return
         while not gone.is_set():
             try:
                 future.result(timeout=1.0)
