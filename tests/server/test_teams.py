@@ -130,7 +130,10 @@ def test_a_quota_queues_jobs_and_starts_them_by_priority_then_submission(teams):
     alice.run("server", "project", "member", "role", "vision", "bob", "member")
     limited = alice.run("server", "project", "set", "vision", "--max-jobs", "1")
     assert limited.returncode == 0 and "1 jobs: phalanx's admission on local" in limited.stdout
-    first = submit(bob, "--name", "first", script=("job.py", "4"))
+    go = bob.root / "go"  # "first" runs until the queue has been looked at (no race with a sleep)
+    (bob.root / "gate.py").write_text("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n"
+                                      "    time.sleep(0.1)\n")
+    first = submit(bob, "--name", "first", script=("gate.py", str(go)))
     second = submit(bob, "--name", "second")
     urgent = submit(bob, "--name", "urgent", "--priority", "5")
     shown = bob.run("ps")
@@ -138,6 +141,7 @@ def test_a_quota_queues_jobs_and_starts_them_by_priority_then_submission(teams):
     assert re.search(rf"{second}\s+second\s+QUEUED #2", shown.stdout), shown.stdout
     status = bob.run("status", second).stdout
     assert "queued    QUEUED: waiting for quota: 1/1 jobs of project vision in use; place 2 of 2" in status, status
+    go.touch()
     ended = {job: wait(bob, job) for job in (first, second, urgent)}
     assert all(v["state"] == "SUCCEEDED" and v["project"] == "vision" for v in ended.values())
     order = sorted(ended, key=lambda j: ended[j]["started_at"])
