@@ -112,6 +112,21 @@ class LocalFace(TeamVerbs):
             whose = f"belongs to {owner}; only {owner}" if owner else "has no recorded owner; only"
             raise NotAllowed(f"{kind} {ref_id} {whose} or an admin may {verb} it")
 
+    def check_audited(self, action: str, kind: str, ref_id: str, owner: str | None, verb: str,
+                      project: str | None = None) -> None:
+        """``check_may_act``, a refusal recorded in the audit log as ``action`` (the dashboard's
+        buttons check before their verb runs, which records the rest)."""
+        from ..errors import NotAllowed
+
+        try:
+            self.check_may_act(kind, ref_id, owner, verb, project)
+        except NotAllowed as exc:
+            from .audit import outcome_of, record
+
+            outcome, detail = outcome_of(exc)
+            record(self._store(), self.principal, action, ref_id, project, outcome, detail)
+            raise
+
     # -- lookups -------------------------------------------------------------------------------
 
     def _store(self) -> Any:

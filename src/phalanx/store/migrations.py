@@ -157,7 +157,10 @@ MIGRATIONS: tuple[str, ...] = (
     # per job its priority, what it asks for (GPUs, CPUs) and when admission let it start
     # (admitted_at: it holds its share of the quota from then until it ends). Every existing
     # user is a member of 'default', where every job so far is: nothing they saw disappears.
-    # jobs_queue: a project's queue in admission order; jobs_project: `ps --project`, budgets.
+    # jobs_queue: a project's queue in admission order (its head is read without sorting the
+    # rest); jobs_holding: what a project's admitted jobs hold (not a scan of all its jobs);
+    # jobs_project: `ps --project`, budgets. The queries spell the partial indexes' conditions
+    # as literals (queue.py), as SQLite needs to use them.
     """
     CREATE TABLE projects (
         name TEXT PRIMARY KEY,
@@ -203,7 +206,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN admitted_at REAL;
     ALTER TABLE sweeps ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
-    CREATE INDEX jobs_queue ON jobs (project, priority, created_at, id) WHERE state = 'QUEUED';
+    CREATE INDEX jobs_queue ON jobs (project, priority DESC, created_at, id)
+        WHERE state = 'QUEUED' AND admitted_at IS NULL;
+    CREATE INDEX jobs_holding ON jobs (project)
+        WHERE admitted_at IS NOT NULL AND state IN ('PENDING', 'QUEUED', 'RUNNING', 'STOPPING');
     CREATE INDEX jobs_project ON jobs (project, created_at, id);
     """,
 )

@@ -202,7 +202,10 @@ PG_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN cpus BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN admitted_at DOUBLE PRECISION;
     ALTER TABLE sweeps ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
-    CREATE INDEX jobs_queue ON jobs (project, priority, created_at, id) WHERE state = 'QUEUED';
+    CREATE INDEX jobs_queue ON jobs (project, priority DESC, created_at, id)
+        WHERE state = 'QUEUED' AND admitted_at IS NULL;
+    CREATE INDEX jobs_holding ON jobs (project)
+        WHERE admitted_at IS NOT NULL AND state IN ('PENDING', 'QUEUED', 'RUNNING', 'STOPPING');
     CREATE INDEX jobs_project ON jobs (project, created_at, id);
     """,
 )

@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..core.state import JobState
 from .records import COLUMNS, JobRecord, from_row
 from .tx import Tx
 
 HOLDING = tuple(s.value for s in (JobState.PENDING, JobState.QUEUED, JobState.RUNNING, JobState.STOPPING))
-_HOLDING = ", ".join(f"'{s}'" for s in HOLDING)
-_WAITING = f"state = '{JobState.QUEUED.value}' AND admitted_at IS NULL"
+# The partial indexes' conditions (migration 8), as literals: SQLite uses such an index only for a
+# query whose WHERE has the index's terms as they are written there.
+HOLDS = f"admitted_at IS NOT NULL AND state IN ({', '.join(repr(s) for s in HOLDING)})"
+WAITS = f"state = '{JobState.QUEUED.value}' AND admitted_at IS NULL"
+PAGE = 100  # queued jobs read at a time: admission looks at the head of a queue, rarely further
 
 
 @dataclass(frozen=True)
@@ -45,29 +48,39 @@ def _not_in(backends: Sequence[str]) -> tuple[str, list[Any]]:
 def holders(t: Tx, project: str, skip_backends: Sequence[str] = ()) -> list[JobRecord]:
     """The project's admitted jobs that have not ended (those another engine admits left out)."""
     extra, args = _not_in(skip_backends)
-    sql = (f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE state IN ({_HOLDING}) AND project = ? "
-           f"AND admitted_at IS NOT NULL{extra}")
+    sql = f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE project = ? AND {HOLDS}{extra}"
     return [from_row(r) for r in t.rows(sql, [project, *args])]
 
 
-def waiting(t: Tx, project: str, skip_backends: Sequence[str] = ()) -> list[Queued]:
-    """The project's queue, in admission order."""
+def waiting(t: Tx, project: str, skip_backends: Sequence[str] = ()) -> Iterator[Queued]:
+    """The project's queue, in admission order, read ``PAGE`` jobs at a time as it is walked
+    (after the last one seen: jobs admitted or ended meanwhile move nothing)."""
     extra, args = _not_in(skip_backends)
     sql = ("SELECT id, priority, created_at, gpus, cpus, backend, sweep_id, supervisor_pid, supervisor_started "
-           f"FROM jobs WHERE project = ? AND {_WAITING}{extra} ORDER BY priority DESC, created_at, id")
-    return [Queued(*r) for r in t.rows(sql, [project, *args])]
+           f"FROM jobs WHERE project = ? AND {WAITS}{extra}")
+    order = f" ORDER BY priority DESC, created_at, id LIMIT {PAGE}"
+    after = ""
+    keys: list[Any] = []
+    while True:
+        page = [Queued(*r) for r in t.rows(sql + after + order, [project, *args, *keys])]
+        yield from page
+        if len(page) < PAGE:
+            return
+        last = page[-1]
+        after = " AND (priority < ? OR (priority = ? AND (created_at > ? OR (created_at = ? AND id > ?))))"
+        keys = [last.priority, last.priority, last.created_at, last.created_at, last.id]
 
 
 def ahead(t: Tx, project: str, priority: int, created_at: float, job_id: str) -> int:
     """How many queued jobs of the project come before a job with these keys."""
-    found = t.row(f"SELECT COUNT(*) FROM jobs WHERE project = ? AND {_WAITING} AND "
+    found = t.row(f"SELECT COUNT(*) FROM jobs WHERE project = ? AND {WAITS} AND "
                   "(priority > ? OR (priority = ? AND (created_at < ? OR (created_at = ? AND id < ?))))",
                   [project, priority, priority, created_at, created_at, job_id])
     return int(found[0]) if found else 0
 
 
 def projects_waiting(t: Tx) -> list[str]:
-    return [r[0] for r in t.rows(f"SELECT DISTINCT project FROM jobs WHERE {_WAITING}")]
+    return [r[0] for r in t.rows(f"SELECT DISTINCT project FROM jobs WHERE {WAITS}")]
 
 
 def job(t: Tx, job_id: str) -> JobRecord | None:

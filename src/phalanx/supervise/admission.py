@@ -281,14 +281,12 @@ def _holders(store: Store, project: str, skip: Sequence[str]) -> list[JobRecord]
     from ..store.records import COLUMNS, from_row
 
     extra = f" AND backend NOT IN ({', '.join('?' for _ in skip)})" if skip else ""
-    sql = (f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE state IN ({', '.join('?' for _ in q.HOLDING)}) "
-           f"AND project = ? AND admitted_at IS NOT NULL{extra}")
-    return [from_row(r) for r in tx.rows(store, sql, [*q.HOLDING, project, *skip])]
+    sql = f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE project = ? AND {q.HOLDS}{extra}"
+    return [from_row(r) for r in tx.rows(store, sql, [project, *skip])]
 
 
 def queued_count(store: Store, project: str) -> int:
-    found = tx.rows(store, "SELECT COUNT(*) FROM jobs WHERE project = ? AND state = ? AND admitted_at IS NULL",
-                    [project, JobState.QUEUED.value])
+    found = tx.rows(store, f"SELECT COUNT(*) FROM jobs WHERE project = ? AND {q.WAITS}", [project])
     return int(found[0][0])
 
 
@@ -299,9 +297,9 @@ def places(store: Store, projects: Iterable[str]) -> dict[str, tuple[int, int]]:
         found = store.projects.get(name)
         skip = engine_backends(found) if found is not None else ()
         waiting = [r[0] for r in tx.rows(
-            store, "SELECT id FROM jobs WHERE project = ? AND state = ? AND admitted_at IS NULL"
+            store, f"SELECT id FROM jobs WHERE project = ? AND {q.WAITS}"
             + (f" AND backend NOT IN ({', '.join('?' for _ in skip)})" if skip else "")
-            + " ORDER BY priority DESC, created_at, id", [name, JobState.QUEUED.value, *skip])]
+            + " ORDER BY priority DESC, created_at, id", [name, *skip])]
         out.update({job_id: (i + 1, len(waiting)) for i, job_id in enumerate(waiting)})
     return out
 

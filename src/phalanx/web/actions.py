@@ -22,6 +22,7 @@ from ..store import JobRecord
 
 JOB_ACTIONS = ("stop", "resume", "retry", "delete")
 SWEEP_ACTIONS = ("stop", "resume", "delete")
+AUDITED_AS = {"delete": "rm", "retry": "submit"}  # a refused button's event, as the face's verb names it
 _running: list[threading.Thread] = []
 
 
@@ -54,7 +55,7 @@ def job_action(face: LocalFace, ref: str, action: str, log: Callable[[str], None
     if action not in JOB_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(JOB_ACTIONS)}")
     record = face.record(ref)
-    face.check_may_act("job", record.id, record.user_name, "delete" if action == "delete" else action, record.project)
+    face.check_audited(AUDITED_AS.get(action, action), "job", record.id, record.user_name, action, record.project)
     if action == "stop":
         if is_terminal(record.state):
             raise Conflict(f"job {record.id} already ended ({record.state.value}): there is nothing to stop",
@@ -126,7 +127,7 @@ def sweep_action(face: LocalFace, ref: str, action: str, log: Callable[[str], No
     sweep = face.find_sweep(ref)
     if sweep is None:
         raise JobNotFound(f"no sweep '{ref}'", "list sweeps with: phalanx ps --all")
-    face.check_may_act("sweep", sweep.id, sweep.user_name, "delete" if action == "delete" else action, sweep.project)
+    face.check_audited(AUDITED_AS.get(action, action), "sweep", sweep.id, sweep.user_name, action, sweep.project)
     if action == "stop":
         if is_terminal(sweep.state):
             raise Conflict(f"sweep {sweep.id} already ended ({sweep.state.value}): there is nothing to stop",
