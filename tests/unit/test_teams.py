@@ -209,9 +209,30 @@ def test_what_a_job_asks_for(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert admission.needs(_spec(4)) == (2, 4), "on this machine at most the GPUs it has"
     assert admission.needs(_spec(4, "slurm", gpus_per_node=8)) == (8, 4)
-    assert admission.needs(_spec(2, "kubernetes", gpus_per_node=1)) == (1, 2)
+    assert admission.needs(_spec(2, "k8s", gpus_per_node=1)) == (1, 2)
     assert admission.needs(_spec(2, "ssh")) == (2, 2), "elsewhere one GPU per process"
     assert admission.needs(_spec(1, "sagemaker", instance_type="ml.p4d.24xlarge")) == (8, 1)
+
+
+def test_a_projects_cluster_queues_take_its_jobs_and_their_quota(tmp_path, monkeypatch):
+    """A project mapped to a SLURM account and QOS: its SLURM jobs are charged to them (unless
+    they name their own) and SLURM, not phalanx, enforces their limits; its other jobs still go
+    through phalanx's admission (the Kueue side: tests/kubernetes, on the fake API server)."""
+    from phalanx.api.face import LocalFace
+    from phalanx.api.query import open_store
+
+    monkeypatch.setenv("PHALANX_HOME", str(tmp_path / "home"))
+    face = LocalFace()
+    projects.add_project(open_store(), face.principal, "vision")
+    projects.set_limits(open_store(), face.principal, "vision", max_gpus="1", slurm_account="vis", slurm_qos="high")
+    big = _spec(4, "slurm", gpus_per_node=8, sbatch=("--mem=0",)).with_(project="vision")
+    ready = face._admit_spec(big)  # 8 GPUs in a 1-GPU quota: SLURM's to decide, not refused here
+    assert ready.backend_options["account"] == "vis"
+    assert tuple(ready.backend_options["sbatch"]) == ("--mem=0", "--qos=high")
+    own = face._admit_spec(big.with_(backend_options={"account": "mine", "sbatch": ("--qos=low",)}))
+    assert own.backend_options["account"] == "mine" and tuple(own.backend_options["sbatch"]) == ("--qos=low",)
+    with pytest.raises(UsageError, match="the job needs 4 GPUs and project vision allows at most 1"):
+        face._admit_spec(_spec(4, "ssh").with_(project="vision"))
 
 
 def test_admission_queues_in_priority_then_submission_order(store):

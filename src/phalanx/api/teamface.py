@@ -91,7 +91,7 @@ def _queue_options(spec: JobSpec, project: Any) -> dict[str, Any]:
     its Kueue LocalQueue, SLURM jobs are charged to its account (and QOS)."""
     given = dict(spec.backend_options or {})
     out: dict[str, Any] = {}
-    if spec.backend == "kubernetes" and project.kueue_queue and not given.get("queue"):
+    if spec.backend == "k8s" and project.kueue_queue and not given.get("queue"):
         out["queue"] = project.kueue_queue
     if spec.backend == "slurm":
         if project.slurm_account and not given.get("account"):

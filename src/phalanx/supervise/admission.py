@@ -34,7 +34,7 @@ from ..store import tx
 from ..store.teams import ProjectRecord, ProjectTable
 from . import liveness
 
-ENGINES = {"kubernetes": "kueue_queue", "slurm": ("slurm_account", "slurm_qos")}
+ENGINES = {"k8s": "kueue_queue", "slurm": ("slurm_account", "slurm_qos")}
 _PHALANX_BACKENDS = "local, ssh, ray, skypilot, sagemaker"
 
 
@@ -94,7 +94,7 @@ def engine_backends(project: ProjectRecord) -> tuple[str, ...]:
     """The backends whose jobs of this project another queueing engine admits."""
     out = []
     if project.kueue_queue:
-        out.append("kubernetes")
+        out.append("k8s")
     if project.slurm_account or project.slurm_qos:
         out.append("slurm")
     return tuple(out)
@@ -111,7 +111,7 @@ def enforcement(project: ProjectRecord) -> list[str]:
     quota = ", ".join(limits) if limits else "no concurrency limit"
     engines = engine_backends(project)
     lines = [f"{quota}: phalanx's admission on {_PHALANX_BACKENDS}"
-             + ("" if "kubernetes" in engines else ", kubernetes") + ("" if "slurm" in engines else ", slurm")]
+             + ("" if "k8s" in engines else ", kubernetes") + ("" if "slurm" in engines else ", slurm")]
     if project.kueue_queue:
         lines.append(f"kubernetes: Kueue LocalQueue {project.kueue_queue} (its ClusterQueue's quota; "
                      "phalanx shows Kueue's admission state)")
