@@ -262,6 +262,31 @@ def test_admission_queues_in_priority_then_submission_order(store):
     assert spawned == [urgent, first, second], "nobody waited for them: a supervisor is started for each"
 
 
+def test_a_share_freed_unseen_goes_to_the_head_of_the_queue_at_the_next_submit(store, monkeypatch):
+    """The holder's supervisor was killed (-9): nothing ended it, nothing moved the queue. The next
+    submit to the project finds it LOST and gives its share to the head of the queue, not to itself."""
+    import subprocess
+
+    from phalanx.api import jobs
+
+    projects.set_limits(store, ROOT, "vision", max_jobs="1")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    now = time.time()
+    held = job(store, "run00009", "vision", "bob", JobState.RUNNING, admitted=now - 60, created=now - 60)
+    store.update(held, supervisor_pid=gone.pid, supervisor_started=now - 60)
+    head = job(store, "que00009", "vision", "bob", JobState.QUEUED, created=now - 30)
+    spawned: list[str] = []
+    monkeypatch.setattr(admission, "_start_supervisor", lambda s, i: spawned.append(i))
+    said: list[str] = []
+    late = job(store, "new00009", "vision", "bob", JobState.PENDING, created=now)
+    assert jobs._queued(store, store.get(late), said.append), "it waits behind the head"
+    assert store.get(held).state is JobState.LOST
+    assert spawned == [head] and store.get(head).admitted_at is not None, "the head starts (a supervisor for it)"
+    assert said == ["queued: waiting for quota: 1/1 jobs of project vision in use (place 1); it starts by itself "
+                    "when capacity frees"]
+
+
 def test_a_job_too_big_for_its_quota_never_waits(store):
     projects.set_limits(store, ROOT, "vision", max_gpus="4")
     big = job(store, "big00001", "vision", "bob", JobState.PENDING, gpus=8)

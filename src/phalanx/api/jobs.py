@@ -109,7 +109,7 @@ def _queued(store: Store, record: JobRecord, events: Events | None) -> bool:
     """Admission at submit (``supervise/admission.py``): True when the job waits in its
     project's queue (QUEUED, said in ``events``); a job that can never start is recorded FAILED
     and raised."""
-    from ..supervise.admission import admit
+    from ..supervise.admission import admit, advance
 
     decision = admit(store, record)
     if decision.never:
@@ -118,6 +118,13 @@ def _queued(store: Store, record: JobRecord, events: Events | None) -> bool:
         raise UsageError(f"job {record.id} can never start: {decision.reason}", "ask for less, or for a larger quota")
     if decision.admitted:
         return False
+    # A share freed unseen (a holder's supervisor killed: nobody moved the queue) is taken by the
+    # head of the queue now; if that is this job, ``advance`` started its supervisor.
+    moved = advance(store, [record.project])
+    if record.id in moved:
+        return True
+    if moved:  # what it waits for now
+        decision = admit(store, store.get(record.id))
     if events:
         events(f"queued: {decision.reason} (place {decision.place}); it starts by itself when capacity frees")
     return True

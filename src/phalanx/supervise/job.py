@@ -59,6 +59,7 @@ from .submit import plan_attempt
 
 Events = Callable[[str], None]
 QUEUE_POLL = 0.25  # seconds between looks at the store while a job waits in its queue
+QUEUE_MOVE = 5.0  # seconds between a waiting job's own moves of its queue (no server moves it here)
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
@@ -143,6 +144,7 @@ class JobRun:
         self._reserve: disk.Reserve | None = None
         self.queued: admission.Decision | None = None  # waiting in its project's queue
         self._identity: dict[str, Any] | None = None
+        self._moved_at = 0.0  # when this waiting job last moved its queue (``admission.advance``)
         self.ran = 0.0  # seconds the job's nodes have run, over its attempts (--max-duration)
         self.keeper: Any = None  # versions of the state directory (--keep-states)
         self.objective = _objective(store, record)
@@ -165,6 +167,8 @@ class JobRun:
         if not decision.admitted:
             self.queued = decision
             self.say(f"queued: {decision.reason} (place {decision.place}); it starts by itself when capacity frees")
+            self._moved_at = time.monotonic()
+            admission.advance(self.store, [self.record.project])  # a share freed unseen: the queue moves now
             return
         self._begin()
 
@@ -179,6 +183,9 @@ class JobRun:
     def _still_queued(self) -> bool:
         """Whether the job still waits in its queue; once admitted it starts, once ended (stopped
         while queued, its project removed) this run is done."""
+        if time.monotonic() - self._moved_at > QUEUE_MOVE:  # holders whose supervisor vanished give back
+            self._moved_at = time.monotonic()
+            admission.advance(self.store, [self.record.project])
         now = self.store.get(self.record.id)
         if now.state is JobState.QUEUED and now.admitted_at is None:
             return True
