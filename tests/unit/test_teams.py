@@ -235,7 +235,7 @@ def test_a_projects_cluster_queues_take_its_jobs_and_their_quota(tmp_path, monke
         face._admit_spec(_spec(4, "ssh").with_(project="vision"))
 
 
-def test_admission_queues_in_priority_then_submission_order(store):
+def test_admission_queues_in_priority_then_submission_order(store, monkeypatch):
     projects.set_limits(store, ROOT, "vision", max_gpus="8")
     now = time.time()
     job(store, "run00001", "vision", "bob", JobState.RUNNING, gpus=8, admitted=now - 10)
@@ -251,14 +251,11 @@ def test_admission_queues_in_priority_then_submission_order(store):
     assert admission.waiting_line(store, store.get(first)).endswith("place 2 of 3")  # type: ignore[union-attr]
     store.transition("run00001", JobState.SUCCEEDED)
     spawned: list[str] = []
-    admission._start_supervisor = lambda s, i: spawned.append(i)  # type: ignore[assignment]
-    try:
-        assert admission.advance(store, ["vision"]) == [urgent], "higher priority first, and it fills the quota"
-        store.transition(urgent, JobState.RUNNING)
-        store.transition(urgent, JobState.SUCCEEDED)
-        assert admission.advance(store, ["vision"]) == [first, second], "then in the order they were submitted"
-    finally:
-        del admission._start_supervisor
+    monkeypatch.setattr(admission, "_start_supervisor", lambda s, i: spawned.append(i))
+    assert admission.advance(store, ["vision"]) == [urgent], "higher priority first, and it fills the quota"
+    store.transition(urgent, JobState.RUNNING)
+    store.transition(urgent, JobState.SUCCEEDED)
+    assert admission.advance(store, ["vision"]) == [first, second], "then in the order they were submitted"
     assert spawned == [urgent, first, second], "nobody waited for them: a supervisor is started for each"
 
 
