@@ -22,6 +22,17 @@ RENDERED = "!!(document.body && document.body.dataset.rendered)"
 SLOW = "import time\nprint('working', flush=True)\nfor i in range(1200):\n    time.sleep(0.1)\n"
 
 
+def switch_to(b: Browser, project: str, job: str) -> None:
+    """Pick ``project`` in the header's switcher (once it is filled) and wait for its one job,
+    ``job`` (the page reloads: the list before it may have one row too)."""
+    b.wait_for(RENDERED + " && document.body.dataset.projects === 'ready'", what="the switcher filled")
+    b.evaluate(f"const s = document.getElementById('project-switch'); s.value = {json.dumps(project)}; "
+               "s.dispatchEvent(new Event('change'))")
+    b.wait_for(RENDERED + f" && document.getElementById('project-switch').value === {json.dumps(project)} && "
+               "document.querySelectorAll('#list-body tr').length === 1 && "
+               f"document.getElementById('list-body').textContent.includes({json.dumps(job)})", what=f"{project}'s jobs only")
+
+
 def test_the_project_switcher_a_viewer_offered_no_stop_and_a_forged_post_refused(server, tmp_path):
     people = {name: Person(name, tmp_path / name, server.add_user(name, admin=name == "alice"))
               for name in ("alice", "bob", "carol")}
@@ -51,10 +62,7 @@ def test_the_project_switcher_a_viewer_offered_no_stop_and_a_forged_post_refused
             assert hers in b.text("#list-body") and his in b.text("#list-body")
             assert b.evaluate("document.getElementById('nav-events').hidden"), "no audit log for a non-admin"
 
-            b.evaluate("const s = document.getElementById('project-switch'); s.value = 'vision'; "
-                       "s.dispatchEvent(new Event('change'))")
-            b.wait_for(RENDERED + " && document.getElementById('project-switch').value === 'vision' && "
-                       "document.querySelectorAll('#list-body tr').length === 1", what="vision's jobs only")
+            switch_to(b, "vision", hers)
             assert hers in b.text("#list-body") and his not in b.text("#list-body")
 
             b.open(f"{server.url}/jobs/{hers}")
@@ -67,10 +75,7 @@ def test_the_project_switcher_a_viewer_offered_no_stop_and_a_forged_post_refused
             assert forged[0] == 403 and "where you are a viewer: viewers may only look, not stop" in forged[1]
 
             b.open(f"{server.url}/")
-            b.evaluate("const s = document.getElementById('project-switch'); s.value = 'nlp'; "
-                       "s.dispatchEvent(new Event('change'))")
-            b.wait_for(RENDERED + " && document.getElementById('project-switch').value === 'nlp' && "
-                       "document.querySelectorAll('#list-body tr').length === 1", what="nlp's jobs only")
+            switch_to(b, "nlp", his)
             assert his in b.text("#list-body") and hers not in b.text("#list-body")
             b.open(f"{server.url}/jobs/{his}")
             b.wait_for("!!document.querySelector('#actions .act-stop')", what="his own job's Stop button")
