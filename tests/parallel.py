@@ -39,19 +39,20 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "s3_server": ("tests/cluster/test_channels_s3.py", "tests/cluster/test_sagemaker_fakeplane.py",
                   "tests/cluster/test_sagemaker_moto.py", "tests/cluster/test_state_s3.py"),
     "demo": ("tests/web/test_api.py", "tests/web/test_browser.py"),
+    "ssh_hosts": ("tests/cluster/test_ssh.py", "tests/cluster/test_secrets_canary.py"),
     # a private PostgreSQL (tests/pgserver.py): the store's tests on its second engine
     "pg_server": ("tests/unit/test_store.py", "tests/unit/test_store_plans.py", "tests/unit/test_store_engines.py",
                   "tests/unit/test_store_concurrency.py", "tests/unit/test_store_listing.py",
                   "tests/local/test_pgstore_cli.py"),
 }
-SHARED = ("ray_cluster", "slurm_cluster", "ssh_hosts", "netns_hosts", *GROUPS)
+SHARED = ("ray_cluster", "slurm_cluster", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}
 
 # Rough cost of the longest scopes (seconds their tests took in a run of 4 workers on 2 busy
 # cores, --durations=0); the rest count as 0 and keep their collection order after these.
 WEIGHT: dict[str, float] = {
     "s3_server": 800, "tests/differential/test_differential.py": 470, "tests/cluster/test_ray.py": 450,
-    "tests/cluster/test_slurm.py": 300, "tests/cluster/test_ssh.py": 230, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
+    "tests/cluster/test_slurm.py": 300, "ssh_hosts": 260, "tests/kubernetes/test_k8s_inpod_netns.py": 230,
     "tests/differential/test_contracts.py": 260, "tests/local/test_run.py": 210, "tests/local/test_survival.py": 210, "tests/local/test_torchrun_cli.py": 210,
     "tests/terminal/test_ctrl_c.py": 180, "tests/cluster/test_track_mlflow.py": 200,
     "tests/kubernetes/test_k8s_fakeapi_lifecycles.py": 120, "demo": 100,

@@ -64,6 +64,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
             "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),
+    # Secrets (issue 27): where this user's secrets are kept (docs/secrets.md)
+    Setting("secrets_file", "", str, "This user's secrets file (mode 0600; default $XDG_CONFIG_HOME/phalanx/secrets.json, "
+            "~/.config/phalanx/secrets.json): outside the phalanx home on purpose."),
+    Setting("secrets_store", "auto", str, "Where secret values go: auto (the OS keyring when one is usable, else the "
+            "secrets file), file or keyring."),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -93,6 +98,32 @@ def home() -> Path:
     path = Path(raw).expanduser().resolve()
     _check_home(path, "PHALANX_HOME" if os.environ.get("PHALANX_HOME") else "the phalanx home")
     return path
+
+
+def secrets_file() -> Path:
+    """This user's secrets file (``phalanx.secrets.local``): the ``secrets_file`` setting, else under
+    the user's config directory (``$XDG_CONFIG_HOME``, default ``~/.config``). Here, below every
+    floor, because code snapshots and bundles must leave it out wherever it lies."""
+    given = str(get("secrets_file") or "")
+    if given:
+        return Path(given).expanduser().absolute()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base).absolute() / "phalanx" / "secrets.json"
+
+
+def secrets_filter() -> Callable[[Path], bool]:
+    """A test of whether a file is the secrets file, its lock or a copy being written
+    (``.secrets.json.N.tmp``): what code snapshots and bundles leave out. Reads the setting once."""
+    target = secrets_file()
+    folder = os.path.realpath(target.parent)
+    names = (target.name, f"{target.name}.lock")
+
+    def matches(path: Path) -> bool:
+        if path.name not in names and not path.name.startswith(f".{target.name}."):
+            return False
+        return os.path.realpath(path.parent) == folder
+
+    return matches
 
 
 def _check_home(path: Path, what: str) -> None:

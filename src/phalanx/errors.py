@@ -107,3 +107,8 @@ class TrackerUnavailable(TrackerError):
 class TrackerRefused(TrackerError):
     """The tracker answered that these points (or this request) are invalid: sending them again
     would fail the same way, so they are counted as dropped."""
+
+
+class SecretError(UsageError):
+    """A secret that does not exist, may not be read (a store whose file is open to others), or a
+    name that cannot be one. Exit 2: nothing is created (``phalanx.secrets``)."""

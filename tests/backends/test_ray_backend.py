@@ -219,3 +219,15 @@ def test_cli_never_imports_ray():
     assert proc.returncode == 0 and proc.stdout.strip().endswith("clean"), proc.stderr
     assert "--address" in subprocess.run([sys.executable, "-m", "phalanx", "run", "--help"], capture_output=True,
                                          text=True, timeout=60).stdout
+
+
+def test_secrets_go_into_the_submissions_runtime_env_only():
+    """--secret on Ray: the values are the job's runtime_env env_vars (Ray sets them in the driver and
+    every actor, so the node agents and ranks have them; docs/secrets.md: Ray shows a job's
+    runtime_env to whoever can see the job); a variable of the ray: section's env_vars gives way."""
+    from phalanx.backends.ray import submission
+
+    request = {"env_vars": {"HF_HOME": "/data/hf", "HF_TOKEN": "from-the-section"}}
+    env = submission.runtime_env(request, "/stage", 30.0, {"HF_TOKEN": "sekret-value"})
+    assert env["env_vars"] == {"HF_HOME": "/data/hf", "HF_TOKEN": "sekret-value", "RAY_JOB_STOP_WAIT_TIME_S": "50"}
+    assert submission.runtime_env(request, "/stage", 30.0)["env_vars"]["HF_TOKEN"] == "from-the-section"

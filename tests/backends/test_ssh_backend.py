@@ -185,3 +185,30 @@ def _wait_for(check, what: str, timeout: float = 60.0) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def test_a_secret_travels_on_the_links_stdin_never_on_a_command_line(fake, tmp_path, home, monkeypatch):
+    """--secret over ssh: every command phalanx ran (ssh -G, the preflight, the copies, the links)
+    is free of the value; the ranks on both hosts got it (the remote end put it in the agent's
+    environment) and what they printed of it is masked; no file on the hosts holds it."""
+    import hashlib
+
+    canary = "ssh-canary-Pq7w3Zx0"
+    monkeypatch.setenv("PHALANX_SECRETS_FILE", str(tmp_path / "cfg" / "secrets.json"))
+    monkeypatch.setenv("PHALANX_SECRETS_STORE", "file")
+    from phalanx.secrets.local import open_store
+
+    open_store().set("db", canary, owner="test")
+    spec = _spec(tmp_path).with_(secrets={"DB_PASSWORD": "db"})
+    (Path(spec.workdir) / "train.py").write_text(
+        "import hashlib, os\nv = os.environ['DB_PASSWORD']\n"
+        "print('rank', os.environ['RANK'], hashlib.sha256(v.encode()).hexdigest(), 'pw=' + v, flush=True)\n")
+    record, code = jobs.run(spec)
+    assert code == 0 and record.state is JobState.SUCCEEDED, query.attempt_history(record)
+    digest = hashlib.sha256(canary.encode()).hexdigest()
+    assert [record.paths.rank_log(0, r).read_text() for r in (0, 1)] == [f"rank {r} {digest} pw=********\n" for r in (0, 1)]
+    assert fake.calls and not [c for c in fake.calls if canary in " ".join(map(str, c))]
+    for host in ("gpu1", "gpu2"):
+        for path in fake.hosts[host].home.rglob("*"):
+            if path.is_file():
+                assert canary.encode() not in path.read_bytes(), path

@@ -275,3 +275,35 @@ def test_the_job_outlives_its_supervisor_and_resume_watches_it(ray_env, phx_home
     assert resumed.returncode == 0 and status["state"] == "SUCCEEDED", (resumed.stderr, status)
     assert status["attempt"] == 0 and not Path(status["job_dir"], "attempt_1").exists()  # watched, not resubmitted
     assert "final loss=" in phalanx("logs", job_id, "--rank", "0").stdout
+
+
+SHOWS_SECRET = textwrap.dedent("""\
+    import hashlib, os, sys
+    v = os.environ["HF_TOKEN"]
+    print("rank", os.environ["RANK"], "sha", hashlib.sha256(v.encode()).hexdigest(), flush=True)
+    sys.stdout.write("token " + v[:6]); sys.stdout.flush(); sys.stdout.write(v[6:] + "\\n"); sys.stdout.flush()
+""")
+
+
+def test_a_secret_reaches_both_nodes_through_the_runtime_env(ray_env, phx_home, tmp_path, monkeypatch):
+    """--secret on Ray: the value travels in the job's runtime_env (env_vars), reaches the ranks on
+    both Ray nodes, is masked in what they print (on the nodes and in what came back), and no file
+    of the job here or in the nodes' phalanx homes holds it (Ray's own records do: docs/secrets.md)."""
+    canary = f"ray-canary-{time.monotonic_ns()}"
+    monkeypatch.setenv("PHALANX_SECRETS_FILE", str(tmp_path / "cfg" / "secrets.json"))
+    monkeypatch.setenv("PHALANX_SECRETS_STORE", "file")
+    from phalanx.secrets.local import open_store
+
+    open_store().set("HF_TOKEN", canary, owner="test")
+    workdir = _write(tmp_path, "shows.py", SHOWS_SECRET)
+    job_id = _detached("-n", "2x1", "--secret", "HF_TOKEN", "shows.py", cwd=workdir)
+    status = _wait(job_id)
+    logs = phalanx("logs", job_id).stdout
+    assert status["state"] == "SUCCEEDED", f"{status}\n{logs}"
+    digest = hashlib.sha256(canary.encode()).hexdigest()
+    assert f"rank 0 sha {digest}" in logs and f"rank 1 sha {digest}" in logs and "token ********" in logs, logs
+    places = [Path(os.environ["PHALANX_HOME"]), ray_env.home("head") / ".phalanx", ray_env.home("worker") / ".phalanx"]
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert canary.encode() not in path.read_bytes(), path

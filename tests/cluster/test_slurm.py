@@ -266,6 +266,45 @@ def test_a_sweep_runs_its_trials_as_slurm_jobs(slurm_env, tmp_path):
     assert all(Path(j["job_dir"], "attempt_0", "scheduler.json").exists() for j in jobs)
 
 
+def test_a_secret_reaches_the_ranks_through_sbatchs_environment_not_the_script(slurm_env, tmp_path, monkeypatch):
+    """--secret on SLURM: the value travels in the environment of the sbatch phalanx runs (SLURM hands
+    it to the batch step and srun to each node's agent); the ranks see it, the batch script, the job
+    directory and the store never hold it, what a rank prints of it is masked. Who else can read it:
+    slurmctld keeps a batch job's environment with its state (StateSaveLocation, the SlurmUser's),
+    as docs/secrets.md says; checked here in the real daemon's state directory."""
+    import hashlib
+    import sqlite3
+
+    canary = f"slurm-canary-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("PHALANX_SECRETS_FILE", str(tmp_path / "cfg" / "secrets.json"))
+    monkeypatch.setenv("PHALANX_SECRETS_STORE", "file")
+    from phalanx.secrets.local import open_store
+
+    open_store().set("slurm_db", canary, owner="test")
+    (tmp_path / "show.py").write_text(
+        "import hashlib, os, sys\nv = os.environ['DB_PASSWORD']\n"
+        "print('rank', os.environ['RANK'], 'sha', hashlib.sha256(v.encode()).hexdigest(), flush=True)\n"
+        "sys.stdout.write('pw=' + v[:5]); sys.stdout.flush(); sys.stdout.write(v[5:] + '\\n')\n")
+    phalanx("run", "--backend", "slurm", "--time", "10", "-n", "2x1", "--secret", "DB_PASSWORD=slurm_db", "show.py",
+            check=True, timeout=300, cwd=tmp_path)
+    job = _only_job()
+    attempt = Path(job["job_dir"], "attempt_0")
+    digest = hashlib.sha256(canary.encode()).hexdigest()
+    for rank in (0, 1):
+        log = (attempt / f"rank_{rank}" / "output.log").read_text()
+        assert f"rank {rank} sha {digest}" in log and "pw=********" in log and canary not in log
+    script = (attempt / "batch.sh").read_text()
+    assert canary not in script and "DB_PASSWORD" not in script
+    for path in Path(os.environ["PHALANX_HOME"]).rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+    con = sqlite3.connect(Path(os.environ["PHALANX_HOME"]) / "phalanx.db")
+    assert canary not in "\n".join(con.iterdump())
+    con.close()
+    kept = [p for p in (slurm_env.root / "ctld").rglob("environment*") if canary.encode() in p.read_bytes()]
+    assert kept, "slurmctld keeps the batch job's environment in its state directory (docs/secrets.md says so)"
+
+
 def test_a_warm_pool_never_outlives_the_allocation_that_started_it(slurm_env, tmp_path, tmp_path_factory, monkeypatch):
     """``phalanx run`` (local, warm) inside a batch job starts a warm pool there; SLURM's process
     tracking (here proctrack/linuxproc) does not see the daemonized pool, so the pool itself ends

@@ -287,3 +287,49 @@ def test_k8s_fakeapi_pytorchjob_failure_names_the_worker_rank(k8s):
         f"phx-{record.id}-a0-master-0", f"phx-{record.id}-a0-worker-0"}
     k8s.cluster.wait_for(lambda: not _left(k8s) and not k8s.cluster.store.list("pytorchjobs", None),
                          text="the PyTorchJob, its pods and Services to be deleted")
+
+
+def test_k8s_fakeapi_a_secret_lives_in_the_attempts_secret_owned_by_its_workload(k8s, tmp_path, monkeypatch):
+    """--secret on k8s (the FAKE API server): the value reaches the cluster only as the data of the
+    attempt's Secret, which the workload owns (deleted with it); the pods take it by secretKeyRef;
+    the manifests phalanx keeps hold the placeholder; nothing of the job holds the value."""
+    import base64
+
+    monkeypatch.setenv("PHALANX_SECRETS_FILE", str(tmp_path / "cfg" / "secrets.json"))
+    monkeypatch.setenv("PHALANX_SECRETS_STORE", "file")
+    from phalanx.secrets.local import open_store
+
+    canary = f"k8s-canary-{time.monotonic_ns()}"
+    open_store().set("hf_org", canary, owner="test")
+
+    def named(plural: str, name: str):
+        found = [o for o in k8s.cluster.store.list(plural, None) if o["metadata"]["name"] == name]
+        return found[0] if found else None
+
+    def look():
+        record = jobs.open_store().list()[0]
+        name = f"phx-{record.id}-a0"
+        owned = lambda: (named("secrets", name) or {}).get("metadata", {}).get("ownerReferences")  # noqa: E731
+        k8s.cluster.wait_for(owned, text="the Secret, owned by its workload")
+        secret = named("secrets", name)
+        workload = k8s.cluster.wait_for(lambda: named("jobs", name), text="the Job")
+        pods = k8s.cluster.wait_for(lambda: k8s.cluster.pods(), text="the pods")
+        return secret, workload, pods
+
+    thread, seen = _while_running(k8s, look)
+    record, code = jobs.run(k8s.spec(2).with_(secrets={"HF_TOKEN": "hf_org"}))
+    thread.join(10)
+    assert code == 0 and record.state is JobState.SUCCEEDED, record.root_cause_dict()
+    secret, workload, pods = seen["value"]
+    assert base64.b64decode(secret["data"]["env.HF_TOKEN"]).decode() == canary
+    owners = secret["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [("Job", workload["metadata"]["name"], workload["metadata"]["uid"])]
+    env = pods[0]["spec"]["containers"][0]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": workload["metadata"]["name"], "key": "env.HF_TOKEN"}}} in env
+    assert canary not in json.dumps(workload) and canary not in json.dumps(pods)
+    paths = JobPaths(Path(record.job_dir))
+    assert "env.HF_TOKEN: '@SECRET:HF_TOKEN@'" in paths.manifests(0).read_text()
+    for path in Path(record.job_dir).parent.parent.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+    k8s.cluster.wait_for(lambda: not _left(k8s), text="the Secret to go with its workload")

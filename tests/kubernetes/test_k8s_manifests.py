@@ -173,3 +173,33 @@ def test_k8s_large_launch_plans_travel_gzipped(plan_of):
     assert "launch.json.gz" in config["binaryData"] and "data" not in config
     schemas.validate(config)
     assert "/phx-launch/launch.json.gz" in objects[-1]["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("kind", ["job", "pytorchjob", "trainjob", "jobset"])
+def test_k8s_secrets_are_referenced_by_the_node_container_never_rendered(plan_of, kind):
+    """--secret on k8s: the attempt's Secret holds a placeholder per variable (start fills the value
+    into what it sends to the API server only), the node container takes it by secretKeyRef; every
+    object stays strictly valid against the real schemas, with the bundle in the ConfigMap (the
+    Secret is then only for the job's secrets) and with an object store."""
+    for code_uri in (None, "s3://bucket/phalanx"):
+        options = {"k8s_kind": kind, **({"code_uri": code_uri} if code_uri else {})}
+        spec = spec_for(Resources(2, 1), options).with_(secrets={"HF_TOKEN": "hf_org", "DB_PASSWORD": "DB_PASSWORD"})
+        plan = get_backend("k8s").plan(spec, "3f2a9c1d", 0, HomePaths(Path("/h")), facts)
+        objects = manifests.from_yaml(plan.submission)
+        for obj in objects:
+            schemas.validate(obj)
+        (secret,) = [o for o in objects if o["kind"] == "Secret"]
+        assert secret["metadata"]["name"] == "phx-3f2a9c1d-a0"
+        held = {k: v for k, v in secret["stringData"].items() if k.startswith("env.")}
+        assert held == {"env.DB_PASSWORD": "@SECRET:DB_PASSWORD@", "env.HF_TOKEN": "@SECRET:HF_TOKEN@"}
+        text = json.dumps(objects[-1])
+        for var in ("HF_TOKEN", "DB_PASSWORD"):
+            ref = {"name": var, "valueFrom": {"secretKeyRef": {"name": "phx-3f2a9c1d-a0", "key": f"env.{var}"}}}
+            assert json.dumps(ref) in text, f"{kind}: the node container takes {var} from the Secret"
+        assert plan.to_dict()["nodes"][0]["secrets"] == {"DB_PASSWORD": "DB_PASSWORD", "HF_TOKEN": "hf_org"}
+
+
+def test_k8s_secrets_with_an_in_cluster_supervisor_are_refused(plan_of):
+    spec = spec_for(Resources(1, 1), {"in_cluster": True, "code_uri": "s3://b/p"}).with_(secrets={"HF_TOKEN": "HF_TOKEN"})
+    with pytest.raises(UsageError, match="secrets .--secret. do not reach a supervisor that runs in the cluster yet"):
+        get_backend("k8s").plan(spec, "3f2a9c1d", 0, HomePaths(Path("/h")), facts)

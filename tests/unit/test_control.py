@@ -29,7 +29,9 @@ def test_run_and_ended_cross_the_line_and_wake_the_supervisor():
     control, line = _pair()
     with ChildWatcher() as watcher:
         assert control.run("/job/attempt_1/node_0/launch.json", "/job/attempt_1/node_0/agent.log")
-        assert line.next(watcher) == ("/job/attempt_1/node_0/launch.json", "/job/attempt_1/node_0/agent.log")
+        assert line.next(watcher) == ("/job/attempt_1/node_0/launch.json", "/job/attempt_1/node_0/agent.log", {})
+        assert control.run("/job/attempt_2/node_0/launch.json", "/job/attempt_2/node_0/agent.log", {"HF_TOKEN": "v"})
+        assert line.next(watcher) == ("/job/attempt_2/node_0/launch.json", "/job/attempt_2/node_0/agent.log", {"HF_TOKEN": "v"})
         line.ended(1, 137)
         # The report wakes the supervisor's watcher (procs.wake) as a child's exit would.
         woke = time.monotonic()

@@ -87,6 +87,11 @@ class Face(Protocol):
     def events(self, since: str | None = None, user: str | None = None, project: str | None = None,
                before: int | None = None, limit: int = 100) -> list[dict[str, Any]]: ...
 
+    # -- secrets: names, owners and dates come back; a value only goes in ------------------------
+    def secret_set(self, name: str, value: str) -> dict[str, Any]: ...
+    def secret_list(self) -> list[dict[str, Any]]: ...
+    def secret_rm(self, name: str) -> dict[str, Any]: ...
+
 
 class LocalFace(TeamVerbs):
     """The face on this machine's store (``$PHALANX_HOME``, or the store ``PHALANX_STORE`` names)."""
@@ -507,6 +512,28 @@ class LocalFace(TeamVerbs):
 
         where, counts = jobs.download(self._job(ref), dest, logs=logs, state=state, events=events)
         return str(where), counts
+
+    # -- secrets -------------------------------------------------------------------------------
+
+    def secret_set(self, name: str, value: str) -> dict[str, Any]:
+        from ..secrets.local import open_store
+
+        store = open_store()
+        new = store.set(name, value, owner=self.principal.user)
+        return {"name": name, "new": new, "where": store.where}
+
+    def secret_list(self) -> list[dict[str, Any]]:
+        from ..secrets.local import open_store
+
+        return [info.to_dict() for info in open_store().list()]
+
+    def secret_rm(self, name: str) -> dict[str, Any]:
+        from ..secrets.local import open_store
+
+        store = open_store()
+        if not store.remove(name):
+            raise store.missing(name)
+        return {"name": name, "removed": True}
 
 
 def _job_dict(record: Any) -> dict[str, Any]:

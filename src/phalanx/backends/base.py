@@ -25,7 +25,9 @@ the outcome or the root cause; print (say things through ``NodeResult.error``, t
 except through its own client module); join job-directory paths by hand (``core/paths.py``);
 write launch or result files except through ``core/contracts.py``; import ``supervise``,
 ``sweeps``, ``jobs``, ``query``, ``cli`` or ``web`` (a test enforces the layers); import its
-SDK at module level (``phalanx ps`` must stay fast); kill processes by name; block in ``poll``.
+SDK at module level (``phalanx ps`` must stay fast); kill processes by name; block in ``poll``;
+put a secret's value anywhere but the ranks' environment, by the platform's safest way (no
+argv, no file, no plan, no manifest, no log: ``secret_env``, docs/secrets.md).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..core.contracts import NodeResult, read_node_result, write_node_result
 from ..core.paths import HomePaths, JobPaths
 from ..core.plan import NodePlan, Plan
 from ..core.spec import Framework, JobSpec
-from ..errors import UsageError
+from ..errors import BackendError, SecretError, UsageError
 from ..launch.console import Console
 from ..launch.explain import annotate
 from ..launch.host import HostFacts
@@ -208,6 +210,32 @@ class Backend(abc.ABC):
     # The plan's Python processes start on this machine with its interpreter, so the supervisor
     # may start them from the warm pool (``launch/warm/plan.py``, applied in ``supervise.submit``).
     warm_starts: bool = False
+    # Where ``secret_env`` reads secret values: None is this user's own store on this machine
+    # (``phalanx.secrets.local``); a team server's supervisor sets the store of the job's owner.
+    secret_store: Any = None
+
+    def check_secrets(self, spec: JobSpec, online: bool = True) -> None:
+        """Every secret ``spec`` names exists and may be read, before the job is recorded (the
+        values are dropped at once). Default: in ``secret_store`` (this user's own). ``online``
+        False (``--dry-run``): only what needs no cluster or cloud. Raises SecretError (exit 2)."""
+        if spec.secrets:
+            from ..secrets.resolve import check
+
+            check(spec.secrets, self.secret_store)
+
+    def secret_env(self, node: NodePlan) -> dict[str, str]:
+        """The values of ``node``'s secrets (``NodePlan.secrets``: variable -> secret name), read
+        now, for ``start`` to hand to the node's ranks and nothing else. Called at every start, so
+        a retry gets each value as it is then. Raises BackendError (the attempt could not start)
+        when one no longer exists or may not be read."""
+        if not node.secrets:
+            return {}
+        from ..secrets.resolve import resolve
+
+        try:
+            return resolve(node.secrets, self.secret_store)
+        except SecretError as exc:
+            raise BackendError(exc.message, exc.hint) from None
 
     def validated(self, spec: JobSpec) -> JobSpec:
         """``spec`` with this backend's options checked and their defaults filled in. Raises

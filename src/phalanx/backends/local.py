@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from dataclasses import replace
+from typing import Callable
 
 from ..core.contracts import NodeResult, Stray
 from ..core.env import Topology
@@ -78,17 +79,21 @@ class LocalBackend(Backend):
         # At a terminal, rank 0 writes to a pseudo-terminal of its size (isatty() as under torchrun).
         size = self.console.terminal_size() if self.console is not None and node.node_rank == 0 else None
         tty = {TTY_ENV: f"{size[0]}x{size[1]}"} if size else {}
+        # Secret values reach the process through the environment it is started with (execve),
+        # never its argv or a file; its bootstrap masks them in its output (phalanx.secrets.mask).
+        secrets = self.secret_env(node)
         if _lone(node):
             # A lone process needs no agent in between: one interpreter less, so
             # `phalanx run train.py` costs about what `python train.py` does.
             proc = node.processes[0]
             if self._lent is None:
-                popen = commands.spawn(proc.argv, {**node.env, **proc.env, **tty}, log, cwd=node.cwd)
+                popen = commands.spawn(proc.argv, {**node.env, **proc.env, **tty, **secrets}, log, cwd=node.cwd)
                 return SingleProcessNode(node, proc.rank, popen, paths, attempt, self._grace)
-            streams = self._lent.open(paths.rank_log(attempt, proc.rank))
+            # Lent the terminal, it writes to phalanx's relay, which masks what it copies.
+            streams = self._lent.open(paths.rank_log(attempt, proc.rank), list(secrets.values()))
             try:
-                popen = commands.spawn(proc.argv, {**node.env, **proc.env, RELAY_ENV: RELAY}, log, cwd=node.cwd,
-                                       stdio=streams.child)
+                popen = commands.spawn(proc.argv, {**node.env, **proc.env, RELAY_ENV: RELAY, **secrets}, log,
+                                       cwd=node.cwd, stdio=streams.child)
             except BaseException:
                 streams.abandon()
                 raise
@@ -97,8 +102,8 @@ class LocalBackend(Backend):
         control = AgentControl()
         line = control.agent_end.fileno()
         # The agent applies node.env to itself anyway; starting it with it lets a warm agent share
-        # its workers' pool (one pool per environment).
-        agent_env = {**node.env, **tty}
+        # its workers' pool (one pool per environment; secrets are left out of a pool's own).
+        agent_env = {**node.env, **tty, **secrets}
         try:
             agent = commands.spawn((*node.agent_argv, "--control", str(line)), agent_env, log, cwd=node.cwd,
                                    pass_fds=(line,))
@@ -107,7 +112,7 @@ class LocalBackend(Backend):
             control.close()
             raise
         control.started()
-        return LocalNode(node, agent, paths, attempt, control)
+        return LocalNode(node, agent, paths, attempt, control, self.secret_env)
 
 
 def _lone(node: NodePlan) -> bool:
@@ -191,7 +196,8 @@ class LocalNode(NodeHandle):
     be let go (``release``)."""
 
     def __init__(self, node: NodePlan, proc: subprocess.Popen[bytes], paths: JobPaths, attempt: int,
-                 control: AgentControl) -> None:
+                 control: AgentControl, secret_env: Callable[[NodePlan], dict[str, str]]) -> None:
+        self.secret_env = secret_env  # the backend's: a rerun's secrets are read again, for its attempt
         self.node_rank = node.node_rank
         self.node = node
         self.proc = proc
@@ -247,11 +253,12 @@ class LocalNode(NodeHandle):
         same = (node.agent_argv[:1], node.cwd) == (self.node.agent_argv[:1], self.node.cwd)
         if self._handed_over or not same or not self._reported() or self.proc.poll() is not None:
             return None
-        if not self.control.run(str(paths.node_launch(attempt, node.node_rank)), str(paths.agent_log(attempt, node.node_rank))):
+        if not self.control.run(str(paths.node_launch(attempt, node.node_rank)), str(paths.agent_log(attempt, node.node_rank)),
+                                self.secret_env(node)):
             return None
         self._handed_over = True
         trace.mark(paths, "supervisor", "agent kept", attempt=attempt, node=node.node_rank, pid=self.proc.pid)
-        return LocalNode(node, self.proc, paths, attempt, self.control)
+        return LocalNode(node, self.proc, paths, attempt, self.control, self.secret_env)
 
     def release(self) -> None:
         if self._handed_over:

@@ -82,6 +82,7 @@ def _register_subcommands() -> None:
     from .observe import register as register_observe
     from .account import register as register_account
     from .pool import pool_app
+    from .secret import secret_app
     from .server import server_app
     from .sweep import sweep_app
 
@@ -91,6 +92,7 @@ def _register_subcommands() -> None:
     register_data(app)
     register_manage(app)
     app.add_typer(pool_app, name="pool")
+    app.add_typer(secret_app, name="secret")
     register_account(app)
     app.add_typer(server_app, name="server")
     from .projects import events_cmd

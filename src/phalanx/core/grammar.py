@@ -235,3 +235,30 @@ def notify_targets(text: str) -> tuple[str, ...]:
     if not pieces:
         raise BadValue("a webhook URL (https://...), mailto:ADDR or desktop")
     return tuple(dict.fromkeys(notify_target(p) for p in pieces))
+
+
+# A secret's name (``phalanx secret set NAME``): a team server also knows PROJECT/NAME.
+SECRET_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+SECRET_SCOPED = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# What --secret VAR=NAME may name: a local or a server's secret, or (sagemaker --secrets-from aws) a
+# secret's name or ARN in AWS Secrets Manager; each store then says whether it holds it.
+SECRET_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@/:-]{0,2047}$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def secret_ref(text: str) -> tuple[str, str]:
+    """``--secret``: ``HF_TOKEN`` (the variable and the secret share the name) or ``HF_TOKEN=hf``
+    (the variable HF_TOKEN holds the secret hf) -> (variable, secret name)."""
+    var, sep, name = text.strip().partition("=")
+    var, name = var.strip(), name.strip() if sep else var.strip()
+    if not _ENV.match(var):
+        hint = f"name the variable: SOME_VAR={var}" if not sep and SECRET_NAME.match(var) else None
+        raise BadValue("VAR or VAR=SECRET, VAR an environment variable name (letters, digits and _, not starting "
+                       "with a digit)", hint or f"{var!r} is not one")
+    if var.startswith("PHALANX_"):
+        raise BadValue("a variable outside PHALANX_*, which phalanx sets itself", f"{var!r} is one of those")
+    if not SECRET_REF.match(name):
+        raise BadValue("VAR=SECRET, SECRET a secret's name (letters, digits and _.-; PROJECT/NAME; a name or ARN of "
+                       "AWS Secrets Manager)",
+                       f"{name!r} is not one")
+    return var, name

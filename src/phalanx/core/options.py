@@ -33,6 +33,7 @@ from .grammar import (
     python_name,
     rank_list,
     regex,
+    secret_ref,
     stream_spec,
     tag_key,
     topology,
@@ -47,6 +48,7 @@ from .optiontypes import (
     Int,
     ListOf,
     MappingOf,
+    SecretRefs,
     Str,
     ValueType,
     env_name,
@@ -156,6 +158,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            default_doc="the current directory (the job file's, with -f)", metavar="DIR"),
     Option("env", MappingOf(key=env_name), "Extra environment variable KEY=VALUE (repeatable; job file: a mapping).",
            ("-e", "--env"), field="env"),
+    Option("secrets", SecretRefs(parser=secret_ref), "Put the secret NAME (phalanx secret set NAME) in the ranks' "
+           "environment as the variable NAME, or VAR=NAME as VAR (repeatable; job file: a list). Only the ranks see "
+           "the value: records, --dry-run and logs hold the name (see docs/secrets.md).", ("--secret",),
+           field="secrets"),
     Option("framework", Choice(choices=("torch", "tf", "jax")), "torch (torchrun starts the workers), tf (one "
            "process per node with TF_CONFIG; with no topology too, one worker, as SageMaker gives a one-instance "
            "MultiWorkerMirroredStrategy job) or jax (JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID; with a "

@@ -351,6 +351,43 @@ class MappingOf(ValueType):
         return out
 
 
+class SecretRefs(MappingOf):
+    """``--secret VAR`` or ``--secret VAR=SECRET`` (repeatable); in a job file a list of those
+    (``secrets: [HF_TOKEN]``) or a mapping of variable to secret name. -> {variable: secret name}."""
+
+    expected: str = "a list of secret names (VAR or VAR=SECRET), or a mapping of variable to secret name"
+    metavar: str = "VAR[=SECRET]"
+    parser: Callable[[str], tuple[str, str]] = staticmethod(lambda text: (text, text))  # type: ignore[assignment]
+
+    def from_text(self, text: str) -> Any:
+        var, name = self.parser(text)
+        return {var: name}
+
+    def from_node(self, node: Node) -> Any:
+        if node.is_mapping:
+            out = {}
+            for key, value in node.value:
+                var = key.text if key.text is not None else str(key.value)
+                target = value.text if value.text is not None else value.value
+                if not isinstance(target, str):
+                    raise BadValue(self.expected).inside(f".{var}", value)
+                try:
+                    out.update(self.from_text(f"{var}={target}"))
+                except BadValue as exc:
+                    raise exc.inside(f".{var}", key) from None
+            return out
+        items = node.value if node.is_sequence else [node]
+        out = {}
+        for i, item in enumerate(items):
+            if item.kind != "scalar" or not isinstance(item.value, str):
+                raise BadValue(self.expected).inside(f"[{i}]", item) if node.is_sequence else BadValue(self.expected)
+            try:
+                out.update(self.from_text(item.value))
+            except BadValue as exc:
+                raise exc.inside(f"[{i}]", item) if node.is_sequence else exc from None
+        return out
+
+
 def env_name(name: str) -> str:
     if not ENV_NAME.match(name):
         raise BadValue("an environment variable name: letters, digits and _, not starting with a digit",

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from .rawtext import shell_join, shell_quote
 
 _LATE_ADDR = re.compile(r"@NODE_ADDR_(\d+)@")
+SECRET_SHOWN = "<secret>"  # a secret's value where a plan is shown (--dry-run): never the value
 
 
 def late_addresses(nnodes: int) -> tuple[str, ...]:
@@ -54,9 +55,15 @@ class NodePlan:
     torchrun_argv: tuple[str, ...] | None = None
     worker_argv: tuple[str, ...] = ()  # with torchrun: what each worker runs
     processes: tuple[ProcessPlan, ...] = ()  # without torchrun
+    # --secret: variable -> secret name. Names only: the backend that starts the node puts the
+    # values into its environment at start (``Backend.secret_env``); ``env`` never holds them.
+    secrets: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.secrets:
+            del data["secrets"]  # launch files of jobs without secrets stay as they were
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "NodePlan":
@@ -73,6 +80,7 @@ class NodePlan:
             torchrun_argv=tuple(tr) if tr is not None else None,
             worker_argv=tuple(data.get("worker_argv", ())),
             processes=procs,
+            secrets=dict(data.get("secrets") or {}),
         )
 
 
@@ -167,5 +175,6 @@ class Plan:
                 lines.append(f"rank {proc.rank}:   {extra} {shell_join(proc.argv)}".rstrip())
             if show_env:
                 lines.append("env:")
-                lines.extend(f"  {k}={v}" for k, v in sorted(node.env.items()))
+                shown = {**node.env, **{name: SECRET_SHOWN for name in node.secrets}}
+                lines.extend(f"  {k}={v}" for k, v in sorted(shown.items()))
         return "\n".join(lines) + "\n"

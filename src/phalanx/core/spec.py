@@ -223,6 +223,9 @@ class JobSpec:
     framework: Framework = Framework.TORCH
     spawn: Spawn = Spawn.AUTO
     env: Mapping[str, str] = field(default_factory=dict)
+    # --secret: environment variable -> secret name. Names only: the values are resolved by the
+    # backend that starts the ranks, into their environment (phalanx.secrets; docs/secrets.md).
+    secrets: Mapping[str, str] = field(default_factory=dict)
     workdir: str = "."
     backend: str = "local"
     python: str = "python3"

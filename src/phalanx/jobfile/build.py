@@ -47,6 +47,7 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
         framework=Framework(v["framework"]),
         spawn=Spawn(v["spawn"]),
         env=dict(v["env"] or {}),
+        secrets=_secrets(v),
         workdir=str(workdir),
         backend=backend,
         python=python_as_typed(),
@@ -76,6 +77,29 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
         for text in v.warnings:
             sys.stderr.write(f"phalanx: warning: {text}\n")
     return spec
+
+
+# Variable names that usually hold a credential: their value belongs in a secret, not in --env.
+_CREDENTIAL_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def _secrets(v: Values) -> dict[str, str]:
+    """``--secret``'s variables (names only), checked against ``--env``; ``--env`` values whose
+    name looks like a credential get one warning (they are written into the job's records)."""
+    secrets = dict(v["secrets"] or {})
+    env = dict(v["env"] or {})
+    both = sorted(set(secrets) & set(env))
+    if both:
+        raise UsageError(f"{', '.join(both)} given both by {v.where('env')} and {v.where('secrets')}",
+                         "keep one: a secret's value is kept out of the job's records, an --env value is not")
+    looks = sorted(k for k in env if any(word in k.upper() for word in _CREDENTIAL_WORDS))
+    if looks:
+        first = looks[0]
+        v.warnings.append(f"{v.where('env')} {', '.join(looks)}: {'this looks' if len(looks) == 1 else 'these look'} "
+                          "like a credential, and an --env value is written into the job's records (spec.json, "
+                          f"plan.json, the store) and shown by --dry-run; keep it as a secret instead: phalanx "
+                          f"secret set {first}, then --secret {first}")
+    return secrets
 
 
 def _plain_fields(v: Values) -> dict[str, Any]:

@@ -265,6 +265,7 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
     line, until the line ends (or a stop signal comes between attempts)."""
     line = AgentLine(control)
     base_env = dict(os.environ)
+    secrets: dict[str, str] = {}  # a later attempt's secret values, from the line (the first's: base_env)
     standbys = Standbys()
     code = 0
     with ChildWatcher() as watcher:
@@ -275,6 +276,7 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
             os.environ.clear()  # this attempt's variables only, none left from the one before
             os.environ.update(base_env)
             os.environ.update(node.env)
+            os.environ.update(secrets)
             report = run_node(node, data, watcher, standbys)
             standbys.close()  # what this attempt did not take
             # Stops that came during the attempt stopped it; one that comes from now on ends the agent.
@@ -292,7 +294,7 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
             if following is None:
                 code = 128 + watcher.stop_requests[0] if watcher.stop_requests else 0
                 break
-            launch, log = following
+            launch, log, secrets = following
             _log_to(log)
     standbys.close()
     sys.stdout.flush()

@@ -3,7 +3,9 @@
 It makes an unmodified script observable and safe to stop, then gets out of the way:
 
 - stdout and stderr go to this rank's own ``output.log`` (fd-level, so C extensions and
-  child processes land there too), never through a launcher's tee;
+  child processes land there too), never through a launcher's tee; with secrets in its
+  environment (``--secret``; ``PHALANX_SECRET_VARS`` names them) through a forked relay that
+  masks their values (``launch/relay.py``), and ``error.json`` holds them masked too;
 - an uncaught exception is written to ``error.json`` (and to torchrun's
   ``TORCHELASTIC_ERROR_FILE``) so the root cause is known without ``@record``;
 - the process dies with its parent (``PR_SET_PDEATHSIG``), so a killed agent leaves no orphans;
@@ -49,6 +51,8 @@ USER_METRICS = "user_metrics.jsonl"
 TORCH_ERROR_JSON = "torchelastic_error.json"
 
 MODES = ("--script", "--module", "--exec")
+SECRET_VARS = "PHALANX_SECRET_VARS"  # phalanx.secrets.mask.VARS_ENV, not imported: workers start faster
+_SECRETS: "list[bytes]" = []  # the values to mask, read before the script could change the environment
 USAGE = "python -m phalanx.launch.bootstrap [--jax-init] [--frozen CODE_DIR ROOT] {--script|--module|--exec} TARGET [ARGS...]"
 
 
@@ -75,8 +79,10 @@ def _redirect_output(rank_dir: str) -> None:
     tty = os.environ.pop("PHALANX_TTY", None)
     if os.environ.pop("PHALANX_STDIO", None) != "relay":
         fd = os.open(os.path.join(rank_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if tty and _rank() == 0:
-            fd = _terminal_into(fd, tty)
+        if (tty and _rank() == 0) or _SECRETS:
+            from phalanx.launch import relay  # only where it is needed: workers start faster without it
+
+            fd = relay.terminal_into(fd, tty, _SECRETS) if tty and _rank() == 0 else relay.masked_into(fd, _SECRETS)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(fd, 1)
@@ -98,43 +104,6 @@ def _redirect_output(rank_dir: str) -> None:
             "started": time.time(),
         },
     )
-
-
-def _terminal_into(log_fd: int, size: str) -> int:
-    """For rank 0 of a foreground run at a terminal (``PHALANX_TTY=COLSxROWS``): a pseudo-terminal
-    of that size whose output a forked relay appends to the log, so the script's ``isatty()`` is
-    True (colours, progress bars) as under torchrun. Returns the descriptor for fd 1 and 2 (the
-    log itself where no pseudo-terminal can be had). The relay ends when every holder of the
-    terminal has closed it (the worker and any child it started)."""
-    try:
-        import fcntl
-        import struct
-        import termios
-
-        master, slave = os.openpty()
-        attrs = termios.tcgetattr(slave)
-        attrs[1] &= ~termios.OPOST  # bytes into the log as written (no \r\n for \n)
-        termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        cols, _, rows = size.partition("x")
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
-    except (OSError, ValueError, ImportError):
-        return log_fd
-    if os.fork() == 0:  # the relay: no threads exist yet, nothing of the script has run
-        os.close(slave)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-            signal.signal(signum, signal.SIG_IGN)  # a stop is the worker's business; the relay drains
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the terminal's other end is closed everywhere
-                data = b""
-            if not data:
-                os._exit(0)
-            while data:
-                data = data[os.write(log_fd, data):]
-    os.close(master)
-    os.close(log_fd)
-    return slave
 
 
 def _install_stack_dumps() -> None:
@@ -170,7 +139,8 @@ def _print_exception(exc: BaseException) -> str:
 
 
 def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
-    text = _print_exception(exc)
+    text = _masked(_print_exception(exc))
+    message = _masked(str(exc))
     now = time.time()
     record = {
         "rank": _rank(),
@@ -180,7 +150,7 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
         "pid": os.getpid(),
         "exitcode": 1,
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": message,
         "traceback": text,
         "timestamp": now,
     }
@@ -191,12 +161,20 @@ def _record_exception(exc: BaseException, rank_dir: str | None) -> None:
         # torchelastic's error-file format, so ChildFailedError carries the real cause.
         payload = {
             "message": {
-                "message": f"{type(exc).__name__}: {exc}",
+                "message": f"{type(exc).__name__}: {message}",
                 "extraInfo": {"py_callstack": text, "timestamp": str(int(now))},
             }
         }
         with open(torch_file, "w") as fh:
             json.dump(payload, fh)
+
+
+def _masked(text: str) -> str:
+    if not _SECRETS:
+        return text
+    from phalanx.secrets.mask import mask_text
+
+    return mask_text(text, _SECRETS)
 
 
 def _run(mode: str, target: str, args: list[str], frozen: list[str], jax_init: bool = False) -> None:
@@ -290,6 +268,8 @@ def _exit(code: int) -> NoReturn:
         ctypes.CDLL(None).fflush(None)  # output C extensions printf'ed into stdio's buffer
     except (ImportError, OSError, AttributeError):
         pass
+    if "phalanx.launch.relay" in sys.modules:
+        sys.modules["phalanx.launch.relay"].drain()
     os._exit(code)
 
 
@@ -316,6 +296,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"usage: {USAGE}\n")
         raise SystemExit(2)
     mode, target, args = argv[0], argv[1], argv[2:]
+    if os.environ.get(SECRET_VARS):
+        from phalanx.secrets.mask import secret_values
+
+        _SECRETS[:] = secret_values(os.environ)
     rank_dir = _rank_dir()
     if rank_dir:
         _redirect_output(rank_dir)

@@ -14,6 +14,10 @@ clock, the failure's last lines), so it lends the process:
   pipe: the process's next write fails with EPIPE (BrokenPipeError) as python's would, and the
   job ends as python does.
 
+With secrets (``--secret``) the relay masks their values in what it copies, to the terminal and
+to the log alike, a value split across writes too (``phalanx.secrets.mask``): output that ends in
+the first characters of a value waits for the next bytes (or the end) to show it is not one.
+
 The process is told (``PHALANX_STDIO=relay``, which the bootstrap removes before the script
 starts) not to point its output at the log itself. It stays in a session of its own: Ctrl-C
 reaches phalanx, which passes one SIGINT on (``supervise/attempt.py``).
@@ -26,11 +30,14 @@ import select
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
+
+from ..secrets.mask import Masker
 
 RELAY_ENV = "PHALANX_STDIO"
 RELAY = "relay"
 # For a job of several ranks at a terminal: rank 0's bootstrap gives itself a pseudo-terminal
-# of this size (COLSxROWS) and relays it into its log (bootstrap._terminal_into).
+# of this size (COLSxROWS) and relays it into its log (launch/relay.py).
 TTY_ENV = "PHALANX_TTY"
 READ_SIZE = 65536
 DRAIN_S = 2.0  # after the process ended: how long its streams may still drain (its children may hold them)
@@ -51,9 +58,10 @@ class Console:
             return None
         return size.columns, size.lines
 
-    def open(self, log: Path) -> Streams:
-        """The streams for one process, whose output is also appended to ``log``."""
-        streams = Streams(self, log)
+    def open(self, log: Path, secrets: list[str] | None = None) -> Streams:
+        """The streams for one process, whose output is also appended to ``log``; the values of
+        ``secrets`` masked in both."""
+        streams = Streams(self, log, [os.fsencode(v) for v in secrets or ()])
         self._relays.append(streams)
         return streams
 
@@ -67,14 +75,13 @@ class Console:
 class Streams:
     """One process's stdin, stdout and stderr: ``child`` to hand to ``Popen``, then ``started()``."""
 
-    def __init__(self, console: Console, log: Path) -> None:
+    def __init__(self, console: Console, log: Path, secrets: list[bytes] | None = None) -> None:
         self.log = log
         pairs = [_pair(target) for target in (console.stdout_fd, console.stderr_fd)]
         self.child = (console.stdin_fd, pairs[0][1], pairs[1][1])
         self._reads = {pairs[0][0]: console.stdout_fd, pairs[1][0]: console.stderr_fd}
-        # Our ends of the pipes (not pseudo-terminals): their process writes into a pipe, as
-        # python's into phalanx's, and gets EPIPE when phalanx's reader has gone.
-        self._pipes = {ours for ours, _theirs in pairs if not os.isatty(ours)}
+        # One masker per stream: a value split between stdout and stderr is no value on either.
+        self._maskers = {fd: Masker(secrets or []) for fd in self._reads}
         self._thread: threading.Thread | None = None
         self._stop = (-1, -1)
         # A write to the log that failed (the disk is full): the relay goes on to the terminal
@@ -115,32 +122,40 @@ class Streams:
                 while open_fds:
                     ready, _, _ = select.select([*open_fds, self._stop[0]], [], [])
                     if self._stop[0] in ready:
+                        for fd in open_fds:  # what a masker held back: no more bytes come
+                            self._copy(open_fds[fd], log, self._maskers[fd].flush())
                         return
                     for fd in ready:
                         try:
                             data = os.read(fd, READ_SIZE)
                         except OSError:  # EIO: the pseudo-terminal's other end is closed everywhere
                             data = b""
-                        if not data:
+                        masker = self._maskers[fd]
+                        reached = self._copy(open_fds[fd], log, masker.feed(data) if data else masker.flush())
+                        if not data or not reached:
+                            # The end of its output; or its reader is gone (`phalanx run gen.py |
+                            # head -1`): so is the process's, as under python: its next write
+                            # fails with EPIPE (BrokenPipeError). What it wrote after that reaches no one.
                             _close(fd)
                             open_fds.pop(fd)
-                            continue
-                        if not _write_all(open_fds[fd], data) and fd in self._pipes:
-                            # Its reader is gone (`phalanx run gen.py | head -1`): so is the
-                            # process's, as under python: its next write fails with EPIPE
-                            # (BrokenPipeError). What it wrote after that reaches no one.
-                            _close(fd)
-                            open_fds.pop(fd)
-                            continue
-                        if self.log_error is None:
-                            try:
-                                log.write(data)
-                            except OSError as exc:
-                                exc.filename = exc.filename or str(self.log)
-                                self.log_error = exc
         finally:
             for fd in open_fds:
                 _close(fd)
+
+    def _copy(self, target: int, log: Any, data: bytes) -> bool:
+        """``data`` to the terminal (or phalanx's stream) and into the log; False (and nothing
+        logged) when the stream's reader is gone (EPIPE, which only a pipe gives)."""
+        if not data:
+            return True
+        if not _write_all(target, data):
+            return False
+        if self.log_error is None:
+            try:
+                log.write(data)
+            except OSError as exc:
+                exc.filename = exc.filename or str(self.log)
+                self.log_error = exc
+        return True
 
 
 def lend(out: object) -> Console | None:

@@ -9,7 +9,9 @@ The line is one socket pair, the agent's end passed as ``--control FD``; one JSO
 line each way:
 
 - supervisor -> agent: ``{"run": LAUNCH, "log": LOG}``: run the attempt of this launch file
-  (``node_<n>/launch.json``), its own output going to LOG (the attempt's ``agent.log``);
+  (``node_<n>/launch.json``), its own output going to LOG (the attempt's ``agent.log``); with
+  ``"secrets": {VAR: VALUE}`` when the job has secrets, resolved for this attempt (a value changed
+  since the agent started reaches the new workers; this line is the only place they travel);
 - agent -> supervisor: ``{"ended": ATTEMPT, "exitcode": N}``: the attempt is over and its
   ``result.json`` written; the agent now waits for the next ``run``;
 - end of the line: the supervisor closes its end when it starts no further attempt on the agent
@@ -49,16 +51,18 @@ class AgentLine:
         except OSError:  # the supervisor is gone: next() sees the end of the line
             pass
 
-    def next(self, watcher: ChildWatcher) -> tuple[str, str] | None:
-        """Block until the supervisor says which attempt to run next: (launch file, log). None
-        when the line ends (released, or the supervisor died) or a stop signal arrives."""
+    def next(self, watcher: ChildWatcher) -> tuple[str, str, dict[str, str]] | None:
+        """Block until the supervisor says which attempt to run next: (launch file, log, the
+        attempt's secret values). None when the line ends (released, or the supervisor died) or
+        a stop signal arrives."""
         while not watcher.stop_requests:
             if b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 try:
                     command = json.loads(line)
-                    return str(command["run"]), str(command["log"])
-                except (ValueError, KeyError, TypeError):
+                    secrets = {str(k): str(v) for k, v in (command.get("secrets") or {}).items()}
+                    return str(command["run"]), str(command["log"]), secrets
+                except (ValueError, KeyError, TypeError, AttributeError):
                     return None  # not our protocol: nothing sensible to run
             if watcher.wait(60.0, also=[self.sock.fileno()]):
                 try:
@@ -111,12 +115,16 @@ class AgentControl:
         self.closed.set()
         wake()
 
-    def run(self, launch: str, log: str) -> bool:
-        """Ask the agent to run the attempt of ``launch``; False when it is gone."""
+    def run(self, launch: str, log: str, secrets: dict[str, str] | None = None) -> bool:
+        """Ask the agent to run the attempt of ``launch`` (with these secret values); False when
+        it is gone."""
         if self.closed.is_set():
             return False
+        message: dict[str, Any] = {"run": launch, "log": log}
+        if secrets:
+            message["secrets"] = secrets
         try:
-            self.sock.sendall((json.dumps({"run": launch, "log": log}) + "\n").encode())
+            self.sock.sendall((json.dumps(message) + "\n").encode())
         except OSError:
             return False
         return True

@@ -12,6 +12,7 @@ from ..core.env import Topology, fills_templates, initializes_jax, node_env, pro
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, ProcessPlan, is_late, quote_user_text
 from ..core.spec import JobSpec, render_template
+from ..secrets.mask import VARS_ENV
 from .torchrun import BOOTSTRAP_MODULE, JAX_INIT, torchrun_argv, worker_command
 
 # torchrun's in-place restarts (--max-restarts) hang or fail most of the time when workers
@@ -37,6 +38,8 @@ def build_nodes(
         env = node_env(spec, topo, node_rank)
         env["PHALANX_FRAMEWORK"] = spec.framework.value
         env["PHALANX_RANK_DIR"] = paths.rank_dir_template(topo.attempt)
+        if spec.secrets:  # which variables the bootstrap masks in the ranks' output (names, never values)
+            env[VARS_ENV] = ",".join(sorted(spec.secrets))
         for key, value in ({} if runs_as_python(spec) else net_env).items():  # python sets no network variables
             if key not in spec.env and key not in preset:
                 env[key] = value
@@ -53,6 +56,7 @@ def build_nodes(
             agent_argv=agent_argv(spec.python, paths, topo.attempt, node_rank),
             env=env,
             cwd=spec.workdir,
+            secrets=dict(spec.secrets),
         )
         if spec.uses_torchrun:
             nodes.append(

@@ -3,7 +3,9 @@
 It starts the node agent on this host and is the node's only line to the supervisor:
 
 - stdin, first line: JSON ``{"launch": <the node's launch.json>, "stream": bool, "trees":
-  {name: dir}}``; then control lines ``signal N`` (forwarded to the agent) and ``kill``. End of
+  {name: dir}}``, with ``"secrets": {VAR: VALUE}`` when the job has secrets: they go into the
+  agent's environment only (never into the launch file written here, an argument or a log); then
+  control lines ``signal N`` (forwarded to the agent) and ``kill``. End of
   input means the supervisor or the connection is gone: the agent is stopped (SIGTERM, its
   grace, SIGKILL), so nothing is left running on this host when the link breaks;
 - stdout (binary, frames only: anything else printing there goes to stderr): frames
@@ -74,6 +76,7 @@ def main() -> None:
     # Paths phalanx made under the remote home may start with ~ (that host's home, unknown to
     # the planner): expand those here, and only those (a script's own "~/x" argument stays as typed).
     request = json.loads(first)
+    secrets = {str(k): str(v) for k, v in (request.pop("secrets", None) or {}).items()}
     request = _expand_home(request, str(request.get("home") or ""))
     data = request["launch"]
     env = data["node"]["env"]
@@ -99,6 +102,7 @@ def main() -> None:
         agent = subprocess.Popen(
             [sys.executable, "-m", "phalanx.launch.agent", "--launch", str(launch_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=node.cwd, start_new_session=True,
+            env={**os.environ, **secrets},
         )
     grace = launch.grace
     lost = threading.Event()

@@ -22,7 +22,7 @@ from ..api.ps import PsListing, PsRequest
 from ..api.wire import ps_params
 from ..core.identity import Principal
 from ..core.spec import JobSpec
-from ..errors import PhalanxError
+from ..errors import PhalanxError, SecretError
 from urllib.parse import quote
 
 from .client import Client, ref_path
@@ -268,6 +268,21 @@ class RemoteFace:
                 member.name = parts[1]
                 tar.extract(member, where, filter="data")
         return str(where), json.loads(response.getheader("X-Phalanx-Counts") or "{}")
+
+    # -- secrets: a team server keeps none yet (docs/secrets.md, "On a team server") ----------------
+
+    def secret_set(self, name: str, value: str) -> dict[str, Any]:
+        raise self._no_secrets(f"set {name}")
+
+    def secret_list(self) -> list[dict[str, Any]]:
+        raise self._no_secrets("list")
+
+    def secret_rm(self, name: str) -> dict[str, Any]:
+        raise self._no_secrets(f"rm {name}")
+
+    def _no_secrets(self, verb: str) -> SecretError:
+        return SecretError(f"the team server {self.login.url} keeps no secrets yet",
+                           f"keep it on this machine: phalanx --local secret {verb}")
 
 
 def _given(**values: Any) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ from typing import Any
 from ..core.env import python_as_typed
 from ..core.paths import HomePaths
 from ..core.spec import EntrypointKind, JobSpec, in_snapshot
-from ..errors import UsageError
+from ..errors import SecretError, UsageError
 from ..storage import objects
 from ..store import Store
 
@@ -38,9 +38,16 @@ UPLOADS = ("cache", "uploads")
 
 def decode_spec(data: Any) -> JobSpec:
     try:
-        return JobSpec.from_dict(data)
+        spec = JobSpec.from_dict(data)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise UsageError(f"request.spec is not a job spec: {exc}", "send what JobSpec.to_dict() makes") from None
+    if spec.secrets:
+        # This server keeps no secrets of its users yet: resolving a name here would read the
+        # store of whoever runs the server, not the caller's (docs/secrets.md, "On a team server").
+        raise SecretError(f"this server keeps no secrets yet, so a job it runs cannot ask for one "
+                          f"({', '.join(sorted(spec.secrets))})",
+                          "run the job on your own machine: phalanx --local run --secret ...")
+    return spec
 
 
 def entries(data: Any, where: str) -> list[objects.Entry]:

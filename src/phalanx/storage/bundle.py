@@ -52,12 +52,16 @@ def code_files(code_dir: Path) -> Iterator[tuple[str, Path]]:
     """(name inside ``code/``, file) for every regular file under ``code_dir``.
 
     Symlinks are skipped, not followed: the snapshot links what it left out (data, ``.venv``),
-    and those must not travel with the code."""
+    and those must not travel with the code. Nor does the user's secrets file (a ``--no-snapshot``
+    working directory that holds it)."""
+    from ..config import secrets_filter
+
+    is_secrets_file = secrets_filter()
     for dirpath, dirnames, filenames in os.walk(code_dir):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not os.path.islink(os.path.join(dirpath, d)))
         for name in sorted(filenames):
             path = Path(dirpath, name)
-            if path.is_symlink() or not path.is_file() or name.endswith(_SKIP_SUFFIXES):
+            if path.is_symlink() or not path.is_file() or name.endswith(_SKIP_SUFFIXES) or is_secrets_file(path):
                 continue
             yield path.relative_to(code_dir).as_posix(), path
 

@@ -11,7 +11,8 @@ script's directory when the script lies outside it):
   ignored (``git ls-files --cached --others --exclude-standard``);
 - elsewhere, every file except the usual heavy directories (``DEFAULT_EXCLUDES``) and what the
   ``.gitignore`` files name;
-- never what ``.phalanxignore`` (gitignore-style patterns) names, nor the phalanx home;
+- never what ``.phalanxignore`` (gitignore-style patterns) names, nor the phalanx home, nor the
+  user's secrets file (``config.secrets_filter``) should it lie inside;
 - never a file over ``LARGE_FILE`` that is not Python source (data, checkpoints, archives), unless
   a ``!pattern`` line of ``.phalanxignore`` names it; ``Listing.skipped`` says what was left out;
 - always the entrypoint script itself.
@@ -148,8 +149,13 @@ def list_workdir(workdir: Path, home: Path, script: str | None = None, limit: bo
         seen.add(rel)
         listing.files.append(rel)
         listing.nbytes += _size(workdir / rel)
+    from ..config import secrets_filter
+
+    is_secrets_file = secrets_filter()
     for rel in candidates:
         if rel in seen or rules.excludes(rel) or (skip and (rel == skip or rel.startswith(skip + "/"))):
+            continue
+        if is_secrets_file(workdir / rel):  # the user's secrets, kept in the project: never copied
             continue
         seen.add(rel)
         path = workdir / rel

@@ -58,6 +58,8 @@ def check_storage(spec: JobSpec, home: HomePaths, backend: bool = True) -> None:
     outside world, before anything starts (a typo should not cost a run). ``backend=False``
     (``--dry-run``): the stores only; a dry run plans offline, without the backend's cluster or
     credentials."""
+    # every secret exists and may be read (the values are dropped at once)
+    get_backend(spec.backend).check_secrets(spec, online=backend)
     if backend:
         get_backend(spec.backend).check(spec)
     if spec.state_uri:

@@ -214,3 +214,44 @@ def test_fake_sky_a_new_supervisor_follows_the_running_job_again(tmp_path, monke
     assert "following SkyPilot job" in paths.agent_log(0, 0).read_text()
     fake.finished = True
     assert backend.attach(plan, paths) is None
+
+
+def test_fake_sky_secrets_go_into_skypilots_task_secrets_at_launch_only(tmp_path, monkeypatch):
+    """--secret on SkyPilot: the task phalanx plans and keeps (plan.json, the dry run) has no value;
+    at launch the SDK's task gets them through ``Task.update_secrets`` (what SkyPilot sets in the run
+    step's environment and shows redacted). The real library's behaviour: test_real_skypilot.py."""
+    canary = "sky-canary-Jq2m8Vx1"
+    monkeypatch.setenv("PHALANX_SECRETS_FILE", str(tmp_path / "cfg" / "secrets.json"))
+    monkeypatch.setenv("PHALANX_SECRETS_STORE", "file")
+    from phalanx.secrets.local import open_store
+
+    open_store().set("hf", canary, owner="test")
+    fake = FakeSky()
+    given: list = []
+
+    class Task(tuple):
+        def update_secrets(self, values):
+            given.append(dict(values))
+            return self
+
+    fake.Task = type("TaskClass", (), {"from_yaml_config": staticmethod(lambda config: (fake.calls.append(("Task", config)),
+                                                                                          Task(("task", config["name"])))[1])})
+    monkeypatch.setitem(sys.modules, "sky", fake)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print(1)\n")
+    spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, str(code / "train.py")), Resources(2, 1), name="t", backend="skypilot",
+                   workdir=str(code), backend_options={"gpus": "L4:1"}, secrets={"HF_TOKEN": "hf"})
+    backend = get_backend("skypilot")
+    paths = JobPaths(tmp_path / "jobs" / "sky1")
+    plan = backend.plan(spec, "sky1", 0, HomePaths(tmp_path), backend.facts(spec))
+    paths.root.mkdir(parents=True)
+    handles = backend.start(plan, paths)
+    fake.ended.set()
+    assert _wait(handles) == [0, 0]
+    assert given == [{"HF_TOKEN": canary}]
+    config = next(c[1] for c in fake.calls if c[0] == "Task")
+    assert canary not in json.dumps(config) and canary not in plan.to_json() and "HF_TOKEN=<secret>" in plan.render()
+    for path in tmp_path.joinpath("jobs").rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path

@@ -211,3 +211,14 @@ def test_phalanx_cli_works_with_the_click_skypilot_brings(sky_python, tmp_path):
     assert ps.returncode == 0, ps.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in ps.stderr.splitlines() if line.startswith("import time:")}
     assert not {m for m in imported if m == "sky" or m.startswith("sky.")}
+
+
+def test_real_skypilot_takes_secrets_into_the_run_environment_not_into_what_it_shows(sky_python, tmp_path_factory):
+    """phalanx's --secret on SkyPilot (client.with_secrets) with the real library: the run step's
+    environment gets the value; the task SkyPilot shows (the one as given) does not hold it; the
+    launch request SkyPilot sends to its API server does (docs/secrets.md says so: its requests
+    database keeps it, readable by the request's owner and the server's host)."""
+    env = realsky.sky_env(tmp_path_factory.mktemp("skysecrets"))
+    said = _probe(subprocess.run([str(sky_python), str(HERE / "real" / "task_secrets.py"), str(GOLDEN / "skypilot_cpu_tf.yaml")],
+                                 env=env, capture_output=True, text=True, timeout=120))
+    assert said == {"run_env": True, "shown": False, "sent": True}

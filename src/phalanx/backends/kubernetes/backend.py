@@ -140,6 +140,10 @@ class KubernetesBackend(Backend):
         if not spec.snapshot and not spec.code_dir:
             raise UsageError("the k8s backend ships the code snapshot to the pods",
                              "drop --no-snapshot; a working directory too big to snapshot needs a .phalanxignore")
+        if spec.secrets and opts.get("in_cluster"):
+            raise UsageError("secrets (--secret) do not reach a supervisor that runs in the cluster yet: it could "
+                             "not read them for the attempts it starts",
+                             "drop --in-cluster (the supervisor then runs here and hands them to each attempt's Secret)")
         kind = str(opts["k8s_kind"])
         name = manifests.object_name(job_id, attempt)
         hosts = manifests.node_hosts(kind, name, spec.resources.nnodes)
@@ -165,6 +169,7 @@ class KubernetesBackend(Backend):
             launch=launch, grace_seconds=int(math.ceil(spec.grace)) + POD_MARGIN, bundle_in_configmap=way.store is None,
             gpus_per_node=int(opts.get("gpus_per_node") or 0), memory=opts.get("memory"), queue=opts.get("queue"),
             ttl_seconds=None if opts.get("keep_failed") else TTL, section=section,
+            secrets=tuple(sorted(spec.secrets)),
         )
         context = {
             "kind": kind, "context": opts.get("context"), "namespace": opts.get("namespace"),
@@ -194,7 +199,10 @@ class KubernetesBackend(Backend):
         except UsageError as exc:  # the cluster or the bundle changed since the check
             raise BackendError(exc.message, exc.hint) from None
         write_atomic(paths.manifests(plan.attempt), plan.submission)
-        objects = manifests.fill(manifests.from_yaml(plan.submission), values)
+        # The job's secrets go into the attempt's Secret, in the objects sent to the API server
+        # only (the file above and --dry-run keep the placeholders); pods take them by secretKeyRef.
+        secrets = {manifests.secret_value(var): value for var, value in self.secret_env(plan.nodes[0]).items()}
+        objects = manifests.fill(manifests.from_yaml(plan.submission), {**values, **secrets})
         kind = str(ctx["kind"])
         ref = Ref(namespace=client.namespace, context=client.creds.context, kind=kind, api_kind=objects[-1]["kind"],
                   name=objects[-1]["metadata"]["name"], job_id=plan.job_id, attempt=plan.attempt,

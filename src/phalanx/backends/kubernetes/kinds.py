@@ -103,10 +103,10 @@ NODE_CONTAINER = {"job": CONTAINER, "jobset": CONTAINER, "trainjob": CONTAINER, 
 
 
 def render(w: Workload) -> list[dict[str, Any]]:
-    """The attempt's objects, in the order they are created: ConfigMap, Secret (object store),
-    Service (kind job), then the workload."""
+    """The attempt's objects, in the order they are created: ConfigMap, Secret (object store, or
+    the job's secrets), Service (kind job), then the workload."""
     objects = [config_map(w)]
-    if not w.bundle_in_configmap:
+    if w.has_secret:
         objects.append(secret(w))
     if w.kind == "job":
         objects += [service(w), indexed_job(w)]

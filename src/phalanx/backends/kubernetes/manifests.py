@@ -16,7 +16,10 @@ them again from any machine. Beside the workload:
 
 - a ConfigMap ``launch.json`` holding every node's part of the plan (and the code bundle
   itself when no object store is configured and it is small);
-- a Secret holding the presigned URL of the code bundle (object store path).
+- a Secret holding the presigned URL of the code bundle (object store path) and the job's
+  secrets (``--secret``), each as key ``env.VAR``, which the node container takes as ``VAR``
+  through ``secretKeyRef``: the value is in no manifest phalanx renders or keeps, only in the
+  Secret the cluster stores (``SECRET_VALUE``, filled in at start).
 
 Both are owned by the workload once it exists (``ownerReferences``), so deleting it, or its
 TTL running out, removes them too.
@@ -57,6 +60,14 @@ STATE_URL = "@STATE_URL@"  # '' when the state directory is empty
 STATE_SHA256 = "@STATE_SHA256@"
 STATE_BYTES = "@STATE_TAR_GZ@"  # dropped when there is no state
 PLACEHOLDERS = (BUNDLE_URL, BUNDLE_SHA256, BUNDLE_BYTES, STATE_URL, STATE_SHA256, STATE_BYTES)
+SECRET_KEY_PREFIX = "env."  # a job secret's key in the attempt's Secret: env.HF_TOKEN
+
+
+def secret_value(var: str) -> str:
+    """The placeholder of secret variable ``var`` in the Secret: ``start`` fills the value in the
+    object it sends to the API server; what is rendered, printed and kept holds this."""
+    return f"@SECRET:{var}@"
+
 # The init step: the code bundle into /phx, then the job's state directory (when it has one)
 # into /phx/state, each with storage/bundle.py's FETCH (python3's standard library only).
 FETCH_INIT = (
@@ -93,6 +104,12 @@ class Workload:
     queue: str | None = None
     ttl_seconds: int | None = 3600  # None: kept (--keep-failed)
     section: Mapping[str, Any] = field(default_factory=dict)  # the job file's kubernetes: section
+    secrets: tuple[str, ...] = ()  # the variables --secret puts in the node container (names only)
+
+    @property
+    def has_secret(self) -> bool:
+        """Whether the attempt has a Secret: the bundle's URL (object store) or job secrets."""
+        return not self.bundle_in_configmap or bool(self.secrets)
 
 
 def object_name(job_id: str, attempt: int) -> str:
@@ -214,8 +231,10 @@ def config_map(w: Workload) -> dict[str, Any]:
 
 
 def secret(w: Workload) -> dict[str, Any]:
+    data = {} if w.bundle_in_configmap else {"bundle-url": BUNDLE_URL, "state-url": STATE_URL}
+    data.update({SECRET_KEY_PREFIX + var: secret_value(var) for var in w.secrets})
     return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata(w), "type": "Opaque", "immutable": True,
-            "stringData": {"bundle-url": BUNDLE_URL, "state-url": STATE_URL}}
+            "stringData": data}
 
 
 def service(w: Workload) -> dict[str, Any]:
@@ -266,7 +285,9 @@ def fetch_env(w: Workload) -> list[dict[str, Any]]:
 
 
 def container_env(w: Workload) -> list[dict[str, Any]]:
-    return [{"name": "PYTHONPATH", "value": f"{ROOT}/lib"}, *w.section.get("env", [])]
+    secrets = [{"name": var, "valueFrom": {"secretKeyRef": {"name": w.name, "key": SECRET_KEY_PREFIX + var}}}
+               for var in w.secrets]
+    return [{"name": "PYTHONPATH", "value": f"{ROOT}/lib"}, *w.section.get("env", []), *secrets]
 
 
 def resources(w: Workload) -> dict[str, Any]:

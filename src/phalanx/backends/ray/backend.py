@@ -153,7 +153,7 @@ class RayBackend(Backend):
             except UsageError as exc:
                 raise BackendError(exc.message, exc.hint) from None
             client.submit(submission.entrypoint(request.get("python")),
-                          submission.runtime_env(request, staging, plan.grace), sub_id,
+                          submission.runtime_env(request, staging, plan.grace, self.secret_env(plan.nodes[0])), sub_id,
                           {"phalanx_job": plan.job_id, "phalanx_attempt": str(plan.attempt),
                            "phalanx_name": str(context.get("name", ""))[:100]})
         record = SchedulerRecord(self.name, sub_id, time.time(), address=client.address)

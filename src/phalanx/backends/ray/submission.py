@@ -58,8 +58,12 @@ def driver_job(plan: Plan, request: Mapping[str, Any], sample_interval: float) -
     return {**request["driver"], "job_id": plan.job_id, "attempt": plan.attempt, "grace": plan.grace, "nodes": nodes}
 
 
-def runtime_env(request: Mapping[str, Any], working_dir: str, grace: float) -> dict[str, Any]:
-    env = {**request.get("env_vars", {}), "RAY_JOB_STOP_WAIT_TIME_S": str(int(grace) + STOP_MARGIN)}
+def runtime_env(request: Mapping[str, Any], working_dir: str, grace: float,
+                secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The job's runtime_env. ``secrets``: the job's secret values, which Ray sets in the driver's
+    and every actor's environment, so the node agents and their ranks have them; Ray keeps the
+    runtime_env with the job (its dashboard and ``ray job`` show it to whoever may see the job)."""
+    env = {**request.get("env_vars", {}), **(secrets or {}), "RAY_JOB_STOP_WAIT_TIME_S": str(int(grace) + STOP_MARGIN)}
     out: dict[str, Any] = {"working_dir": working_dir, "env_vars": env}
     if request.get("pip"):
         out["pip"] = list(request["pip"])

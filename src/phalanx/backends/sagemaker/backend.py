@@ -93,6 +93,19 @@ class SageMakerBackend(Backend):
                 if not aws.prefix_exists(channel.source):
                     raise UsageError(f"input '{channel.name}': nothing at {channel.source}", "check the URI, or upload the data first")
 
+    def check_secrets(self, spec: JobSpec, online: bool = True) -> None:
+        """``--secrets-from aws``: every secret exists in AWS Secrets Manager (asked only online:
+        a dry run plans offline). The local store is not asked: the names are AWS's."""
+        opts = validate(self.name, self.options, spec.backend_options)
+        if not spec.secrets or opts.get("secrets_from") != "aws":
+            return  # none, or the plan refuses them (check_secrets in plan.py)
+        if online:
+            from . import client
+
+            aws = client.Aws(client.region(opts), opts.get("profile"))
+            for var, name in sorted(spec.secrets.items()):
+                aws.check_secret(name, var)
+
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         from . import client, uploads
         from .plan import launch_data

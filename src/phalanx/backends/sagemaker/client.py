@@ -86,6 +86,22 @@ class Aws:
             raise UsageError(f"cannot reach bucket '{bucket}' ({what}): {_message(exc)}",
                              "check the credentials, the region and the endpoint") from None
 
+    def check_secret(self, name: str, var: str) -> None:
+        """``--secret VAR=NAME --secrets-from aws``: the secret exists in Secrets Manager (DescribeSecret:
+        its metadata only; the instances read the value with the training job's role)."""
+        from ...errors import SecretError
+
+        try:
+            self.client("secretsmanager").describe_secret(SecretId=name)
+        except Exception as exc:  # noqa: BLE001
+            code = _code(exc)
+            if code == "ResourceNotFoundException":
+                raise SecretError(f"no secret '{name}' (for {var}) in AWS Secrets Manager ({self.region})",
+                                  "create it there (aws secretsmanager create-secret --name NAME --secret-string ...), "
+                                  "or check the name and --region") from None
+            raise SecretError(f"cannot look up secret '{name}' (for {var}) in AWS Secrets Manager: {_message(exc)}",
+                              "check the credentials (secretsmanager:DescribeSecret) and the region") from None
+
     def prefix_exists(self, uri: str) -> bool:
         bucket, key = _split(uri)
         answer = self.client("s3").list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)

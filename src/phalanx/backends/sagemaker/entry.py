@@ -15,6 +15,10 @@ library too.
    small files the supervisor needs (the node's result, each rank's error and start record) as
    ``[phalanx] {"file": KIND, ...}`` lines. ``watch`` on the supervisor's side parses them back
    into the job directory (``parse_line``).
+With secrets (``--secret VAR=NAME --secrets-from aws``), before the agent starts, each NAME is read
+from AWS Secrets Manager with the training job's role (``awssecrets.py``) and handed to the agent's
+environment only; a secret that cannot be read fails the node, naming it.
+
 4. On failure writes ``/opt/ml/output/failure`` (SageMaker's FailureReason: the failing rank and
    its error) and exits with the node's exit code.
 
@@ -211,14 +215,33 @@ def prepare(root: str) -> tuple[dict[str, Any], str, int, list[str]]:
     return launch, str(launch_path), node_rank, hosts
 
 
+def fetch_secrets(node: "dict[str, Any]", environ: "dict[str, str] | None" = None) -> "dict[str, str]":
+    """The node's secrets (``VAR: NAME``) read from AWS Secrets Manager in the node env's region,
+    with this instance's credentials (``awssecrets``: standard library only). Raises ValueError
+    naming the secret that could not be read (never a value)."""
+    from phalanx.backends.sagemaker.awssecrets import get_secret_values
+
+    refs = node.get("secrets") or {}
+    env = node.get("env") or {}
+    if not refs:
+        return {}
+    if env.get("PHALANX_SECRETS_FROM") != "aws":
+        raise ValueError("the plan names secrets but no place to read them from (--secrets-from aws)")
+    source = dict(os.environ if environ is None else environ)
+    region = env.get("PHALANX_SECRETS_REGION") or source.get("AWS_REGION") or source.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return get_secret_values(refs, region, source)
+
+
 def run(root: str, out: TextIO, wait: Callable[[float], None] = time.sleep) -> int:
     launch, path, node_rank, hosts = prepare(root)
+    secrets = fetch_secrets(launch["nodes"][node_rank])
     paths, attempt = JobPaths(Path(launch["job_dir"])), int(launch["attempt"])
     streamer = Streamer(paths, attempt, out)
     streamer.emit(f"phalanx: node {node_rank} of {len(hosts)} ({hosts[node_rank]}), job {launch['job_id']} attempt {launch['attempt']}")
     # In the node's working directory (the unpacked code), as every backend starts its agents.
     agent = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.agent", "--launch", path], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=launch["nodes"][node_rank]["cwd"])
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=launch["nodes"][node_rank]["cwd"],
+                             env={**os.environ, **secrets})
 
     stopped = threading.Event()
 

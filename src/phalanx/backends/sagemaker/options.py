@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from ...core.optiontypes import BadValue, Custom, Int
+from ...core.optiontypes import BadValue, Choice, Custom, Int
 from ...errors import UsageError
 from ..options import BackendOption, BackendSection
 
@@ -65,6 +65,10 @@ OPTIONS: tuple[BackendOption, ...] = (
     # labels, ``JobSpec.tags``), which SageMaker puts on the training job as well.
     BackendOption("tag", str, None, "Tags KEY=VALUE on the training job only (job file: sagemaker: {tags: ...}).",
                   multiple=True, kind=Custom(expected="KEY=VALUE", parser=_tag), cli=False, metavar="KEY=VALUE"),
+    BackendOption("secrets_from", str, None, "Where the instances read the job's secrets (--secret VAR=NAME): aws, "
+                  "AWS Secrets Manager, NAME a secret's name or ARN there, read at instance start by the training "
+                  "job's role. Without it a job with secrets is refused (see docs/secrets.md).",
+                  kind=Choice(choices=("aws",)), metavar="aws"),
     BackendOption("volume_kms_key", str, None, "KMS key for the instances' storage volumes."),
     BackendOption("output_kms_key", str, None, "KMS key for the model and output archives."),
 )

@@ -93,7 +93,7 @@ def checkpoint_uri(spec: JobSpec, s3: layout.JobS3) -> str:
     return spec.state_uri.rstrip("/") + "/"
 
 
-def container_nodes(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, Any]) -> tuple[NodePlan, ...]:
+def container_nodes(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, Any], region: str = "") -> tuple[NodePlan, ...]:
     """Each instance's part, with the container's paths and hosts ``algo-1..N``."""
     nnodes = spec.resources.nnodes
     hosts = tuple(f"algo-{i + 1}" for i in range(nnodes))
@@ -108,6 +108,7 @@ def container_nodes(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, An
     )
     nodes = build_nodes(spec, topo, JobPaths(Path(layout.JOB_DIR)), hosts, hosts, dict(RESTART_SAFE_ENV))
     extra = {
+        **({SECRETS_FROM_ENV: "aws", SECRETS_REGION_ENV: region} if spec.secrets else {}),
         "SM_OUTPUT_DATA_DIR": layout.OUTPUT_DATA, "SM_INPUT_DIR": f"{layout.ML}/input",
         "SM_INPUT_CONFIG_DIR": f"{layout.ML}/input/config", "SM_OUTPUT_DIR": f"{layout.ML}/output",
         "SM_CURRENT_INSTANCE_TYPE": opts["instance_type"],
@@ -120,8 +121,27 @@ def container_nodes(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, An
     return tuple(out)
 
 
+# On each instance (``entry.py``): where the node's secrets are read from, and the region.
+SECRETS_FROM_ENV = "PHALANX_SECRETS_FROM"
+SECRETS_REGION_ENV = "PHALANX_SECRETS_REGION"
+
+
+def check_secrets(spec: JobSpec, opts: dict[str, Any]) -> None:
+    """A job with secrets needs ``--secrets-from aws``: the values never pass through phalanx or
+    the CreateTrainingJob request, whose Environment SageMaker shows in DescribeTrainingJob."""
+    if not spec.secrets:
+        return
+    if opts.get("secrets_from") != "aws":
+        raise UsageError(
+            f"the sagemaker backend does not carry secret values ({', '.join(sorted(spec.secrets))}): SageMaker keeps a "
+            "training job's Environment in its description (DescribeTrainingJob, the console) for anyone with read access",
+            "keep each value in AWS Secrets Manager and add --secrets-from aws: every instance reads --secret VAR=NAME "
+            "(NAME a secret's name or ARN there) at start, with the training job's role")
+
+
 def plan_attempt(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, Any], facts: SageMakerFacts) -> Plan:
     """The Plan of one attempt; ``submission`` is the validated CreateTrainingJob request (JSON)."""
+    check_secrets(spec, opts)
     role = check_options(opts)
     s3 = layout.JobS3(s3_prefix(opts, facts.region, role), job_id)
     image = opts.get("image") or images.default_image(spec.framework.value, opts.get("framework_version"),
@@ -136,7 +156,7 @@ def plan_attempt(spec: JobSpec, job_id: str, attempt: int, opts: dict[str, Any],
     grace = effective_grace(spec.grace)
     note = "" if grace == spec.grace else (
         f"# --grace {spec.grace:g} is capped to {MAX_GRACE} s: SageMaker kills a stopped job's containers 120 s after SIGTERM\n")
-    return Plan(job_id=job_id, attempt=attempt, backend="sagemaker", nodes=container_nodes(spec, job_id, attempt, opts),
+    return Plan(job_id=job_id, attempt=attempt, backend="sagemaker", nodes=container_nodes(spec, job_id, attempt, opts, facts.region),
                 grace=grace, submission=note + render_request(request))
 
 

@@ -75,7 +75,7 @@ class SkyPilotBackend(Backend):
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         launch = read_launch(paths.node_launch(plan.attempt, plan.nodes[0].node_rank))
         stage(plan, paths, Path(plan.context["code"]), launch.sample_interval if launch else 5.0)
-        run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan)
+        run = SkyRun(dict(plan.context["task"]), plan.context, paths, plan, secrets=self.secret_env(plan.nodes[0]))
         return [SkyNode(run, node.node_rank) for node in plan.nodes]
 
     def _attach(self, plan: Plan, paths: JobPaths) -> list[NodeHandle] | None:
@@ -109,8 +109,10 @@ def stage(plan: Plan, paths: JobPaths, code_dir: Path, sample_interval: float) -
 class SkyRun:
     """One attempt on SkyPilot, driven from a thread: launch, follow, report (SDK calls: ``client``)."""
 
-    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan, attached: int | None = None) -> None:
+    def __init__(self, config: dict[str, Any], opts: Mapping[str, Any], paths: JobPaths, plan: Plan, attached: int | None = None,
+                 secrets: dict[str, str] | None = None) -> None:
         self.config, self.opts, self.paths, self.plan = config, opts, paths, plan
+        self.secrets = secrets or {}  # values, for SkyPilot's task secrets only (client.with_secrets)
         self.managed = bool(opts.get("managed"))
         self.cluster = cluster_name(plan.job_id, plan.attempt, opts)
         self.down = not opts.get("cluster")  # a cluster the user named is theirs: used, never torn down
@@ -130,7 +132,7 @@ class SkyRun:
     def _run(self) -> None:
         sky = self.sky
         try:
-            task = client.load_task(sky, self.config)
+            task = client.with_secrets(client.load_task(sky, self.config), self.secrets)
             with self._log() as log:
                 if self.job_id is None:
                     self.launching = client.start_launch(sky, task, self.cluster, self.managed, down=self.down)

@@ -62,6 +62,18 @@ def load_task(sky: Any, config: dict[str, Any]) -> Any:
                          "check --gpus/--cpus/--memory/--infra against `sky show-gpus` and SkyPilot's task YAML reference") from None
 
 
+def with_secrets(task: Any, values: dict[str, str]) -> Any:
+    """The task with the job's secret values in SkyPilot's own ``secrets`` (``Task.update_secrets``:
+    set in the run step's environment on every VM, shown redacted by SkyPilot's dashboard and CLI);
+    the task YAML phalanx plans and keeps never holds them."""
+    if not values:
+        return task
+    if not hasattr(task, "update_secrets"):
+        raise BackendError("this SkyPilot has no task secrets (Task.update_secrets, SkyPilot 0.10+)",
+                           "upgrade SkyPilot (pip install 'phalanx[skypilot]'), or run without --secret")
+    return task.update_secrets(dict(values))
+
+
 def preflight(config: dict[str, Any], cluster: str) -> None:
     """What can be known before anything is created: the task parses, and SkyPilot's optimizer finds
     an enabled cloud offering its resources (``sky.launch(..., dryrun=True)``: provisions nothing).

@@ -66,6 +66,8 @@ class SlurmBackend(Backend):
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
         opts = spec.backend_options
         lead = sbatch.check(opts, spec.grace)
+        if spec.secrets:
+            sbatch.check_secrets(opts)
         if spec.snapshot:
             spec = in_snapshot(spec, str(paths.code_dir))
         nnodes = spec.resources.nnodes
@@ -105,7 +107,10 @@ class SlurmBackend(Backend):
     def _start(self, plan: Plan, paths: JobPaths) -> list[NodeHandle]:
         script = paths.batch_script(plan.attempt)
         write_atomic(script, plan.submission)
-        proc = commands.run(["sbatch", "--parsable", str(script)])
+        # Secrets go in sbatch's environment, which SLURM hands to the batch step and srun to every
+        # node's agent (sbatch's default --export=ALL); the script file never holds them.
+        secrets = self.secret_env(plan.nodes[0]) if plan.nodes else {}
+        proc = commands.run(["sbatch", "--parsable", str(script)], env=secrets or None)
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
             said = [line.strip().removeprefix("sbatch: error: ") for line in proc.stderr.splitlines() if line.strip()]

@@ -85,6 +85,16 @@ def check(options: Mapping[str, Any], grace: float) -> int | None:
     return lead
 
 
+def check_secrets(options: Mapping[str, Any]) -> None:
+    """A job with secrets hands them to SLURM through sbatch's environment (its default
+    ``--export=ALL``): an ``--export`` line of the user's would keep them from the ranks."""
+    for line in options.get("sbatch") or ():
+        if re.search(r"(^|\s)--export(=|\s|$)", str(line)):
+            raise UsageError(f"--sbatch '{line.strip()}' would keep the job's secrets (--secret) from its ranks: "
+                             "phalanx hands them over in sbatch's environment",
+                             "drop the --export line, or pass what it sets with --env")
+
+
 @dataclass(frozen=True)
 class BatchJob:
     """What the batch script needs to know; every path is absolute and on the shared filesystem."""

@@ -167,7 +167,8 @@ class SshBackend(Backend):
             if shipped is not None:
                 shipped.result()
         home = str(plan.context.get("remote_home") or "")
-        return [SshNode(self.ssh_argv(opts, launch.node.host), launch, paths, stream=not shared, trees=trees, home=home)
+        return [SshNode(self.ssh_argv(opts, launch.node.host), launch, paths, stream=not shared, trees=trees, home=home,
+                        secrets=self.secret_env(launch.node))
                 for launch in launches]
 
     def preflight(self, opts: Mapping[str, Any], hosts: list[str], plan: Any) -> None:

@@ -1,7 +1,8 @@
 """One node of an ssh job: the agent on a host, spoken to through one ssh session.
 
 The session runs ``python -m phalanx.launch.remote`` on the host. Its stdin carries the launch
-file, then control lines (``signal N``, ``kill``); its stdout carries the node's files as frames
+file (and the job's secret values, which thus travel inside the encrypted session and never on a
+command line, in a file or in ``ps``), then control lines (``signal N``, ``kill``); its stdout carries the node's files as frames
 (``launch/frames.py``), written here into the local job directory as they come, so ``collect``
 has nothing left to do. Closing the session stops the node: nothing is left on the host.
 """
@@ -29,7 +30,8 @@ class SshNode(NodeHandle):
     kill_margin = 15.0
 
     def __init__(self, ssh_argv: list[str], launch: LaunchFile, paths: JobPaths, stream: bool,
-                 trees: dict[str, tuple[str, Path]] | None = None, home: str = "") -> None:
+                 trees: dict[str, tuple[str, Path]] | None = None, home: str = "",
+                 secrets: dict[str, str] | None = None) -> None:
         node = launch.node
         self.node_rank = node.node_rank
         self.host = node.host
@@ -44,8 +46,11 @@ class SshNode(NodeHandle):
         assert self.proc.stdin is not None and self.proc.stdout is not None
         # ``home``: the remote home the plan's paths start with (``~/...``); the remote end expands
         # ``~`` only under it, so a script's own ``~/x`` argument reaches it as typed.
-        self._send(json.dumps({"launch": launch.to_dict(), "stream": stream, "home": home,
-                               "trees": {name: remote for name, (remote, _) in trees.items()}}))
+        request = {"launch": launch.to_dict(), "stream": stream, "home": home,
+                   "trees": {name: remote for name, (remote, _) in trees.items()}}
+        if secrets:
+            request["secrets"] = secrets  # into the agent's environment there (launch/remote.py)
+        self._send(json.dumps(request))
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self._reader.start()
 

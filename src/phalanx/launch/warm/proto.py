@@ -63,8 +63,11 @@ def is_run_variable(name: str) -> bool:
 
 
 def pool_environment(environ: "dict[str, str] | os._Environ[str]") -> "dict[str, str]":
-    """The environment a pool runs (and imports) with: the caller's, less the per-run variables."""
-    return {k: v for k, v in environ.items() if not is_run_variable(k)}
+    """The environment a pool runs (and imports) with: the caller's, less the per-run variables
+    and the job's secrets (``PHALANX_SECRET_VARS`` names them): a pool outlives the job, and
+    neither its environment nor its key may hold a value; each forked child gets its caller's."""
+    secrets = set(environ.get("PHALANX_SECRET_VARS", "").split(","))
+    return {k: v for k, v in environ.items() if not is_run_variable(k) and k not in secrets}
 
 
 def interpreter() -> "dict[str, object]":
