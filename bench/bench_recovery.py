@@ -66,6 +66,7 @@ def run_phalanx(tmp: Path, env: dict[str, str], src: str | None = None, nodes: i
         env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )
     if proc.returncode != 0 or not marker.exists():
+        _not_recovered("phalanx", f"exit {proc.returncode}", proc.stderr)
         return None
     death = float(marker.read_text())
     (job,) = home.glob("jobs/*")
@@ -73,6 +74,7 @@ def run_phalanx(tmp: Path, env: dict[str, str], src: str | None = None, nodes: i
     firsts = [_times(log, "first") for log in logs]
     collectives = [_times(log, "collective") for log in logs]
     if not all(firsts) or not all(collectives):
+        _not_recovered("phalanx", "a rank of the retry printed no first line or collective", "\n".join(logs))
         return None
     trace = [json.loads(line) for line in (job / "trace.jsonl").read_text().splitlines()] if (job / "trace.jsonl").exists() else []
 
@@ -88,6 +90,12 @@ def run_phalanx(tmp: Path, env: dict[str, str], src: str | None = None, nodes: i
                    "start workers": step("agent", "start workers", 1),
                    "first line": max(f[0] for f in firsts) - death,
                    "first collective": max(c[0] for c in collectives) - death})
+
+
+def _not_recovered(variant: str, why: str, output: str) -> None:
+    """Say on stderr why a round did not count (the table only counts it)."""
+    tail = "\n    ".join(output.strip().splitlines()[-6:])
+    print(f"round not recovered ({variant}): {why}\n    {tail}", file=sys.stderr, flush=True)
 
 
 _LOG = re.compile(r"^I(\d{4}) (\d\d:\d\d:\d\d\.\d+) \d+ \S+\] (.*)$", re.M)
@@ -144,13 +152,16 @@ def run_torchrun(tmp: Path, env: dict[str, str], nodes: int = 1) -> Sample | Non
                 except subprocess.TimeoutExpired:
                     other.kill()
                     other.communicate()
+            _not_recovered("torchrun", f"no end within {TIMEOUT}s after the restart", "")
             return None
     if any(p.returncode != 0 for p in procs) or not marker.exists():
+        _not_recovered("torchrun", f"exit {[p.returncode for p in procs]}", "".join(err for _, err in outs))
         return None
     death = float(marker.read_text())
     stdout = "".join(out for out, _ in outs)
     firsts, collectives = _times(stdout, "first", death), _times(stdout, "collective", death)
     if len(firsts) != RANKS or len(collectives) != RANKS:
+        _not_recovered("torchrun", "a rank printed no first line or collective after the death", stdout)
         return None
 
     def logged(message: str) -> float | None:  # the last node to get there

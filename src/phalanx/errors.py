@@ -38,6 +38,16 @@ class BackendError(PhalanxError):
     """A backend could not plan, submit or observe a job."""
 
 
+class NodesUnusable(BackendError):
+    """Some nodes could not be used at all (a host that does not answer, or lacks phalanx):
+    ``nodes`` maps each, by the name the backend knows it by, to why. The supervisor leaves
+    them out and starts the attempt on others where the backend has spares."""
+
+    def __init__(self, message: str, hint: str | None, nodes: dict[str, str]) -> None:
+        self.nodes = dict(nodes)
+        super().__init__(message, hint)
+
+
 class StoreError(PhalanxError):
     """The job store is unreadable or from a newer phalanx."""
 

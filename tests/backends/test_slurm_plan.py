@@ -175,6 +175,7 @@ def test_no_argument_or_name_can_reach_the_shell(tmp_path, args, name):
     assert argv == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
                     "--output=/home/u/.phalanx/jobs/job1234/attempt_0/node_%n/agent.log", "--open-mode=append",
                     "python3", "-m", "phalanx.launch.agent", "--launch",
-                    "/home/u/.phalanx/jobs/job1234/attempt_0/node_{node_rank}/launch.json", "--node-rank-from", "SLURM_NODEID"]
+                    "/home/u/.phalanx/jobs/job1234/attempt_0/node_{node_rank}/launch.json", "--node-rank-from", "SLURM_NODEID",
+                    "--node-name-from", "SLURMD_NODENAME"]
     assert list(tmp_path.iterdir()) == [tmp_path / "bin"], "the script must create nothing"
     assert plan.nodes[1].worker_argv[2:] == tuple(args) or "{" in "".join(args)

@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from phalanx.backends.base import free_port
 
@@ -34,7 +35,9 @@ class SshHosts:
         return subprocess.run(["ssh", "-F", str(self.config), host, command], capture_output=True, text=True, timeout=30, **kw)
 
 
-def start(root: Path, count: int = 2) -> SshHosts:
+def start(root: Path, count: int = 2, wrap: Mapping[int, Sequence[str]] | None = None) -> SshHosts:
+    """``count`` hosts; ``wrap``: for host i (0-based), a command line its sshd starts under (e.g.
+    ``unshare --mount ...`` for a host whose files differ from the others')."""
     if not os.path.exists(SSHD) or shutil.which("ssh") is None:
         raise FileNotFoundError("openssh-server / openssh-client are not installed (apt-get install openssh-server)")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
@@ -61,7 +64,7 @@ def start(root: Path, count: int = 2) -> SshHosts:
             "UsePAM no\nStrictModes no\nAcceptEnv LANG LC_*\n"
             f"SetEnv HOME={home}\n"
         )
-        subprocess.run([SSHD, "-f", str(conf), "-E", str(root / f"sshd{i}.log")], check=True)
+        subprocess.run([*(wrap or {}).get(i, ()), SSHD, "-f", str(conf), "-E", str(root / f"sshd{i}.log")], check=True)
         for _ in range(100):
             if pidfile.exists() and pidfile.read_text().strip():
                 break

@@ -266,6 +266,39 @@ def test_a_sweep_runs_its_trials_as_slurm_jobs(slurm_env, tmp_path):
     assert all(Path(j["job_dir"], "attempt_0", "scheduler.json").exists() for j in jobs)
 
 
+def test_a_node_that_fails_its_check_is_excluded_by_slurmctld_from_the_rerun(slurm_env, tmp_path):
+    """The check fails on whichever node SLURM gives the first attempt; the job runs again (no
+    --max-retries needed: nothing of it ran) as a batch job whose --exclude slurmctld applies."""
+    (tmp_path / "where.py").write_text("import os\nprint('ran on', os.environ['SLURMD_NODENAME'], flush=True)\n")
+    check = 'test "$PHALANX_ATTEMPT" != 0 || { echo "bad: disk: sick $SLURMD_NODENAME"; exit 4; }'
+    proc = phalanx("run", "--backend", "slurm", "--time", "10", "-n", "1x1", "--health-check-cmd", check, "where.py",
+                   timeout=300, cwd=tmp_path)
+    job = _only_job()
+    assert proc.returncode == 0 and job["state"] == "SUCCEEDED" and job["attempt"] == 1, proc.stdout + proc.stderr
+    (entry,) = _status(job["id"])["attempts"][0]["left_out"]
+    bad = entry["node"]
+    assert bad in ("n1", "n2") and entry["left_out"] and f"sick {bad}" in entry["why"]
+    first, second = (slurm_env.run("scontrol", "show", "job", "--oneliner", _slurm_job(job, a)).stdout for a in (0, 1))
+    assert f" NodeList={bad} " in first and "ExcNodeList=(null)" in first
+    assert f" ExcNodeList={bad} " in second and f" NodeList={bad} " not in second, second
+    good = {"n1": "n2", "n2": "n1"}[bad]
+    assert f"ran on {good}" in proc.stdout
+    shown = phalanx("status", job["id"], check=True).stdout
+    assert f"{bad} after attempt 0: failed its health check: exit 4: bad: disk: sick {bad} (left out of the next attempt)" in shown
+
+
+def test_doctor_checks_the_nodes_slurm_allocates(slurm_env, tmp_path):
+    proc = phalanx("doctor", "--backend", "slurm", "--time", "10", "-n", "2x1", "--burn", "0.5", "--json",
+                   cwd=tmp_path, timeout=300)
+    found = json.loads(proc.stdout)
+    # the nodes by the names SLURM gave them (the agents' SLURMD_NODENAME), each with its report
+    assert sorted(found["names"].values()) == ["n1", "n2"], proc.stdout + proc.stderr
+    assert [n["node_rank"] for n in found["nodes"]] == [0, 1]
+    assert all(n["devices"][0]["burn_ok"] and n["disk_free"] for n in found["nodes"])
+    assert found["links_backend"] == "gloo" and found["links"][0]["bandwidth"] > 0
+    assert proc.returncode == (0 if found["healthy"] else 1)
+
+
 def test_a_secret_reaches_the_ranks_through_sbatchs_environment_not_the_script(slurm_env, tmp_path, monkeypatch):
     """--secret on SLURM: the value travels in the environment of the sbatch phalanx runs (SLURM hands
     it to the batch step and srun to each node's agent); the ranks see it, the batch script, the job

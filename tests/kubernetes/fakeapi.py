@@ -92,6 +92,8 @@ class Store:
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (plural, ns, name)
     logs: dict[tuple[str, str, str], Log] = field(default_factory=dict)  # (ns, pod, container)
     forbidden: set[tuple[str, str, str]] = field(default_factory=set)  # (verb, resource as RBAC names it, ns)
+    # A Role's grants, as RBAC evaluates them: when set, every (verb, resource, ns) not in it is forbidden
+    granted: set[tuple[str, str, str]] | None = None
     refuse: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (verb, plural) -> a Status (quota, admission)
     groups: set[str] = field(default_factory=lambda: {"batch/v1", "authorization.k8s.io/v1"})
     user: str = "system:serviceaccount:ci:phalanx"
@@ -100,6 +102,9 @@ class Store:
     auth: list[str] = field(default_factory=list)  # Authorization headers as received
     on_delete_pod: Callable[[dict[str, Any], int], None] | None = None  # the kubelet stops the pod's containers
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def denies(self, verb: str, resource: str, ns: str) -> bool:
+        return (verb, resource, ns) in self.forbidden or (self.granted is not None and (verb, resource, ns) not in self.granted)
 
     def _rv(self) -> str:
         self.rv += 1
@@ -297,6 +302,9 @@ class _Handler(BaseHTTPRequestHandler):
                     raise Refused(status(404, "NotFound", "the server could not find the requested resource"))
                 return self._json(200, {"kind": "APIResourceList", "groupVersion": f"{match['group']}/{match['version']}"})
             if match["sub"] == "log":
+                if self.store.denies("get", "pods/log", match["ns"] or ""):
+                    raise Refused(status(403, "Forbidden", f'pods "{match["name"]}" is forbidden: User "{self.store.user}" '
+                                         f'cannot get resource "pods/log" in API group "" in the namespace "{match["ns"]}"'))
                 return self._log(match["ns"], match["name"], query)
             self._json(*self._object(method, match, query, body))
         except Refused as exc:
@@ -308,12 +316,12 @@ class _Handler(BaseHTTPRequestHandler):
             attrs = body["spec"]["resourceAttributes"]
             res = attrs["resource"] + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
             display = f"{res}.{attrs['group']}" if attrs.get("group") else res
-            allowed = (attrs["verb"], display, attrs.get("namespace", "")) not in store.forbidden
+            allowed = not store.denies(attrs["verb"], display, attrs.get("namespace", ""))
             return 201, {**body, "status": {"allowed": allowed}}
         if plural not in KINDS:
             raise Refused(status(404, "NotFound", "the server could not find the requested resource"))
         verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(method, "get" if name else "list")
-        if (verb, _display(plural), ns) in store.forbidden:
+        if store.denies(verb, _display(plural), ns):
             group = KINDS[plural][0]
             raise Refused(status(403, "Forbidden", f'{_display(plural)}{" " + repr(name).replace(chr(39), chr(34)) if name else ""} '
                                  f'is forbidden: User "{store.user}" cannot {verb} resource "{plural}" in API group "{group}"'

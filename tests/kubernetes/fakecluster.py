@@ -67,6 +67,7 @@ class Cluster:
             self.store.objects.clear()
             self.store.logs.clear()
             self.store.forbidden.clear()
+            self.store.granted = None
             self.store.refuse.clear()
             self.store.requests.clear()
             self.store.namespaces = {"default"}

@@ -11,7 +11,8 @@ nothing reported); ``preempt`` (DisruptionTarget PreemptionByScheduler, SIGTERM,
 reports it was stopped); ``evict`` (the kubelet evicts under memory pressure: DisruptionTarget
 TerminationByKubelet, phase Failed, reason Evicted, container killed); ``pull`` (ErrImagePull,
 then ImagePullBackOff forever); ``fetch`` (the code fetch init container fails, 403);
-``run`` (runs until deleted: then SIGTERM and the node reports it was stopped).
+``run`` (runs until deleted: then SIGTERM and the node reports it was stopped); ``sigbus`` (a rank
+killed by SIGBUS, which points at the node).
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ class ScriptedKubelet:
                 + frame(f"rank_{node}/error.json", json.dumps(error)))
         elif name == "oom":
             self._end(cluster, pod, play, 137, OOM, report=False)
+        elif name == "sigbus":  # the rank died of SIGBUS: memory gone bad under it, the node's fault
+            self._end(cluster, pod, play, 135, "Error", result={"exitcode": 135, "failures": [
+                {"rank": node, "exitcode": 135, "signal": "SIGBUS", "timestamp": time.time()}]})
         elif name == "preempt":
             cluster.set_status(pod, lambda s: _disrupt(s, "PreemptionByScheduler",
                                                        "default-scheduler: preempting to accommodate a higher priority pod"))

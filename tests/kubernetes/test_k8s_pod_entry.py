@@ -37,10 +37,10 @@ CONTROLLER_ENV = {
 }
 
 
-def _launch_for(kind: str, tmp: Path) -> tuple[Path, str]:
+def _launch_for(kind: str, tmp: Path, spawn: Spawn = Spawn.SELF) -> tuple[Path, str]:
     """The launch file phalanx would put in the ConfigMap, with /phx moved under ``tmp``."""
     spec = JobSpec(Entrypoint(EntrypointKind.SCRIPT, "/work/show_env.py"), Resources(2, 1), name="j", backend="k8s",
-                   workdir="/work", snapshot=True, spawn=Spawn.SELF, backend_options={"k8s_kind": kind})
+                   workdir="/work", snapshot=True, spawn=spawn, backend_options={"k8s_kind": kind})
     backend = get_backend("k8s")
     plan = backend.plan(spec, "j", 0, HomePaths(tmp), backend.facts(spec))
     config = manifests.from_yaml(plan.submission)[0]
@@ -205,3 +205,24 @@ def test_k8s_casualty_slack_only_for_a_conditions_second():
 
     assert as_casualty(dict(result), 0, "taken", 100.0)["failures"] == [], "within the condition's second"
     assert as_casualty(dict(result), 0, "taken", 100.0, slack=0.0) == result, "the pod's own clock: it failed first"
+
+
+@pytest.mark.parametrize("spawn", [Spawn.SELF, Spawn.AUTO], ids=["processes", "torchrun"])
+def test_k8s_pod_entry_fails_saying_so_when_node_0s_name_never_resolves(tmp_path, spawn):
+    """Processes the agent starts itself wait for the name before they start; a torchrun node's
+    agent starts at once (its imports overlap the wait) and is stopped when the name never comes."""
+    launch, _ = _launch_for("job", tmp_path, spawn)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), "JOB_COMPLETION_INDEX": "1"}
+    proc = subprocess.run([sys.executable, "-m", "phalanx.backends.kubernetes.pod", "--launch", str(launch),
+                           "--node-rank-from", "JOB_COMPLETION_INDEX", "--wait-for", "phx-node-0.invalid",
+                           "--dns-timeout", "3", "--termination-log", str(tmp_path / "termination-log")],
+                          env=env, capture_output=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr.decode()
+    told = json.loads((tmp_path / "termination-log").read_text())
+    assert told["error"] == "node 0's name phx-node-0.invalid did not resolve within 3s"
+    out = Path(tmp_path, "rebuilt")
+    frames = Frames(out, {}, tag="1")
+    for line in proc.stdout.splitlines(keepends=True):
+        frames.feed(line)
+    assert "waiting for node 0's name phx-node-0.invalid to resolve" in (out / "node_1" / "agent.log").read_text()
+    assert not (out / "rank_1" / "output.log").exists(), "no rank may run before node 0's name resolves"

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FLOORS: list[tuple[str, ...]] = [
     ("errors",),
     ("core", "config"),  # the job model and the job-directory contract; settings
-    ("monitor", "health", "storage", "store", "track", "secrets"),  # metrics and resources; progress, stragglers, anomalies; data channels, state, outputs; the store; tracker exporters; secrets (values never in a record)
+    ("monitor", "health", "storage", "store", "track", "secrets"),  # metrics and resources; progress, stragglers, anomalies, the doctor; data channels, state, outputs; the store; tracker exporters; secrets (values never in a record)
     ("launch",),  # one node: agent, bootstrap, torchrun argv, host facts
     ("backends",),  # how N node agents start somewhere
     ("supervise",),  # a job's life

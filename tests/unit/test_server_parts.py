@@ -193,3 +193,49 @@ def test_the_job_page_follows_a_log_over_one_stream_of_events(api, tmp_path):
                     break
     texts = "".join(p.get("text", "") for p in pieces)
     assert texts == "first\nsecond\n" and pieces[-1] == {"end": True, "state": "SUCCEEDED"}
+
+
+def test_a_stream_delivers_every_line_in_order_and_a_departed_client_ends_the_call():
+    """``server.stream``: more lines than the queue's room all arrive, in order, in fewer chunks
+    than lines (what waits goes out together); a client that stops reading ends the call's thread
+    with ``Disconnected`` instead of leaving it blocked."""
+    import asyncio
+    import threading
+
+    from phalanx.server.stream import Disconnected, stream
+
+    ended: list[str] = []
+    leaving = threading.Event()
+
+    def many(sink):
+        for n in range(500):
+            sink.send({"row": n})
+        return "done"
+
+    def forever(sink):
+        try:
+            n = 0
+            while True:
+                sink.send({"row": n})
+                n += 1
+        except Disconnected:
+            ended.append("disconnected")
+            leaving.set()
+            raise
+
+    async def read_all():
+        return [chunk async for chunk in stream(many)]
+
+    async def read_some():
+        lines = stream(forever)
+        got = [await lines.__anext__() for _ in range(3)]
+        await lines.aclose()  # the client goes away
+        await asyncio.get_running_loop().run_in_executor(None, leaving.wait, 10.0)
+        return got
+
+    chunks = asyncio.run(read_all())
+    lines = [json.loads(line) for chunk in chunks for line in chunk.splitlines() if line]
+    assert [one["row"] for one in lines[:-1]] == list(range(500))
+    assert lines[-1] == {"result": "done"}
+    assert len(chunks) < len(lines)
+    assert asyncio.run(read_some()) and ended == ["disconnected"]

@@ -64,6 +64,7 @@ class Face(Protocol):
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
                log_from: int = 0) -> tuple[dict[str, Any], int]: ...
     def interrupt(self, ref: str) -> dict[str, Any]: ...
+    def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]: ...
     def wait(self, ref: str, timeout: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
     def stop(self, ref: str, timeout: float | None = None, events: Events | None = None,
@@ -350,6 +351,14 @@ class LocalFace(TeamVerbs):
             record = jobs.submit_detached(spec, events=events, user=self._submitter, job_id=job_id)
             event.target, event.detail = record.id, {"name": spec.name}
         return _job_dict(record)
+
+    def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]:
+        """The nodes' check (``supervise/doctor.py``), blocking: its verdict as data, and as the
+        table ``phalanx doctor`` prints (``text``)."""
+        from . import jobs
+
+        found = jobs.doctor(spec, events=events, burn=burn)
+        return {**found.to_dict(), "text": found.render()}
 
     def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
                   sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:

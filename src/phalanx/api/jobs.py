@@ -51,6 +51,16 @@ def clean_state(spec: JobSpec) -> Path | None:
     return submit.clean_state(spec, home())
 
 
+def doctor(spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> Any:
+    """Check the nodes a job of ``spec`` would get (``supervise/doctor.py``): run the check as a
+    job there and judge it. Blocking. Returns a ``Diagnosis`` (``.verdict.healthy``, ``.render()``)."""
+    from ..supervise.doctor import diagnose
+
+    store, where = open_store(), home()
+    get_backend(spec.backend).check(spec)
+    return diagnose(store, where, spec, events, burn)
+
+
 def run(spec: JobSpec, out: TextIO | None = None, ranks: set[int] | None = None,
         events: Events | None = None,
         started: Callable[[JobRecord], None] | None = None, user: str | None = None) -> tuple[JobRecord, int]:

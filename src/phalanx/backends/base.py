@@ -198,6 +198,11 @@ class Backend(abc.ABC):
     # Seconds ``phalanx stop`` waits, beyond the grace period, for the ranks to end: a platform that
     # stops through its own API (SageMaker's StopTrainingJob) takes minutes to report the end.
     stop_margin: float = 15.0
+    # How a retry avoids a node found bad (``JobSpec.left_out``, by the name in its node's
+    # ``NodeResult``: ``node_name`` or ``host``): "exclude" (the plan places no node there: ssh
+    # spare hosts, SLURM's --exclude, Kubernetes node anti-affinity), "new" (every attempt gets
+    # new machines: SageMaker, SkyPilot), or "" (it cannot: this machine, Ray).
+    leaves_out: str = ""
     # Set by a foreground ``phalanx run`` at a shell: the terminal a lone process may be lent
     # (``launch/console.py``: stdin, and stdout/stderr relayed as they come). Backends that
     # start no process here ignore it.
@@ -243,6 +248,11 @@ class Backend(abc.ABC):
         if spec.resources.nnodes < 1 or spec.resources.nproc_per_node < 1:
             raise UsageError("a job needs at least 1 node and 1 process per node", "for example -n 2x4")
         return spec.with_(backend_options=validate(self.name, self.options, spec.backend_options))
+
+    def avoids(self, spec: JobSpec) -> str:
+        """How a retry of ``spec`` avoids a node found bad: ``leaves_out``, unless the job's
+        options pin the machines (a SkyPilot cluster the user named)."""
+        return self.leaves_out
 
     def check(self, spec: JobSpec) -> None:
         """Checks that need the outside world (credentials, buckets), run once before the job

@@ -13,6 +13,7 @@ import typer
 
 from ..core.rawtext import show_streams
 from ..errors import PhalanxError
+from .doctor import DoctorCommand
 from .runflags import RunCommand
 
 app = typer.Typer(
@@ -54,6 +55,7 @@ def _root(
 
 # The options of `run` come from the option table (core/options.py, backends' options modules).
 app.command("run", cls=RunCommand, context_settings={"allow_interspersed_args": False})(lambda: None)
+app.command("doctor", cls=DoctorCommand)(lambda: None)
 
 
 @app.command("help")

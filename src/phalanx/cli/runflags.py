@@ -113,8 +113,12 @@ class RunCommand(TyperCommand):
     @property
     def table(self) -> tuple[Option, ...]:
         if self._table is None:
-            self._table = run_options()
+            self._table = self.options_table()
         return self._table
+
+    def options_table(self) -> tuple[Option, ...]:
+        """The options this command offers (``doctor`` offers a part of them)."""
+        return run_options()
 
     @property  # type: ignore[override]
     def params(self) -> list[click.Parameter]:

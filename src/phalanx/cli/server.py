@@ -140,3 +140,31 @@ def token_rotate_cmd(
     _use_store(store)
     typer.echo(rotate_token(_store(), name))
     typer.echo(f"phalanx: {name}'s older tokens no longer work; log in again with the one above", err=True)
+
+
+@server_app.command("manifests")
+def manifests_cmd(
+    image: str = typer.Option("phalanx:latest", "--image", help="The server's image: phalanx installed with its web and postgres extras."),
+    namespace: str = typer.Option("phalanx", "--namespace", help="Where the server runs, and the jobs it submits to its k8s backend."),
+    store_secret: str = typer.Option("phalanx-store", "--store-secret",
+                                     help="The Secret holding the store's 'url' (no password in it) and 'password'."),
+    tls_secret: Optional[str] = typer.Option(None, "--tls-secret", help="A kubernetes.io/tls Secret: HTTPS in the pod (else a TLS proxy in front)."),
+    with_postgres: bool = typer.Option(False, "--with-postgres", help="Add an example PostgreSQL (a StatefulSet and its Service)."),
+    systemd: bool = typer.Option(False, "--systemd", help="Print a systemd unit for a server on one machine instead."),
+) -> None:
+    """Print what a team applies to run the server: Kubernetes objects (kubectl apply -f -), or a
+    systemd unit. Nothing is applied."""
+    from ..server import deploy
+
+    if systemd:
+        if with_postgres or tls_secret:
+            from ..errors import UsageError
+
+            raise UsageError("--systemd prints a unit only; --with-postgres and --tls-secret are for Kubernetes",
+                             "drop them, or drop --systemd")
+        here = Path(sys.executable).parent / "phalanx"
+        typer.echo(deploy.systemd(str(here if here.exists() else "/usr/local/bin/phalanx")), nl=False)
+        return
+    from ..backends.kubernetes.manifests import to_yaml
+
+    typer.echo(to_yaml(deploy.kubernetes(deploy.Deploy(image, namespace, store_secret, tls_secret, with_postgres))), nl=False)

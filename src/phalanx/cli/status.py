@@ -77,6 +77,7 @@ def render(view: dict[str, Any], out: TextIO) -> None:
             code = "-" if a["exit_code"] is None else str(a["exit_code"])
             out.write(f"  {a['attempt']}  {a['outcome']:<9} exit {code:<4} {duration(a['ended'] - a['started']):>7}  "
                       f"{a['message'][:70]}  [{retry}]\n")
+    out.writelines(_left_out_lines(attempts))
     if view["ranks"]:
         out.write("\n")
         rows = [
@@ -93,6 +94,13 @@ def render(view: dict[str, Any], out: TextIO) -> None:
     if lines:
         out.write("\n" + "\n".join(lines) + "\n")
     _root_cause(view, out)
+
+
+def _left_out_lines(attempts: list[dict[str, Any]]) -> list[str]:
+    """Which nodes an attempt's end pointed at, why, and whether the next attempt left them out."""
+    lines = [f"  {n['node']} after attempt {a['attempt']}: {n['why']} ({n.get('how', '')})\n"
+             for a in attempts for n in a.get("left_out", ())]
+    return ["\nnodes found bad:\n", *lines] if lines else []
 
 
 def _resources(summary: dict[str, Any] | None) -> list[str]:

@@ -329,10 +329,16 @@ class AttemptRecord:
     message: str
     retry: bool
     reason: str
+    # Nodes this attempt's end pointed at (``health/checks_cause.py``), each {"node": name,
+    # "why": words, "left_out": whether the next attempt leaves it out}
+    left_out: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "started": self.started, "ended": self.ended, "outcome": self.outcome.value,
+        data: dict[str, Any] = {"attempt": self.attempt, "started": self.started, "ended": self.ended, "outcome": self.outcome.value,
                 "exit_code": self.exit_code, "message": self.message, "retry": self.retry, "reason": self.reason}
+        if self.left_out:
+            data["left_out"] = [dict(n) for n in self.left_out]
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "attempts.jsonl") -> "AttemptRecord":
@@ -341,8 +347,9 @@ class AttemptRecord:
             outcome = OutcomeKind(r.text("outcome"))
         except ValueError:
             r.fail("outcome", f"one of {', '.join(o.value for o in OutcomeKind)}", data.get("outcome"))
+        left = tuple(dict(n) for n in r.items("left_out") if isinstance(n, Mapping) and isinstance(n.get("node"), str))
         return cls(r.whole("attempt"), r.number("started"), r.number("ended"), outcome, r.whole("exit_code", None),
-                   r.text("message", ""), r.flag("retry"), r.text("reason", ""))
+                   r.text("message", ""), r.flag("retry"), r.text("reason", ""), left)
 
 
 def append_attempt(path: Path, record: AttemptRecord) -> None:

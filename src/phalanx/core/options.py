@@ -280,6 +280,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "copy-on-write where the filesystem allows), each tagged with the step it was written at, for "
            "--on-nan retry to roll back to.", ("--keep-states",), group="survival", field="keep_states",
            metavar="K", default_doc="0; 3 with --on-nan retry"),
+    Option("health_check", Bool(), "Check each node before each attempt (devices, GPU health and ECC through NVML, a "
+           "matmul burn, free disk and /dev/shm; what phalanx doctor checks on one node); a node that fails, or that a "
+           "failure's root cause points at (SIGBUS, ECC, Xid, NIC errors, a lost host), is left out of the next "
+           "attempt where the backend can (ssh spare hosts, SLURM --exclude, Kubernetes anti-affinity).",
+           ("--health-check",), group="survival", field="health_check", default=False, flag_value=True),
+    Option("health_check_cmd", Str(), "Your own check instead (a shell line, run on each node before each attempt "
+           "with the node's environment); a non-zero exit fails the node. Implies --health-check.",
+           ("--health-check-cmd",), group="survival", field="health_check_cmd", metavar="CMD"),
     Option("state", Str(expected="a URI"), "Sync the state directory with this URI (s3://, gs://, file://, path).",
            ("--state",), group="survival", field="state_uri", metavar="URI"),
     Option("clean_state", Bool(), "Start from an empty state directory (the old one is moved aside).",

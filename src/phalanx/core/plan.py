@@ -58,11 +58,16 @@ class NodePlan:
     # --secret: variable -> secret name. Names only: the backend that starts the node puts the
     # values into its environment at start (``Backend.secret_env``); ``env`` never holds them.
     secrets: Mapping[str, str] = field(default_factory=dict)
+    # Run on the node before any rank starts (``--health-check``); the node fails the attempt
+    # when it exits non-zero (``launch/nodecheck.py``). Empty: no check.
+    health_check: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if not self.secrets:
             del data["secrets"]  # launch files of jobs without secrets stay as they were
+        if not self.health_check:  # plans without a check read as they always did
+            del data["health_check"]
         return data
 
     @classmethod
@@ -81,6 +86,7 @@ class NodePlan:
             worker_argv=tuple(data.get("worker_argv", ())),
             processes=procs,
             secrets=dict(data.get("secrets") or {}),
+            health_check=tuple(data.get("health_check", ())),
         )
 
 
@@ -168,6 +174,8 @@ class Plan:
             lines.append(f"\n[node {node.node_rank} @ {node.host}]")
             lines.append(f"cwd:      {node.cwd}")
             lines.append(f"agent:    {shell_join(node.agent_argv)}")
+            if node.health_check:
+                lines.append(f"check:    {shell_join(node.health_check)}")
             if node.torchrun_argv is not None:
                 lines.append(f"torchrun: torchrun {shell_join([*node.torchrun_argv, *node.worker_argv])}")
             for proc in node.processes:

@@ -243,6 +243,14 @@ class JobSpec:
     on_nan_args: str = ""  # arguments recomputed on a retry after divergence ("--lr {lr*0.5}")
     keep_states: int = 0  # versions of the state directory kept for rollbacks (storage/versions.py)
     progress: str | None = None  # --progress REGEX (health/progress.py); None: the known formats
+    # Check each node before each attempt (launch/nodecheck.py): phalanx's node checks, or the
+    # user's shell line; a node that fails is left out of the retry where the backend can.
+    health_check: bool = False
+    health_check_cmd: str | None = None
+    # Nodes a retry leaves out (found bad by an earlier attempt; set by the supervisor, never
+    # by the user), by the name the backend knows them by: an ssh host, a SLURM node, a
+    # Kubernetes node. Each backend's plan honours it where it can (Backend.leaves_out).
+    left_out: tuple[str, ...] = ()
     state_uri: str | None = None  # fsspec URI the state directory is synced with
     metrics: tuple[MetricDef, ...] = ()
     auto_metrics: bool = True  # pick up name=value / name: value numbers too

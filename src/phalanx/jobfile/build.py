@@ -55,6 +55,7 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
         warm=bool(v["warm"] if v["warm"] is not None else _config("warm")),
         retry_on_exit_codes=tuple(v["retry_on_exit_codes"] or ()),
         state_uri=_uri(v, "state"),
+        health_check_cmd=v["health_check_cmd"],
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
         backend_options=_backend_options(v),
         project=str(v["project"] or _config("project") or ""),

@@ -37,11 +37,13 @@ from ..core.contracts import LaunchFile, NodeResult, read_launch, write_node_res
 from ..core.paths import JobPaths
 from ..core.plan import NodePlan, bind_addresses
 from ..errors import ContractError
-from . import trace
+from . import rendezvous, trace
 from .control import AgentLine
 from .exits import add_unnoticed_raises, died_at, end_strays, failure_of, interrupted_code, rank_exits
+from .nodecheck import check_node, unchecked_result
 from .procs import STOP_SIGNALS, ChildWatcher, die_with_parent, exit_code, signal_group, signal_name, wait_until
-from .workers import Standbys, WorkerSource, supplied
+from .rendezvous import tuned, wait_for_host
+from .workers import KINDS, Standbys, WorkerSource, supplied
 
 
 def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | None = None,
@@ -72,7 +74,10 @@ def run_torchrun(node: NodePlan, paths: JobPaths, attempt: int, grace: float | N
             if watcher is not None and watcher.stop_requests:
                 signum = signal.Signals(watcher.stop_requests[0])
                 raise SignalException(f"stopped by {signum.name} before it started", signum)
-            with supplied(source, str(paths.agent_log(attempt, node.node_rank))):
+            if config.rdzv_backend == "c10d" and str(config.rdzv_configs.get("is_host", "")).lower() in ("false", "0"):
+                wait_for_host(config.rdzv_endpoint)  # node 0's new store: no connect before it listens
+            log = str(paths.agent_log(attempt, node.node_rank))
+            with supplied(source, log), tuned(config.max_nodes, close_behind=watcher is not None):
                 elastic_launch(config, cmd)(*cmd_args)
         finally:
             if saved is not None:
@@ -232,28 +237,37 @@ def _load(launch: str, node_rank_from: str | None) -> tuple[NodePlan, LaunchFile
 
 
 def run_node(node: NodePlan, data: LaunchFile, watcher: ChildWatcher | None = None,
-             source: WorkerSource | None = None) -> NodeResult:
+             source: WorkerSource | None = None, node_name_from: str | None = None) -> NodeResult:
     """Run one attempt of this node to its end and write its ``result.json``. ``watcher`` and
-    ``source``: set by a kept agent (more attempts follow in this process; workers ready ahead)."""
+    ``source``: set by a kept agent (more attempts follow in this process; workers ready ahead).
+    ``node_name_from``: the variable naming this node as its scheduler does, kept in the result."""
     paths = JobPaths(Path(data.job_dir))
     attempt = data.attempt
     started = time.time()
-    sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
-    steps = trace.follow_torch(paths, attempt=attempt, node=node.node_rank)
-    try:
-        if node.torchrun_argv is not None:
-            result = run_torchrun(node, paths, attempt, data.grace, watcher, source)
-        else:
-            result = run_direct(node, data.grace, paths, attempt, watcher, source)
-        # No orphans: what the ranks left running ends with them (launch/strays.py).
-        result["strays"] = end_strays(paths, attempt, node.node_rank, node.env.get("PHALANX_JOB_ID", ""),
-                                      data.grace, watcher)
-    finally:
-        trace.unfollow(steps)
-        if sampler is not None:
-            sampler.stop()
+    checked = check_node(node, watcher)
+    if checked is not None and not checked.ok:  # no rank starts on a node that failed its check
+        result = unchecked_result(checked)
+    else:
+        sampler = _start_sampler(paths, attempt, node.node_rank, data.sample_interval)
+        steps = trace.follow_torch(paths, attempt=attempt, node=node.node_rank)
+        try:
+            if node.torchrun_argv is not None:
+                result = run_torchrun(node, paths, attempt, data.grace, watcher, source)
+            else:
+                result = run_direct(node, data.grace, paths, attempt, watcher, source)
+            # No orphans: what the ranks left running ends with them (launch/strays.py).
+            result["strays"] = end_strays(paths, attempt, node.node_rank, node.env.get("PHALANX_JOB_ID", ""),
+                                          data.grace, watcher)
+        finally:
+            trace.unfollow(steps)
+            if sampler is not None:
+                sampler.stop()
+        add_unnoticed_raises(result, paths, attempt, node.node_rank)
+        if checked is not None:
+            result["health"] = checked.to_dict()
     trace.mark(paths, "agent", "ended", attempt=attempt, node=node.node_rank)
-    add_unnoticed_raises(result, paths, attempt, node.node_rank)
+    if node_name_from and os.environ.get(node_name_from):
+        result["node_name"] = os.environ[node_name_from]  # as the scheduler names it (SLURM --exclude)
     result.update(node_rank=node.node_rank, host=node.host, started=started, finished=time.time(), agent_pid=os.getpid())
     report = NodeResult.from_dict(result, f"node {node.node_rank}'s result")
     write_node_result(paths.node_result(attempt, node.node_rank), report)
@@ -287,7 +301,9 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
                 # Failed, or stopped because another node failed: the supervisor may retry (never
                 # after a Ctrl-C). The next attempt's interpreters start now, while it decides and
                 # the new rendezvous runs; unused, they go when the agent does.
-                standbys.prepare(_local_workers(node))
+                count, kind = _local_workers(node)
+                if count:
+                    standbys.prepare(count, kind)
             sys.stdout.flush()
             sys.stderr.flush()
             following = line.next(watcher)
@@ -302,15 +318,20 @@ def serve(control: int, launch: str, node_rank_from: str | None) -> NoReturn:
     os._exit(code)
 
 
-def _local_workers(node: NodePlan) -> int:
-    """How many workers this node starts: its processes, or torchrun's --nproc-per-node."""
+def _local_workers(node: NodePlan) -> tuple[int, str]:
+    """How many workers this node starts, and of which kind a standby must be to become one:
+    "cold" (the bootstrap) or "warm" (a warm plan's workers are the warm pool's stand-ins);
+    (0, "") for workers no standby becomes (a command, another interpreter's)."""
     if node.torchrun_argv is None:
-        return len(node.processes)
+        kinds = [k for p in node.processes for k, (program, _) in KINDS.items() if tuple(p.argv[1:4]) == program]
+        return (len(kinds), kinds[0]) if kinds and len(set(kinds)) == 1 else (0, "")
+    module = node.torchrun_argv[-1] if node.torchrun_argv[-2:-1] == ("--module",) else ""
+    kind = next((k for k, (program, _) in KINDS.items() if program[-1] == module), "")
     for arg in node.torchrun_argv:
         if arg.startswith("--nproc-per-node="):
             value = arg.split("=", 1)[1]
-            return int(value) if value.isdigit() else 0
-    return 0
+            return (int(value), kind) if value.isdigit() and kind else (0, "")
+    return 0, ""
 
 
 def _log_to(log: str) -> None:
@@ -349,16 +370,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--launch", required=True, help="the node's launch.json")
     parser.add_argument("--node-rank-from", metavar="VAR",
                         help="environment variable holding this node's rank, filled into {node_rank} of --launch")
+    parser.add_argument("--node-name-from", metavar="VAR",
+                        help="environment variable naming this node as its scheduler does (kept in result.json)")
+    parser.add_argument("--rdzv-wait", type=float, metavar="SECONDS",
+                        help="how long a node other than node 0 waits for node 0's rendezvous to listen (default 10)")
     parser.add_argument("--control", type=int, metavar="FD",
                         help="a line to the supervisor: keep running the attempts it names (launch/control.py)")
     args = parser.parse_args(argv)
+    if args.rdzv_wait is not None:
+        rendezvous.HOST_WAIT_S = args.rdzv_wait
     # SIGTERM, not SIGKILL: our workers then get their grace period too.
     die_with_parent(signal.SIGTERM)
     if args.control is not None:
         serve(args.control, args.launch, args.node_rank_from)
     node, data = _load(args.launch, args.node_rank_from)
     os.environ.update(node.env)
-    report = run_node(node, data)
+    report = run_node(node, data, node_name_from=args.node_name_from)
     sys.stdout.flush()
     os._exit(report.exitcode & 0xFF)
 

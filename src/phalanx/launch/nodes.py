@@ -25,6 +25,16 @@ def agent_argv(python: str, paths: JobPaths, attempt: int, node_rank: int | str)
     return (python, "-m", "phalanx.launch.agent", "--launch", str(paths.node_launch(attempt, node_rank)))
 
 
+def health_check(spec: JobSpec) -> tuple[str, ...]:
+    """What each node runs before an attempt (``launch/nodecheck.py``): the user's shell line,
+    or phalanx's own node checks (``health/doctor_probe.py``, a one-second burn); none."""
+    if spec.health_check_cmd:
+        return ("/bin/sh", "-c", spec.health_check_cmd)
+    if spec.health_check:
+        return (spec.python, "-m", "phalanx.health.doctor_probe", "--node-only", "--burn", "1")
+    return ()
+
+
 def build_nodes(
     spec: JobSpec, topo: Topology, paths: JobPaths, hosts: tuple[str, ...], local_addrs: tuple[str, ...],
     net_env: Mapping[str, str],
@@ -57,6 +67,7 @@ def build_nodes(
             env=env,
             cwd=spec.workdir,
             secrets=dict(spec.secrets),
+            health_check=health_check(spec),
         )
         if spec.uses_torchrun:
             nodes.append(

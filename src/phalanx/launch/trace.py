@@ -4,7 +4,8 @@ the time of a restart goes (``bench/bench_recovery.py`` reads it).
 The supervisor and every node agent append one JSON line per step to the job's ``trace.jsonl``
 (``JobPaths.trace``): ``{"t": unix time, "who": "supervisor" | "agent", "step": name, ...}``.
 Appends of one short line are atomic, so the writers need no lock. Off (and free) by default;
-the variable is read once, when this module is imported (the agents inherit it).
+the variable is read at each step, not at import: an agent forked from a warm pool imported this
+module in the pool, whose environment is not the job's.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Any
 
 from ..core.paths import JobPaths
 
-ENABLED = os.environ.get("PHALANX_TRACE", "") not in ("", "0")
+def enabled() -> bool:
+    return os.environ.get("PHALANX_TRACE", "") not in ("", "0")
 
 
 def mark(paths: JobPaths, who: str, step: str, **fields: Any) -> None:
     """Record that ``step`` happened now (nothing unless tracing is on)."""
-    if not ENABLED:
+    if not enabled():
         return
     line = json.dumps({"t": time.time(), "who": who, "step": step, **fields}, sort_keys=True) + "\n"
     try:
@@ -55,7 +57,7 @@ class _TorchSteps(logging.Handler):
 def follow_torch(paths: JobPaths, **fields: Any) -> logging.Handler | None:
     """Mark torch's own steps (rendezvous, starting workers) while tracing; ``unfollow`` the
     handle returned when the attempt is over. Nothing (None) when tracing is off."""
-    if not ENABLED:
+    if not enabled():
         return None
     handler = _TorchSteps(paths, fields)
     logger = logging.getLogger(_TORCH_LOGGER)

@@ -8,6 +8,11 @@ attempt starts its ranks, each takes a standby instead of a new interpreter; a r
 (another program, a different interpreter or start-up environment, output redirected by torch,
 no standby left) starts cold, as before.
 
+Under warm starts (``launch/warm/plan.py``) a rank's command is the warm pool's stand-in, ``python -u
+-m phalanx.launch.warm.standin ... -- phalanx.launch.bootstrap ...``: the ready workers are then
+stand-ins started ahead (``standin --defer FD``), which wait for the rank's command line and
+environment and then ask the pool for the child as any stand-in does (``prepare(count, "warm")``).
+
 This is the seam for other sources of ready workers (a pool of interpreters with torch imported,
 forked on demand): anything with ``prepare``/``take``/``close`` as below can stand in for
 ``Standbys``. ``take`` returns a ``subprocess.Popen`` of a child of this agent that is the leader
@@ -32,6 +37,10 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 BOOTSTRAP_ARGV = ("-u", "-m", "phalanx.launch.bootstrap")
 STANDBY_ARGV = ("-u", "-m", "phalanx.launch.standby")
+# A warm plan's workers are the warm pool's stand-ins (``launch/warm/standin.py``); one started ahead
+# waits with ``--defer FD`` and becomes the stand-in the rank's command line names.
+WARM_ARGV = ("-u", "-m", "phalanx.launch.warm.standin")
+KINDS = {"cold": (BOOTSTRAP_ARGV, STANDBY_ARGV), "warm": (WARM_ARGV, (*WARM_ARGV, "--defer"))}
 
 # What the interpreter reads from the environment as it starts (and the .pth files it runs then):
 # a standby started with other values than the rank's would not be the same as a cold start.
@@ -44,8 +53,9 @@ def startup_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class WorkerSource(Protocol):
-    def prepare(self, count: int) -> None:
-        """Get ``count`` workers ready for the next attempt. Non-blocking."""
+    def prepare(self, count: int, kind: str = "cold") -> None:
+        """Get ``count`` workers of ``kind`` ("cold": the bootstrap, "warm": the warm pool's
+        stand-in) ready for the next attempt. Non-blocking."""
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], log: str | None) -> subprocess.Popen[bytes] | None:
         """A ready worker that becomes ``argv`` with exactly ``env`` (its output on ``log``), or
@@ -61,31 +71,34 @@ class Standbys:
 
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
-        self._ready: list[tuple[subprocess.Popen[bytes], int, dict[str, str]]] = []
+        self._ready: list[tuple[subprocess.Popen[bytes], int, dict[str, str], str]] = []
 
-    def prepare(self, count: int) -> None:
+    def prepare(self, count: int, kind: str = "cold") -> None:
+        """``count`` interpreters for ranks of ``kind``: "cold" (the bootstrap) or "warm" (the
+        warm pool's stand-in)."""
         env = dict(os.environ)
         for _ in range(count - len(self._ready)):
             read, write = os.pipe()
             try:
                 # Its own session, as torch starts workers, so that killpg reaches it alone. stdin,
                 # stdout and stderr are this agent's, as a cold worker's would be.
-                proc = subprocess.Popen([self.python, *STANDBY_ARGV, str(read)], env=env, pass_fds=(read,),
+                proc = subprocess.Popen([self.python, *KINDS[kind][1], str(read)], env=env, pass_fds=(read,),
                                         start_new_session=True)
             except OSError:
                 os.close(write)
                 return
             finally:
                 os.close(read)
-            self._ready.append((proc, write, startup_env(env)))
+            self._ready.append((proc, write, startup_env(env), kind))
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], log: str | None) -> subprocess.Popen[bytes] | None:
-        if tuple(argv[:4]) != (self.python, *BOOTSTRAP_ARGV):
+        kind = next((k for k, (program, _) in KINDS.items() if tuple(argv[:4]) == (self.python, *program)), None)
+        if kind is None:
             return None
         wanted = startup_env(env)
         while self._ready:
-            proc, write, started_with = self._ready.pop(0)
-            if started_with != wanted or proc.poll() is not None:
+            proc, write, started_with, ready_kind = self._ready.pop(0)
+            if started_with != wanted or ready_kind != kind or proc.poll() is not None:
                 _drop(proc, write)
                 continue
             try:
@@ -99,7 +112,7 @@ class Standbys:
 
     def close(self) -> None:
         ready, self._ready = self._ready, []
-        for proc, write, _ in ready:
+        for proc, write, _, _ in ready:
             _drop(proc, write)
 
 

@@ -22,7 +22,7 @@ from ..api.ps import PsListing, PsRequest
 from ..api.wire import ps_params
 from ..core.identity import Principal
 from ..core.spec import JobSpec
-from ..errors import PhalanxError, SecretError
+from ..errors import PhalanxError, SecretError, UsageError
 from urllib.parse import quote
 
 from .client import Client, ref_path
@@ -178,6 +178,12 @@ class RemoteFace:
         body = {**self._ship(spec), "detach": detach, "settings": asdict(settings)}
         result = self._streamed("POST", "/sweeps", body=body, events=events)
         return result["sweep"], result["code"]
+
+    def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]:
+        # The check runs on the nodes these options name, started from where they are reachable;
+        # a server would check its own nodes, not the ones this command names.
+        raise UsageError(f"the team server {self.login.url} runs no doctor yet",
+                         "check the nodes from this machine: phalanx --local doctor ...")
 
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
                log_from: int = 0) -> tuple[dict[str, Any], int]:

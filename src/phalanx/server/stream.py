@@ -37,24 +37,23 @@ class Sink:
     """Where a streaming call writes (from its own thread). Blocks while the client is slow
     (a bounded queue), raises ``Disconnected`` once it is gone."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], room: int = 64) -> None:
         self._loop, self._queue = loop, queue
+        # The bound on what waits in the queue, kept on this side: a send with room hands its item
+        # over without waiting for the event loop (a listing's rows go out as fast as they are made).
+        self.room = threading.Semaphore(room)
         self.gone = threading.Event()
 
     def send(self, item: Any) -> None:
+        while not self.room.acquire(timeout=1.0):
+            if self.gone.is_set():
+                raise Disconnected()
         if self.gone.is_set():
             raise Disconnected()
-        future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
-        while True:
-            try:
-                future.result(timeout=1.0)
-                return
-            except TimeoutError:
-                if self.gone.is_set():
-                    future.cancel()
-                    raise Disconnected() from None
-            except (RuntimeError, asyncio.CancelledError):
-                raise Disconnected() from None
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is going away
+            raise Disconnected() from None
 
     def out(self, text: str) -> None:
         if text:
@@ -95,7 +94,7 @@ def internal(exc: BaseException) -> dict[str, Any]:
 def stream(work: Callable[[Sink], Any], name: str = "phalanx-stream") -> AsyncIterator[bytes]:
     """The JSON lines of ``work(sink)`` run in a thread: what it sends, then its result (or error)."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+    queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the sink's room
     sink = Sink(loop, queue)
 
     def run() -> None:
@@ -123,9 +122,18 @@ def stream(work: Callable[[Sink], Any], name: str = "phalanx-stream") -> AsyncIt
                 except asyncio.TimeoutError:
                     yield b"\n"
                     continue
-                if item is _DONE:
+                # What else is waiting goes out in the same write (one chunk, not one per row).
+                items = [item]
+                while items[-1] is not _DONE and not queue.empty():
+                    items.append(queue.get_nowait())
+                for _ in items:
+                    sink.room.release()
+                done = items[-1] is _DONE
+                chunk = b"".join(json.dumps(one, default=str).encode() + b"\n" for one in items if one is not _DONE)
+                if chunk:
+                    yield chunk
+                if done:
                     return
-                yield json.dumps(item, default=str).encode() + b"\n"
         finally:
             sink.gone.set()
 

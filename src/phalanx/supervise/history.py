@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Mapping
 
 from ..core.contracts import AttemptRecord, OutcomeKind, append_attempt, read_attempts
 from ..core.paths import JobPaths
@@ -15,9 +16,19 @@ from .outcome import Outcome
 LOST_MESSAGE = "its supervisor vanished without recording an end"
 
 
-def log_attempt(paths: JobPaths, attempt: int, started: float, outcome: Outcome, retry: bool, reason: str) -> None:
+def log_attempt(paths: JobPaths, attempt: int, started: float, outcome: Outcome, retry: bool, reason: str,
+                left_out: tuple[Mapping[str, Any], ...] = ()) -> None:
     append_attempt(paths.attempts_log, AttemptRecord(
-        attempt, started, time.time(), outcome.kind, outcome.exit_code, outcome.short(), retry, reason))
+        attempt, started, time.time(), outcome.kind, outcome.exit_code, outcome.short(), retry, reason, left_out))
+
+
+def left_out(paths: JobPaths) -> tuple[str, ...]:
+    """Every node an earlier attempt of the job left out (a resumed job keeps avoiding them)."""
+    try:
+        entries = read_attempts(paths.attempts_log)
+    except ContractError:
+        return ()
+    return tuple(dict.fromkeys(str(n["node"]) for e in entries for n in e.left_out if n.get("left_out")))
 
 
 def lost_record(paths: JobPaths, attempt: int) -> AttemptRecord:

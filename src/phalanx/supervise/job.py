@@ -45,13 +45,14 @@ from ..core import disk
 from ..core.contracts import OutcomeKind, StopReason
 from ..core.paths import HomePaths, write_atomic
 from ..core.plan import Plan
+from ..core.spec import JobSpec
 from ..core.state import JobState
-from ..errors import BackendError
+from ..errors import BackendError, NodesUnusable, PhalanxError
 from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import admission, endings, history, leftover, liveness, staging, tracking
+from . import admission, endings, history, leaveout, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -137,6 +138,10 @@ class JobRun:
         self.backend = get_backend(plan.backend)
         self.paths = record.paths
         self.retries = 0
+        # Nodes found bad by earlier attempts (a resumed job keeps avoiding them), and the
+        # reruns that leaving out nodes which failed their check cost (no --max-retries retry).
+        self.left_out: tuple[str, ...] = history.left_out(self.paths)
+        self.reruns = 0
         self.exit_code: int | None = None
         self.outcome: Outcome | None = None
         self.attempt: AttemptRun | None = None
@@ -235,10 +240,10 @@ class JobRun:
             return
         if self.paths.attempt(self.plan.attempt).exists():
             # Started before and nothing of it runs now: a new attempt, never one reusing its files.
-            self.plan = plan_attempt(self.backend, self.spec, self.record.id, max(self.paths.attempts()) + 1, self.home)
+            self.plan = plan_attempt(self.backend, self._spec(), self.record.id, max(self.paths.attempts()) + 1, self.home)
             self.store.update(self.record.id, attempt=self.plan.attempt)
-        elif ids:  # the plan made at submit lacks them
-            self.plan = plan_attempt(self.backend, self.spec, self.record.id, self.plan.attempt, self.home)
+        elif ids or self.left_out:  # the plan made at submit lacks them (or resumed: the nodes found bad stay out)
+            self.plan = plan_attempt(self.backend, self._spec(), self.record.id, self.plan.attempt, self.home)
         history.record_lost(self.paths, self.plan.attempt)  # the history has no gaps
         self._start_attempt()
 
@@ -249,6 +254,10 @@ class JobRun:
         started = time.time()
         try:
             handles = self.backend.start(plan, self.paths, previous or ())
+        except NodesUnusable as exc:  # hosts that cannot run it: others, where there are spares
+            outcome = failed(f"could not start: {exc}", plan.attempt)
+            self._rerun_without(leaveout.unusable(self.backend.avoids(self.spec), exc.nodes, self.left_out), outcome, started)
+            return
         except BackendError as exc:  # e.g. sbatch refused the job: nothing runs, say why
             outcome = failed(f"could not start: {exc}", plan.attempt)
             history.log_attempt(self.paths, plan.attempt, started, outcome, False, "could not start")
@@ -344,6 +353,12 @@ class JobRun:
         plan = attempt.plan
         trace.mark(self.paths, "supervisor", "attempt over", attempt=plan.attempt)
         self.ran = attempt.guard.ran
+        results = [r for r in (h.poll() for h in attempt.handles) if r is not None]
+        leave = leaveout.decide(self.backend.avoids(self.spec), outcome.cause, results, self.left_out, attempt.failed_first) \
+            if outcome.kind is OutcomeKind.FAILED else leaveout.LeaveOut()
+        if leave.check_only and leave.names and self.reruns < leaveout.FREE_RERUNS:
+            self._rerun_without(leave, outcome, attempt.started, attempt.handles)
+            return
         retry, reason = should_retry(self.spec, outcome, self.retries, lambda: "\n".join(
             tail(self.paths.rank_log(plan.attempt, r), 200) for r in self.paths.ranks(plan.attempt)))
         if retry and outcome.kind is OutcomeKind.DIVERGED:
@@ -351,17 +366,54 @@ class JobRun:
                 reason = self._roll_back(attempt)
             except Exception as exc:  # noqa: BLE001 - never retry on a state that may hold the bad numbers
                 retry, reason = False, f"could not roll back: {type(exc).__name__}: {exc}"
-        history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason)
+        following = self._next_plan(plan.attempt + 1, leave.names) if retry else None  # after a rollback's new args
+        if isinstance(following, str):
+            retry, reason = False, following
+        history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason, leave.entries)
         endings.attempt_over(self, plan.attempt, outcome, retry, reason)  # a retry's notification
-        if retry:
+        if retry and isinstance(following, Plan):
             self.retries += 1
+            avoiding = f"; leaving out {leave.words()}" if leave.names else ""
             self.say(f"attempt {plan.attempt} {outcome.kind.value} (exit {outcome.exit_code}): {outcome.short()}; "
-                     f"retrying ({self.retries}/{self.spec.max_retries}) as attempt {plan.attempt + 1}")
-            self.plan = plan_attempt(self.backend, self.spec, self.record.id, plan.attempt + 1, self.home)
+                     f"retrying ({self.retries}/{self.spec.max_retries}) as attempt {plan.attempt + 1}{avoiding}")
+            self.plan = following
             self.store.update(self.record.id, attempt=self.plan.attempt, retries=self.retries)
             self._start_attempt(attempt.handles)
             return
         self._end(outcome)
+
+    def _rerun_without(self, leave: leaveout.LeaveOut, outcome: Outcome, started: float,
+                       previous: list[NodeHandle] | None = None) -> None:
+        """Nodes failed their check (or could not be used) before any rank ran: run the attempt
+        again without them, not counted as a retry; the job fails when no spare nodes are left."""
+        attempt = self.plan.attempt
+        following = self._next_plan(attempt + 1, leave.names) \
+            if leave.names and self.reruns < leaveout.FREE_RERUNS else "no spare nodes to run on instead"
+        if isinstance(following, str):
+            history.log_attempt(self.paths, attempt, started, outcome, False, following, leave.entries)
+            self._end(outcome)
+            return
+        self.reruns += 1
+        history.log_attempt(self.paths, attempt, started, outcome, True, "nodes left out", leave.entries)
+        self.say(f"attempt {attempt}: {leave.words()}; running it again as attempt {attempt + 1} without "
+                 f"{', '.join(leave.names)}")
+        self.plan = following
+        self.store.update(self.record.id, attempt=self.plan.attempt)
+        self._start_attempt(previous)
+
+    def _spec(self, more: tuple[str, ...] = ()) -> JobSpec:
+        """The spec the next attempt is planned from: the job's, with the nodes found bad left out."""
+        if more:
+            self.left_out = tuple(dict.fromkeys((*self.left_out, *more)))
+        return self.spec.with_(left_out=self.left_out) if self.left_out else self.spec
+
+    def _next_plan(self, attempt: int, leaving: tuple[str, ...]) -> Plan | str:
+        """Attempt ``attempt``'s plan with ``leaving`` left out too, or why there can be none
+        (too few nodes left: the ssh backend's spare hosts ran out)."""
+        try:
+            return plan_attempt(self.backend, self._spec(leaving), self.record.id, attempt, self.home)
+        except PhalanxError as exc:
+            return f"cannot plan attempt {attempt}: {exc.message}"
 
     def _keeper(self) -> Any:
         """Versions of the state directory, with ``--keep-states`` where phalanx holds the state."""

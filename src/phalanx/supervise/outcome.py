@@ -141,6 +141,13 @@ def root_cause(paths: JobPaths, attempt: int, results: list[NodeResult],
     order = [*(failed_first or []), *range(len(results))]
     for node_rank in order:
         code = results[node_rank].exitcode
+        health = results[node_rank].details.get("health")
+        if code != 0 and isinstance(health, dict) and health.get("ok") is False:
+            log = paths.agent_log(attempt, node_rank)
+            where = results[node_rank].details.get("node_name") or results[node_rank].host
+            return {"attempt": attempt, "node_rank": node_rank, "exitcode": code, "host": where,
+                    "message": f"node {node_rank} ({where}) failed its health check: {health.get('reason')}",
+                    "log": str(log), "log_tail": tail(log)}
         if code != 0:
             log = paths.agent_log(attempt, node_rank)
             sig = signal_name(code)

@@ -50,6 +50,7 @@ TTL = 3600  # seconds a finished workload stays when phalanx cannot delete it (s
 
 class KubernetesBackend(Backend):
     name = "k8s"
+    leaves_out = "exclude"  # see Backend.leaves_out
     options = options.OPTIONS
     local_slots = False  # the cluster places trials of a sweep
 
@@ -168,7 +169,7 @@ class KubernetesBackend(Backend):
             nnodes=spec.resources.nnodes, nproc_per_node=spec.resources.nproc_per_node, image=str(opts["image"]),
             launch=launch, grace_seconds=int(math.ceil(spec.grace)) + POD_MARGIN, bundle_in_configmap=way.store is None,
             gpus_per_node=int(opts.get("gpus_per_node") or 0), memory=opts.get("memory"), queue=opts.get("queue"),
-            ttl_seconds=None if opts.get("keep_failed") else TTL, section=section,
+            ttl_seconds=None if opts.get("keep_failed") else TTL, section=section, avoid_nodes=spec.left_out,
             secrets=tuple(sorted(spec.secrets)),
         )
         context = {

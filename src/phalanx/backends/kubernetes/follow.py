@@ -328,6 +328,9 @@ class Attempt:
         elif first is not None:
             result = pods.as_casualty(result, first[0], first[1].taken, first[1].taken_at or 0.0,
                                       slack=0.0 if first[1].taken_exact else 1.0)
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        if node:  # the Kubernetes node, which a retry's anti-affinity names if this one was bad
+            result.setdefault("node_name", node)
         with self.lock:
             self._record(n, result)
 

@@ -71,6 +71,7 @@ def trainjob(w: Workload) -> dict[str, Any]:
         "volumes": volumes(w),
         "containers": [{"name": CONTAINER, "volumeMounts": volume_mounts(w)}],
         **scheduling(section),
+        **({"affinity": template["spec"]["affinity"]} if "affinity" in template["spec"] else {}),  # nodes left out
     }
     patch = {"manager": RUNTIME_PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": "node", "template": {"spec": {"template": {"metadata": template["metadata"], "spec": pod_patch}}}},

@@ -104,6 +104,7 @@ class Workload:
     queue: str | None = None
     ttl_seconds: int | None = 3600  # None: kept (--keep-failed)
     section: Mapping[str, Any] = field(default_factory=dict)  # the job file's kubernetes: section
+    avoid_nodes: tuple[str, ...] = ()  # Kubernetes nodes an earlier attempt found bad (JobSpec.left_out)
     secrets: tuple[str, ...] = ()  # the variables --secret puts in the node container (names only)
 
     @property
@@ -362,6 +363,9 @@ def pod_template(w: Workload, rank_from: str, container: str = CONTAINER) -> dic
         "volumes": volumes(w),
     }
     spec.update(scheduling(section))
+    if w.avoid_nodes:  # a retry keeps off the nodes the attempt before found bad: by node name, exactly
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": list(w.avoid_nodes)}]}]}}}
     return {"metadata": meta, "spec": spec}
 
 

@@ -8,10 +8,12 @@ standard library (and, through the node agent, torch). It
    ConfigMap) by ``$VAR``, the node rank the pod's controller gave it (``JOB_COMPLETION_INDEX``,
    ``RANK``, ``PET_NODE_RANK``), and drops the controller's node-level variables (``RANK``,
    ``WORLD_SIZE``, ``MASTER_ADDR``, ``PET_*``) so the script sees only torchrun's;
-2. waits, bounded, until node 0's DNS name resolves (``--wait-for``): a worker may start
-   before node 0 is scheduled, and its Service record appears only then;
-3. runs the node agent (``phalanx.launch.agent``) and forwards SIGTERM/SIGINT to it: deleting
+2. runs the node agent (``phalanx.launch.agent``) and forwards SIGTERM/SIGINT to it: deleting
    the pod (``stop``, eviction, preemption) is SIGTERM, then SIGKILL after the pod's grace;
+3. meanwhile waits, bounded, until node 0's DNS name resolves (``--wait-for``): a worker may
+   start before node 0 is scheduled, and its Service record appears only then. The agent starts
+   first, so its interpreter and imports overlap the wait, and its rendezvous waits as long for
+   node 0 to listen; a name that never resolves stops the agent and fails the node, saying why;
 4. mirrors the node's files (agent log, rank logs, results, metrics) and what its ranks write
    to the output and state directories onto stdout, one JSON frame per line (the frames of
    ``launch.remote``, bytes as text or base64), so the supervisor rebuilds them from the pod's
@@ -91,25 +93,35 @@ def read_launch(path: str, node_rank: int) -> dict[str, Any]:
             "sample_interval": data.get("sample_interval", 5.0)}
 
 
-def wait_for_name(host: str, timeout: float, note: Any, tick: Any = lambda: None) -> bool:
-    """Until ``host`` resolves (True) or ``timeout`` seconds passed (False); ``tick`` runs
-    between tries (the mirror: the wait shows in the node's log as it happens)."""
-    deadline = time.monotonic() + timeout
-    said = False
-    while True:
-        try:
-            socket.getaddrinfo(host, None)
-            if said:
-                note(f"{host} resolves now")
-            return True
-        except OSError as exc:
-            if not said:
-                note(f"waiting for node 0's name {host} to resolve ({exc.strerror or exc}); its pod may not be scheduled yet")
-                said = True
-        if time.monotonic() >= deadline:
+class NameWait:
+    """Whether node 0's name resolves yet, asked in the entry's loop while the agent starts (a
+    worker may start before node 0 is scheduled, and its Service record appears only then):
+    ``failed()`` tries at most every 0.2 s until the name resolves (then never again), and
+    is True once ``timeout`` seconds have passed without it. Says so in the node's log."""
+
+    def __init__(self, host: str, timeout: float, note: Any) -> None:
+        self.host, self.note = host, note
+        self.deadline = time.monotonic() + timeout
+        self.next = 0.0
+        self.resolved = False
+        self.said = False
+
+    def failed(self) -> bool:
+        if self.resolved or time.monotonic() < self.next:
             return False
-        tick()
-        time.sleep(0.5)
+        self.next = time.monotonic() + 0.2
+        try:
+            socket.getaddrinfo(self.host, None)
+        except OSError as exc:
+            if not self.said:
+                self.note(f"waiting for node 0's name {self.host} to resolve ({exc.strerror or exc}); its pod may not "
+                          "be scheduled yet")
+                self.said = True
+            return time.monotonic() >= self.deadline
+        self.resolved = True
+        if self.said:
+            self.note(f"{self.host} resolves now")
+        return False
 
 
 def oom_kills(cgroup: Path) -> int | None:
@@ -187,20 +199,34 @@ class Pod:
     def run(self, wait_for: str | None, dns_timeout: float) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)  # PID 1 ignores signals it has no handler for
-        if wait_for and not wait_for_name(wait_for, dns_timeout, self.note, self.mirror.scan):
-            return self.finish({"exitcode": 1, "failures": [], "error":
-                                f"node 0's name {wait_for} did not resolve within {dns_timeout:g}s"}, started=time.time())
         kills = oom_kills(self.cgroup)
         started = time.time()
         os.makedirs(self.node["cwd"], exist_ok=True)
+        name = NameWait(wait_for, dns_timeout, self.note) if wait_for else None
+        if name is not None and self.node.get("torchrun_argv") is None:
+            # Processes the agent starts itself would meet node 0's name at once: they start once it resolves.
+            while not name.resolved:
+                if name.failed():
+                    return self.finish({"exitcode": 1, "failures": [], "error":
+                                        f"node 0's name {wait_for} did not resolve within {dns_timeout:g}s"}, started=started)
+                self.mirror.scan()
+                time.sleep(0.1)
+        # A torchrun node's agent starts at once: its interpreter and imports overlap the wait for node
+        # 0's name, and its rendezvous connects only once node 0 listens (longer than this entry waits,
+        # which says why when the name never resolves).
+        wait = ["--rdzv-wait", f"{dns_timeout + 60:g}"] if name is not None and not name.resolved else []
         with open(self.agent_log, "ab") as log:
             self.agent = subprocess.Popen(
-                [sys.executable, "-m", "phalanx.launch.agent", "--launch", str(self.launch_path)],
+                [sys.executable, "-m", "phalanx.launch.agent", "--launch", str(self.launch_path), *wait],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.node["cwd"], start_new_session=True,
             )
-        if self.stop_signal is not None:  # asked to stop while waiting: the agent starts stopping
+        if self.stop_signal is not None:  # asked to stop while starting: the agent starts stopping
             self._forward(self.stop_signal, None)
         while self.agent.poll() is None:
+            if name is not None and name.failed():
+                self._stop_agent()
+                return self.finish({"exitcode": 1, "failures": [], "error":
+                                    f"node 0's name {wait_for} did not resolve within {dns_timeout:g}s"}, started=started)
             self.mirror.scan()
             self._tell_signal()
             time.sleep(SCAN_INTERVAL)
@@ -214,6 +240,20 @@ class Pod:
         if kills is not None and after is not None and after > kills:
             name_oom(result, after - kills)
         return self.finish(result, started)
+
+    def _stop_agent(self) -> None:
+        """SIGTERM to the agent and what it started; SIGKILL if that has not ended it in 10 s."""
+        assert self.agent is not None
+        for signum, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.agent.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.agent.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
     def finish(self, result: dict[str, Any], started: float) -> int:
         result.setdefault("node_rank", self.node_rank)

@@ -41,6 +41,7 @@ from .plan import SageMakerFacts, check_options, plan_attempt, request_of, s3_pr
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
+    leaves_out = "new"  # see Backend.leaves_out
     options = OPTIONS
     local_slots = False  # SageMaker places each trial on its own instances
     remote_data = True  # SageMaker stages the channels and syncs the checkpoints itself

@@ -40,6 +40,7 @@ from .task import WORKDIR, cluster_name, nodes, task_config
 
 class SkyPilotBackend(Backend):
     name = "skypilot"
+    leaves_out = "new"  # see Backend.leaves_out
     options = OPTIONS
     local_slots = False
 
@@ -64,6 +65,10 @@ class SkyPilotBackend(Backend):
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes(spec, job_id, attempt), grace=spec.grace,
                     submission="# SkyPilot task (sky.Task.from_yaml_config)\n" + yaml.safe_dump(config, sort_keys=True),
                     context=context)
+
+    def avoids(self, spec: JobSpec) -> str:
+        # --cluster NAME: every attempt runs on the user's cluster, the same machines again
+        return "" if spec.backend_options.get("cluster") else self.leaves_out
 
     def check(self, spec: JobSpec) -> None:
         """Before the job is recorded: SkyPilot itself reads the task, and a dry run of the launch

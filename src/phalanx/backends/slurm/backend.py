@@ -61,6 +61,7 @@ NEVER_STARTS = {"PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "I
 class SlurmBackend(Backend):
     name = "slurm"
     options = sbatch.OPTIONS
+    leaves_out = "exclude"  # see Backend.leaves_out
     local_slots = False  # the scheduler places trials of a sweep, not this machine's cores
 
     def _plan(self, spec: JobSpec, job_id: str, attempt: int, home: HomePaths, paths: JobPaths, facts: Facts) -> Plan:
@@ -98,9 +99,11 @@ class SlurmBackend(Backend):
             workdir=spec.workdir,
             batch_log=str(paths.batch_log(attempt)),
             agent_log=str(paths.agent_log(attempt, "%n")),
-            agent_argv=(*agent_argv(spec.python, paths, attempt, "{node_rank}"), "--node-rank-from", "SLURM_NODEID"),
+            agent_argv=(*agent_argv(spec.python, paths, attempt, "{node_rank}"), "--node-rank-from", "SLURM_NODEID",
+                        "--node-name-from", "SLURMD_NODENAME"),
             options=opts,
             lead=lead,
+            exclude=spec.left_out,
         ))
         return Plan(job_id=job_id, attempt=attempt, backend=self.name, nodes=nodes, grace=spec.grace, submission=script)
 

@@ -111,6 +111,7 @@ class BatchJob:
     agent_argv: tuple[str, ...]  # the node agent, finding its launch file by $SLURM_NODEID
     options: Mapping[str, Any]  # validated (backends.options.validate)
     lead: int | None
+    exclude: tuple[str, ...] = ()  # nodes an earlier attempt found bad (JobSpec.left_out)
 
 
 def _path(flag: str, value: str) -> str:
@@ -149,6 +150,9 @@ def render(job: BatchJob) -> str:
         lines.append(f"#SBATCH --signal=TERM@{job.lead}")
     if opts.get("gpus_per_node"):
         lines.append(f"#SBATCH --gpus-per-node={opts['gpus_per_node']}")
+    names = [n for n in job.exclude if _WORD.match(n) and "," not in n]
+    if names:  # left out after an earlier attempt pointed at them (the result.json's node_name)
+        lines.append(f"#SBATCH --exclude={','.join(names)}")
     for extra in filter(None, (line.strip() for line in opts.get("sbatch") or ())):
         lines.append(extra if extra.startswith("#SBATCH") else f"#SBATCH {extra}")
     srun = [

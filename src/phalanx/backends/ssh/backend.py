@@ -24,7 +24,7 @@ from ...core.env import Topology
 from ...core.paths import HomePaths, JobPaths
 from ...core.plan import Plan
 from ...core.spec import JobSpec, in_snapshot
-from ...errors import BackendError, ContractError, UsageError
+from ...errors import BackendError, ContractError, NodesUnusable, UsageError
 from ...launch.frames import PROTOCOL
 from ...launch.host import HostFacts
 from ...launch.nodes import RESTART_SAFE_ENV, build_nodes
@@ -76,10 +76,12 @@ class SshFacts(Facts):
 class SshBackend(Backend):
     name = "ssh"
     options = OPTIONS  # declared in options.py, which the CLI reads without importing this module
+    leaves_out = "exclude"  # see Backend.leaves_out
 
     def _facts(self, spec: JobSpec, host: HostFacts) -> SshFacts:
         opts = spec.backend_options
-        hosts = tuple(parse_hosts(opts["hosts"], opts["hostfile"]))
+        # Hosts an earlier attempt found bad are left out; the next ones in the list stand in.
+        hosts = tuple(h for h in parse_hosts(opts["hosts"], opts["hostfile"]) if h not in spec.left_out)
         addresses = tuple(self.resolve(h, opts["ssh_config"]) for h in hosts[:spec.resources.nnodes])
         singles = frozenset(c.name for c in spec.channels if is_single_file(c))
         return SshFacts(host, hosts=hosts, addresses=addresses, single_files=singles)
@@ -88,6 +90,9 @@ class SshBackend(Backend):
         assert isinstance(facts, SshFacts), "the ssh backend plans from SshBackend.facts"
         opts = spec.backend_options
         nnodes = spec.resources.nnodes
+        if len(facts.hosts) < nnodes and spec.left_out:
+            raise UsageError(f"-n asks for {nnodes} nodes but only {len(facts.hosts)} host(s) are left once "
+                             f"{', '.join(spec.left_out)} (found bad) are left out", "give spare hosts in --hosts")
         if len(facts.hosts) < nnodes:
             raise UsageError(f"-n asks for {nnodes} nodes but {len(facts.hosts)} host(s) were given", "give more hosts or fewer nodes")
         hosts, addrs = facts.hosts[:nnodes], facts.addresses[:nnodes]
@@ -206,9 +211,15 @@ class SshBackend(Backend):
             return None
 
         with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-            problems = [p for p in pool.map(check, enumerate(hosts)) if p]
+            problems = [(h, p) for h, p in zip(hosts, pool.map(check, enumerate(hosts))) if p]
         if problems:
-            raise BackendError("preflight failed: " + "; ".join(problems), "fix the hosts above, then run again")
+            # A host that cannot run the job is left out where spare hosts allow (the supervisor's
+            # call); a busy rendezvous port is the attempt's, not the host's.
+            text = "preflight failed: " + "; ".join(p for _, p in problems)
+            unusable = {h: p.partition(": ")[2] for h, p in problems if "rendezvous port" not in p}
+            if len(unusable) == len(problems):
+                raise NodesUnusable(text, "fix the hosts above, then run again", unusable)
+            raise BackendError(text, "fix the hosts above, then run again")
 
     def ship(self, opts: Mapping[str, Any], hosts: list[str], items: list[Shipment]) -> None:
         """Copy every item to every host, in parallel (one tar stream each); an item whose

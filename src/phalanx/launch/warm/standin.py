@@ -331,5 +331,41 @@ def _die_of(signum: int) -> "NoReturn":
     os._exit(128 + signum)
 
 
+def deferred(fd: int) -> "list[str]":
+    """``--defer FD``: started ahead by a node agent, before its rank is known
+    (``launch/workers.py``, a retry's workers ready while the rendezvous runs): wait on FD for
+    ``{"argv", "env", "log"}``, the stand-in's exact command line (``python -u -m
+    phalanx.launch.warm.standin OPTIONS -- MODULE ARGS``) and environment, then become that stand-in:
+    environment, ``sys.orig_argv``, standard output and error (LOG), and the descriptors it holds.
+    What it captured at its start (the modules of the interpreter's start-up, the importer cache)
+    is a fresh ``python -m phalanx.launch.warm.standin``'s, as the cold stand-in's. The end of FD
+    without a message: not needed, it exits."""
+    import json  # after the baseline, while waiting: the stand-in's own, not the child's
+
+    chunks = []
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    if not chunks:
+        os._exit(0)
+    command = json.loads(b"".join(chunks))
+    argv = [str(a) for a in command["argv"]]
+    if command.get("log"):
+        out = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+    os.environ.clear()
+    os.environ.update(command["env"])
+    sys.orig_argv = argv
+    sys.argv = [sys.argv[0], *argv[4:]]
+    global _INHERITED
+    _INHERITED = _inherited()
+    return argv[4:]
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(deferred(int(sys.argv[2])) if sys.argv[1:2] == ["--defer"] else sys.argv[1:])
