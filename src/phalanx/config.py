@@ -54,6 +54,13 @@ SETTINGS: tuple[Setting, ...] = (
             "MLFLOW_RUN_ID reaches the script); a tracker that is down never waits that long."),
     Setting("track_linger", 600.0, float, "Seconds the exporter keeps retrying a tracker that is down after the "
             "job ended; the points then wait on disk (phalanx status says how many)."),
+    # Teams (issue 27): the project a job goes to when it names none, how long the audit log keeps
+    # what happened, and what a budget check assumes of a job that has never run.
+    Setting("project", "", str, "The project jobs are submitted to when --project is not given (else the server's "
+            "default for the user, else 'default')."),
+    Setting("audit_retention_days", 365.0, float, "Days the audit log keeps an event (0: forever)."),
+    Setting("budget_estimate_hours", 1.0, float, "Hours a budget check assumes a job runs when no earlier job of its "
+            "name in its project has ended."),
     Setting("warm", True, lambda text: text.strip().lower() not in ("0", "false", "no", "off", ""),
             "Start local runs and sweep trials from a warm interpreter pool (see docs/warm.md); --cold turns it off per run."),
     Setting("warm_idle", 10.0, float, "Minutes an idle warm pool waits for work before it exits."),

@@ -104,6 +104,10 @@ class NotAllowed(UsageError):
     """The acting user may not do this: another user's job, an admin's verb (HTTP 403)."""
 
 
+class OverBudget(NotAllowed):
+    """A job whose estimated cost would cross its project's monthly budget (refused at submit)."""
+
+
 class ServerUnreachable(UsageError):
     """The team server could not be reached, or its TLS certificate was not trusted."""
 

@@ -142,24 +142,48 @@ def test_k8s_fakeapi_rank_failure_is_the_root_cause_and_kept_with_keep_failed(k8
     assert "ttlSecondsAfterFinished" not in job["spec"]
 
 
-def test_k8s_fakeapi_kueue_suspended_job_waits_then_runs(k8s):
-    def admit():
-        record = jobs.open_store().list()[0]
-        name = f"phx-{record.id}-a0"
-        job = k8s.cluster.wait_for(lambda: [j for j in k8s.cluster.store.list("jobs", None)
-                                            if any(c["type"] == "Suspended" for c in j.get("status", {}).get("conditions", []))],
-                                   text="Kueue to suspend the job")
-        path = JobPaths(Path(record.job_dir)).scheduler_job(0)
-        note = k8s.cluster.wait_for(lambda: (read_json(path) or {}).get("queued"), text="the queue note")
-        k8s.cluster.admit("default", name)
-        return job[0]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], note
+def _kueue_admits(k8s):
+    """What Kueue does to a suspended job of its queue: admits it; returns its queue label and
+    the note phalanx kept while it waited."""
+    record = jobs.open_store().list()[0]
+    name = f"phx-{record.id}-a0"
+    job = k8s.cluster.wait_for(lambda: [j for j in k8s.cluster.store.list("jobs", None)
+                                        if any(c["type"] == "Suspended" for c in j.get("status", {}).get("conditions", []))],
+                               text="Kueue to suspend the job")
+    path = JobPaths(Path(record.job_dir)).scheduler_job(0)
+    note = k8s.cluster.wait_for(lambda: (read_json(path) or {}).get("queued"), text="the queue note")
+    k8s.cluster.admit("default", name)
+    return job[0]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], note
 
-    thread, seen = _while_running(k8s, admit, delay=0.5)
+
+def test_k8s_fakeapi_kueue_suspended_job_waits_then_runs(k8s):
+    thread, seen = _while_running(k8s, lambda: _kueue_admits(k8s), delay=0.5)
     record, code = jobs.run(k8s.spec(2, queue="team-a").with_(stall_timeout=1.0))
     thread.join(5)
     assert code == 0 and record.state is JobState.SUCCEEDED, record.root_cause_dict()
     queue, note = seen["value"]
     assert queue == "team-a" and note == "suspended, waiting for admission to queue team-a"
+
+
+def test_k8s_fakeapi_a_projects_jobs_go_to_its_kueue_queue_which_enforces_its_quota(k8s):
+    """Issue 27: a project mapped to a Kueue LocalQueue. Its Kubernetes job names no queue and goes
+    to the project's; its 1-GPU quota is Kueue's to enforce (the job asks for 2 and is not
+    refused or queued by phalanx), and phalanx shows Kueue's admission state while it waits."""
+    import io
+
+    from phalanx.api import projects
+    from phalanx.api.face import LocalFace
+
+    face = LocalFace()
+    store = jobs.open_store()
+    projects.add_project(store, face.principal, "vision")
+    said = projects.set_limits(store, face.principal, "vision", max_gpus="1", kueue_queue="team-a")
+    assert said["enforced_by"][1].startswith("kubernetes: Kueue LocalQueue team-a")
+    thread, seen = _while_running(k8s, lambda: _kueue_admits(k8s), delay=0.5)
+    view, code = face.run(k8s.spec(2).with_(project="vision", stall_timeout=1.0), io.StringIO())
+    thread.join(5)
+    assert code == 0 and view["state"] == "SUCCEEDED" and view["project"] == "vision"
+    assert seen["value"] == ("team-a", "suspended, waiting for admission to queue team-a")
 
 
 def test_k8s_fakeapi_pending_timeout_fails_with_the_schedulers_message(k8s):

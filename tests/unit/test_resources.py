@@ -123,7 +123,7 @@ def _cli(monkeypatch, record, *args: str):
     from phalanx.api import query
     from phalanx.cli.observe import register
 
-    monkeypatch.setattr(query, "get_job", lambda ref, store=None: record)
+    monkeypatch.setattr(query, "get_job", lambda ref, store=None, projects=None: record)
     monkeypatch.setenv("PHALANX_HOME", str(Path(record.job_dir).parent / "home"))  # never the user's own store
     app = typer.Typer()
     register(app)

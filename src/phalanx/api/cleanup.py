@@ -36,6 +36,7 @@ class Target:
     dirs: list[Path]  # job and sweep directories
     records: list[JobRecord]  # the job, or the sweep's trials
     owner: str | None = None  # who submitted it (None: before users were recorded)
+    project: str = "default"
 
 
 @dataclass
@@ -52,37 +53,40 @@ class Removed:
         return dict(self.__dict__)
 
 
-def resolve(store: Store, refs: Sequence[str], all_named: bool = False) -> list[Target]:
+def resolve(store: Store, refs: Sequence[str], all_named: bool = False,
+            projects: Sequence[str] | None = None) -> list[Target]:
     """The jobs and sweeps ``refs`` name, each checked: UsageError on the first that cannot go.
     A job whose supervisor vanished counts as ended (LOST, ``liveness.effective``). A name
     several jobs or sweeps carry is ``Ambiguous`` (the person says which) unless ``all_named``:
-    all of them."""
+    all of them. ``projects``: only those of these projects exist (``Store.find``)."""
     targets: list[Target] = []
     for ref in refs:
-        targets.extend(_named(store, ref, all_named))
+        targets.extend(_named(store, ref, all_named, projects))
     seen: set[str] = set()
     return [t for t in targets if not (t.id in seen or seen.add(t.id))]  # type: ignore[func-returns-value]
 
 
-def _named(store: Store, ref: str, all_named: bool) -> list[Target]:
+def _named(store: Store, ref: str, all_named: bool, projects: Sequence[str] | None = None) -> list[Target]:
     """The sweep or job ``ref`` names by id or id prefix; by name, the one sweep or job of that
-    name, or all of them with ``all_named`` (never the newest of several, silently)."""
+    name, or all of them with ``all_named`` (never the newest of several, silently). Only those
+    of ``projects`` exist (None: all)."""
     from ..errors import JobNotFound
     from ..store.listing import jobs_named, sweeps_named
 
-    sweep = store.sweeps.find(ref)
+    sweep = store.sweeps.find(ref, projects)
     if sweep is not None and sweep.id.startswith(ref.lower()):
         return [_sweep_target(store, sweep)]
     try:
-        record: JobRecord | None = store.find(ref)
+        record: JobRecord | None = store.find(ref, projects)
     except JobNotFound:
         if sweep is None:
             raise
         record = None
     if record is not None and record.id.startswith(ref.lower()):
         return [_job_target(effective(record))]
-    jobs = [effective(r) for r in jobs_named(store, ref, trials=False)]
-    sweeps = sweeps_named(store, ref)
+    seen = (lambda project: True) if projects is None else (lambda project: project in projects)
+    jobs = [effective(r) for r in jobs_named(store, ref, trials=False) if seen(r.project)]
+    sweeps = [s for s in sweeps_named(store, ref) if seen(s.project)]
     if len(jobs) + len(sweeps) <= 1 or all_named:
         found = [*(_sweep_target(store, s) for s in sweeps), *(_job_target(r) for r in jobs)]
         if not found and record is not None:  # a trial by its name: refused, naming its sweep
@@ -108,7 +112,8 @@ def _job_target(record: JobRecord) -> Target:
     if record.sweep_id is not None:
         raise UsageError(f"job {record.id} is trial {record.trial} of sweep {record.sweep_id}",
                          f"remove the whole sweep: phalanx rm {record.sweep_id}")
-    return Target("job", record.id, record.name, record.state.value, [record.paths.root], [record], record.user_name)
+    return Target("job", record.id, record.name, record.state.value, [record.paths.root], [record], record.user_name,
+                  record.project)
 
 
 def _sweep_target(store: Store, sweep: SweepRecord) -> Target:
@@ -121,7 +126,7 @@ def _sweep_target(store: Store, sweep: SweepRecord) -> Target:
         raise UsageError(f"sweep {sweep.id} still has {len(running)} trial(s) running (e.g. job {running[0].id})",
                          f"stop them first: phalanx stop {sweep.id}")
     return Target("sweep", sweep.id, sweep.name, sweep.state.value,
-                  [Path(sweep.sweep_dir), *(t.paths.root for t in trials)], trials, sweep.user_name)
+                  [Path(sweep.sweep_dir), *(t.paths.root for t in trials)], trials, sweep.user_name, sweep.project)
 
 
 def remove(store: Store, home: HomePaths, targets: Sequence[Target], dry_run: bool = False) -> Removed:
@@ -238,8 +243,10 @@ def _drop_orphans(home: HomePaths, inodes: set[tuple[int, int]]) -> int:
     return dropped
 
 
-def prune_targets(store: Store, older_than: float, states: Sequence[str], now: float) -> list[Target]:
-    """Every ended job and sweep created more than ``older_than`` seconds ago (in ``states``)."""
+def prune_targets(store: Store, older_than: float, states: Sequence[str], now: float,
+                  projects: Sequence[str] | None = None) -> list[Target]:
+    """Every ended job and sweep created more than ``older_than`` seconds ago (in ``states``;
+    ``projects``: of these projects only)."""
     from ..store.listing import old_jobs, old_sweeps
 
     wanted = [s for s in states if s in {t.value for t in TERMINAL}] if states else [t.value for t in TERMINAL]
@@ -247,10 +254,10 @@ def prune_targets(store: Store, older_than: float, states: Sequence[str], now: f
     targets: list[Target] = []
     for record in old_jobs(store, before, wanted):
         targets.append(Target("job", record.id, record.name, record.state.value, [record.paths.root], [record],
-                              record.user_name))
+                              record.user_name, record.project))
     for sweep in old_sweeps(store, before, wanted):
         try:
             targets.append(_sweep_target(store, sweep))
         except UsageError:
             continue  # a trial still runs (a LOST sweep's leftover): not old news yet
-    return targets
+    return targets if projects is None else [t for t in targets if t.project in projects]

@@ -10,7 +10,10 @@ A follower also writes an empty string now and then while nothing comes (a heart
 ``out``/``emit`` whose reader went away (a server's client) raises there, and the call ends.
 
 A job or a sweep is named by ``ref``: an id, a unique id prefix, or a name (the newest of that
-name; a name both carry means the newer of the two).
+name; a name both carry means the newer of the two). Only jobs and sweeps of the projects the
+principal is in exist for it: every lookup carries them (``Principal.visible``), so one of
+another project answers exactly as one that does not exist. Every verb is recorded in the audit
+log (``audit.py``) with its outcome.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from ..core.spec import JobSpec
 from ..errors import JobNotFound
 from ..store import JobRecord
 from ..store.sweeps import SweepRecord
+from .audit import audited
 from .ps import PsListing, PsRequest
+from .teamface import TeamVerbs
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -52,7 +57,7 @@ class Face(Protocol):
     def metric_records(self, ref: str, emit: Emit, attempt: int | None = None, rank: int | None = None) -> int: ...
     def top(self, ref: str) -> dict[str, Any]: ...
     def artifacts(self, ref: str) -> dict[str, Any]: ...
-    def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]: ...
+    def usage(self, by: str, since: str | None = None, project: str | None = None) -> list[dict[str, Any]]: ...
 
     # -- verbs: act ----------------------------------------------------------------------------
     def dry_run(self, spec: JobSpec) -> dict[str, Any]: ...
@@ -77,13 +82,25 @@ class Face(Protocol):
     def download(self, ref: str, dest: Path | None = None, logs: bool = False, state: bool = False,
                  events: Events | None = None) -> tuple[str, dict[str, int]]: ...
 
+    # -- teams: projects, members, limits, the audit log (``teamface.py``) --------------------
+    def projects(self) -> list[dict[str, Any]]: ...
+    def members(self, project: str) -> list[dict[str, Any]]: ...
+    def project_add(self, name: str) -> dict[str, Any]: ...
+    def project_rm(self, name: str) -> dict[str, Any]: ...
+    def project_set(self, name: str, limits: dict[str, Any]) -> dict[str, Any]: ...
+    def member_set(self, project: str, user: str, role: str, new: bool = True) -> dict[str, Any]: ...
+    def member_rm(self, project: str, user: str) -> dict[str, Any]: ...
+    def project_use(self, name: str) -> dict[str, Any]: ...
+    def events(self, since: str | None = None, user: str | None = None, project: str | None = None,
+               before: int | None = None, limit: int = 100) -> list[dict[str, Any]]: ...
+
     # -- secrets: names, owners and dates come back; a value only goes in ------------------------
     def secret_set(self, name: str, value: str) -> dict[str, Any]: ...
     def secret_list(self) -> list[dict[str, Any]]: ...
     def secret_rm(self, name: str) -> dict[str, Any]: ...
 
 
-class LocalFace:
+class LocalFace(TeamVerbs):
     """The face on this machine's store (``$PHALANX_HOME``, or the store ``PHALANX_STORE`` names)."""
 
     def __init__(self, principal: Principal | None = None) -> None:
@@ -96,13 +113,31 @@ class LocalFace:
         """Who a job submitted through this face belongs to (None: this process's user)."""
         return None if self.principal.local else self.principal.user
 
-    def check_may_act(self, kind: str, ref_id: str, owner: str | None, verb: str) -> None:
-        """Raise ``NotAllowed`` unless the principal may ``verb`` what ``owner`` submitted."""
-        if not self.principal.may_act_on(owner):
+    def check_may_act(self, kind: str, ref_id: str, owner: str | None, verb: str, project: str | None = None) -> None:
+        """Raise ``NotAllowed`` unless the principal may ``verb`` what ``owner`` submitted in ``project``."""
+        if not self.principal.may_act_on(owner, project):
             from ..errors import NotAllowed
 
+            if self.principal.role(project) == "viewer":
+                raise NotAllowed(f"{kind} {ref_id} is in project {project}, where you are a viewer: viewers may only "
+                                 f"look, not {verb}", f"ask an admin of {project} to make you a member")
             whose = f"belongs to {owner}; only {owner}" if owner else "has no recorded owner; only"
             raise NotAllowed(f"{kind} {ref_id} {whose} or an admin may {verb} it")
+
+    def check_audited(self, action: str, kind: str, ref_id: str, owner: str | None, verb: str,
+                      project: str | None = None) -> None:
+        """``check_may_act``, a refusal recorded in the audit log as ``action`` (the dashboard's
+        buttons check before their verb runs, which records the rest)."""
+        from ..errors import NotAllowed
+
+        try:
+            self.check_may_act(kind, ref_id, owner, verb, project)
+        except NotAllowed as exc:
+            from .audit import outcome_of, record
+
+            outcome, detail = outcome_of(exc)
+            record(self._store(), self.principal, action, ref_id, project, outcome, detail)
+            raise
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -111,16 +146,26 @@ class LocalFace:
 
         return open_store()
 
+    @property
+    def _scope(self) -> tuple[str, ...] | None:
+        """The projects whose jobs exist for this principal (None: all). Narrowed to a project
+        (``--project``), that one, which must exist and be theirs (else the one 'no project' line)."""
+        if self.principal.only is not None:
+            from .projects import visible_project
+
+            visible_project(self._store(), self.principal, self.principal.only)
+        return self.principal.visible()
+
     def _sweep_named(self, ref: str) -> SweepRecord | None:
         """The sweep ``ref`` names, or None when it names a job (the newer of the two on a name)."""
         from .query import find_sweep
 
         store = self._store()
-        sweep = store.sweeps.find(ref)
+        sweep = store.sweeps.find(ref, self._scope)
         if sweep is None:
             return None
         try:
-            job = store.find(ref)
+            job = store.find(ref, self._scope)
         except JobNotFound:
             job = None
         if job is not None and job.sweep_id != sweep.id:
@@ -135,12 +180,20 @@ class LocalFace:
     def _job(self, ref: str) -> JobRecord:
         from .query import get_job
 
-        return get_job(ref)
+        return get_job(ref, projects=self._scope)
 
-    def _any_sweep(self, ref: str) -> SweepRecord:
+    def record(self, ref: str) -> Any:
+        """The job ``ref`` names, as the principal may see it (the dashboard's pages)."""
+        return self._job(ref)
+
+    def find_sweep(self, ref: str) -> Any:
+        """The sweep ``ref`` names as the principal may see it, or None."""
         from .query import find_sweep
 
-        sweep = find_sweep(ref)
+        return find_sweep(ref, projects=self._scope)
+
+    def _any_sweep(self, ref: str) -> Any:
+        sweep = self.find_sweep(ref)
         if sweep is None:
             raise JobNotFound(f"no sweep with id or name '{ref}'", "list sweeps with: phalanx ps --all")
         return sweep
@@ -151,13 +204,25 @@ class LocalFace:
         from importlib.metadata import version
 
         p = self.principal
-        return {"user": p.user, "admin": p.admin, "local": p.local, "version": version("phalanx")}
+        return {"user": p.user, "admin": p.admin, "local": p.local, "version": version("phalanx"),
+                "projects": dict(p.projects) if p.projects is not None else None}
 
     def ps(self, request: PsRequest) -> PsListing:
         from .. import config
         from .ps import ps
 
-        return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user)
+        return ps(self._store(), request, int(config.get("ps_limit")), self.principal.user,
+                  projects=self._projects_asked(request.project))
+
+    def _projects_asked(self, project: str | None) -> tuple[str, ...] | None:
+        """What a listing may show: the principal's projects, or the one asked for (checked)."""
+        scope = self._scope
+        if not project:
+            return scope
+        from .projects import visible_project
+
+        visible_project(self._store(), self.principal, project)
+        return (project,) if scope is None or project in scope else ()
 
     def trials(self, ref: str, sort: str | None = None, columns: Sequence[str] = ()) -> dict[str, Any]:
         from .sweepview import trial_list
@@ -243,15 +308,10 @@ class LocalFace:
         found = artifacts(record)
         return {"id": record.id, "name": record.name, **found.to_dict()}
 
-    def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]:
-        from ..monitor.logindex import parse_since
-        from ..store.listing import GROUPS, usage_totals
+    def usage(self, by: str, since: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+        from .usage import usage
 
-        if by not in GROUPS:
-            from ..errors import UsageError
-
-            raise UsageError(f"unknown --by '{by}'", f"group by one of: {', '.join(GROUPS)}")
-        return list(usage_totals(self._store(), by, parse_since(since) if since else None))
+        return usage(self._store(), self.principal, by, since, self._projects_asked(project))
 
     # -- verbs ---------------------------------------------------------------------------------
 
@@ -272,15 +332,31 @@ class LocalFace:
             started: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], int]:
         from . import jobs
 
-        record, code = jobs.run(spec, out=out, ranks=ranks, events=events, user=self._submitter,
-                                started=None if started is None else (lambda r: started(_job_dict(r))))
+        with audited(self._store(), self.principal, "submit", spec.name, spec.project or None) as event:
+            spec = self._admit_spec(spec)
+            event.project = spec.project
+
+            def begun(record: Any) -> None:  # recorded once the job exists: a foreground run lasts
+                from .audit import record as log
+
+                event.target, event.done = record.id, True
+                log(self._store(), self.principal, "submit", record.id, spec.project, detail={"name": spec.name})
+                if started is not None:
+                    started(_job_dict(record))
+
+            record, code = jobs.run(spec, out=out, ranks=ranks, events=events, user=self._submitter, started=begun)
         return _job_dict(record), code
 
     def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]:
         """``run -d``; ``job_id``: an id drawn already (a server lays the shipped code out under it)."""
         from . import jobs
 
-        return _job_dict(jobs.submit_detached(spec, events=events, user=self._submitter, job_id=job_id))
+        with audited(self._store(), self.principal, "submit", job_id or spec.name, spec.project or None) as event:
+            spec = self._admit_spec(spec)
+            event.project = spec.project
+            record = jobs.submit_detached(spec, events=events, user=self._submitter, job_id=job_id)
+            event.target, event.detail = record.id, {"name": spec.name}
+        return _job_dict(record)
 
     def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]:
         """The nodes' check (``supervise/doctor.py``), blocking: its verdict as data, and as the
@@ -295,8 +371,18 @@ class LocalFace:
         from . import jobs
         from .lists import sweep_reason
 
-        sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
-                                     sweep_id=sweep_id)
+        with audited(self._store(), self.principal, "sweep", sweep_id or spec.name, spec.project or None) as event:
+            spec = self._admit_spec(spec)
+            event.project = spec.project
+
+            def created(sweep: SweepRecord) -> None:
+                from .audit import record as log
+
+                event.target, event.done = sweep.id, True
+                log(self._store(), self.principal, "sweep", sweep.id, spec.project, detail={"name": spec.name})
+
+            sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
+                                         sweep_id=sweep_id, created=created)
         return {**sweep.to_dict(), "reason": sweep_reason(sweep)}, code
 
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
@@ -312,9 +398,11 @@ class LocalFace:
         """Ctrl-C of a foreground run whose supervisor runs elsewhere (a server's): SIGINT to it."""
         from . import jobs
 
-        record = self._job(ref)
-        self.check_may_act("job", record.id, record.user_name, "interrupt")
-        return _job_dict(jobs.interrupt(record))
+        with audited(self._store(), self.principal, "interrupt", ref) as event:
+            record = self._job(ref)
+            event.target, event.project = record.id, record.project
+            self.check_may_act("job", record.id, record.user_name, "interrupt", record.project)
+            return _job_dict(jobs.interrupt(record))
 
     def wait(self, ref: str, timeout: float | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -332,7 +420,7 @@ class LocalFace:
             return {"kind": "sweep", **done.to_dict(), "reason": sweep_reason(done), "wait_code": sweep_exit_code(done)}
         watch = None if progress is None else (
             lambda r: progress({"id": r.id, "state": r.state.value, "health": health(r)}))
-        record = jobs.wait(ref, timeout=timeout, watch=watch)
+        record = jobs.wait(self._job(ref).id, timeout=timeout, watch=watch)
         return {"kind": "job", **_job_dict(record),
                 "wait_code": record.exit_code if record.exit_code is not None else 1}
 
@@ -341,32 +429,46 @@ class LocalFace:
         """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
         is stopping already keeps its grace period unless ``now``."""
         from . import jobs
-        from .query import find_sweep
 
-        sweep = find_sweep(ref)
-        if sweep is not None:
-            self.check_may_act("sweep", sweep.id, sweep.user_name, "stop")
-            return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
-        record = self._job(ref)
-        self.check_may_act("job", record.id, record.user_name, "stop")
-        return {"kind": "job", **_job_dict(jobs.stop(record.id, timeout=timeout, events=events, now=now))}
+        with audited(self._store(), self.principal, "stop", ref) as event:
+            sweep = self.find_sweep(ref)
+            if sweep is not None:
+                event.target, event.project = sweep.id, sweep.project
+                self.check_may_act("sweep", sweep.id, sweep.user_name, "stop", sweep.project)
+                return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
+            record = self._job(ref)
+            event.target, event.project = record.id, record.project
+            self.check_may_act("job", record.id, record.user_name, "stop", record.project)
+            done = jobs.stop(record.id, timeout=timeout, events=events, now=now, by=self.principal.user)
+            return {"kind": "job", **_job_dict(done)}
 
     def resume(self, ref: str, detach: bool | None = None, out: TextIO | None = None, ranks: set[int] | None = None,
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
         """``detach`` None: the way ``phalanx run`` started it. The result's ``detached`` says
         which way it went (then the code is None)."""
         from . import jobs
-        from .query import find_sweep
 
-        sweep = find_sweep(ref)
-        if sweep is not None:
-            self.check_may_act("sweep", sweep.id, sweep.user_name, "resume")
-            done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
-            return {"kind": "sweep", **done.to_dict(), "detached": code is None}, code
-        found = self._job(ref)
-        self.check_may_act("job", found.id, found.user_name, "resume")
-        record, code = jobs.resume(found.id, detach=detach, out=out, ranks=ranks, events=events)
-        return {"kind": "job", **_job_dict(record), "detached": code is None}, code
+        with audited(self._store(), self.principal, "resume", ref) as event:
+            sweep = self.find_sweep(ref)
+            if sweep is not None:
+                event.target, event.project = sweep.id, sweep.project
+                self.check_may_act("sweep", sweep.id, sweep.user_name, "resume", sweep.project)
+                event.done = self._log_now("resume", sweep.id, sweep.project)
+                done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
+                return {"kind": "sweep", **done.to_dict(), "detached": code is None}, code
+            found = self._job(ref)
+            event.target, event.project = found.id, found.project
+            self.check_may_act("job", found.id, found.user_name, "resume", found.project)
+            if not detach:  # a foreground resume lasts: recorded once it is under way
+                event.done = self._log_now("resume", found.id, found.project)
+            record, code = jobs.resume(found.id, detach=detach, out=out, ranks=ranks, events=events)
+            return {"kind": "job", **_job_dict(record), "detached": code is None}, code
+
+    def _log_now(self, action: str, target: str, project: str | None) -> bool:
+        from .audit import record
+
+        record(self._store(), self.principal, action, target, project)
+        return True
 
     def rm(self, refs: Sequence[str], dry_run: bool = False, all_named: bool = False) -> dict[str, Any]:
         """A name several jobs carry raises ``Ambiguous`` (with them as its choices) unless
@@ -375,10 +477,14 @@ class LocalFace:
         from .query import home
 
         store = self._store()
-        targets = resolve(store, refs, all_named)  # every one checked before anything goes
-        for target in targets:
-            self.check_may_act(target.kind, target.id, target.owner, "remove")
-        return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
+        with audited(store, self.principal, "rm", " ".join(refs)) as event:
+            targets = resolve(store, refs, all_named, self._scope)  # every one checked before anything goes
+            event.target = " ".join(t.id for t in targets)
+            event.project = ",".join(sorted({t.project for t in targets})) or None
+            for target in targets:
+                self.check_may_act(target.kind, target.id, target.owner, "remove", target.project)
+            event.detail = {"dry_run": dry_run, "all_named": all_named}
+            return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
 
     def prune(self, older_than: str, states: Sequence[str] = (), dry_run: bool = False) -> dict[str, Any]:
         import time
@@ -390,21 +496,37 @@ class LocalFace:
         from .lists import parse_states
         from .query import home
 
-        if not (self.principal.admin or self.principal.local):
-            from ..errors import NotAllowed
-
-            raise NotAllowed("prune removes every user's old jobs: only an admin may prune",
-                             "remove your own with: phalanx rm JOB...")
-        age = parse_duration(older_than, "--older-than")
-        wanted = parse_states(states)
-        ended = {s.value for s in TERMINAL}
-        running = [s for s in wanted if s not in ended]
-        if running:
-            raise UsageError(f"--state {running[0].lower()} is not an end state: prune removes only what ended",
-                             f"use one of: {', '.join(sorted(s.lower() for s in ended))}")
         store = self._store()
-        targets = prune_targets(store, age, wanted, time.time())
-        return {**remove(store, home(), targets, dry_run).to_dict(), "dry_run": dry_run}
+        with audited(store, self.principal, "prune", f"older than {older_than}") as event:
+            mine = self._admin_projects()
+            if mine is not None and not mine:
+                from ..errors import NotAllowed
+
+                raise NotAllowed("prune removes every user's old jobs: only an admin may prune",
+                                 "remove your own with: phalanx rm JOB...")
+            age = parse_duration(older_than, "--older-than")
+            wanted = parse_states(states)
+            ended = {s.value for s in TERMINAL}
+            running = [s for s in wanted if s not in ended]
+            if running:
+                raise UsageError(f"--state {running[0].lower()} is not an end state: prune removes only what ended",
+                                 f"use one of: {', '.join(sorted(s.lower() for s in ended))}")
+            targets = prune_targets(store, age, wanted, time.time(), mine)
+            event.project = ",".join(mine) if mine is not None else None
+            removed = remove(store, home(), targets, dry_run).to_dict()
+            event.detail = {"dry_run": dry_run, "jobs": removed.get("jobs"), "sweeps": removed.get("sweeps")}
+            return {**removed, "dry_run": dry_run}
+
+    def _admin_projects(self) -> tuple[str, ...] | None:
+        """The projects the principal administers (None: all of them)."""
+        p = self.principal
+        if p.only is not None:
+            return (p.only,) if p.may_manage(p.only) and self._scope else ()
+        if p.local or p.admin:
+            return None
+        if p.projects is None:
+            return ()
+        return tuple(sorted(name for name in p.projects if p.may_manage(name)))
 
     def download(self, ref: str, dest: Path | None = None, logs: bool = False, state: bool = False,
                  events: Events | None = None) -> tuple[str, dict[str, int]]:

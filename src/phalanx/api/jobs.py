@@ -105,6 +105,8 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
     record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user))
     write_json(record.paths.start_mode, {"detached": True})
     _say_at_submit(store, record, events, plan=plan)
+    if _queued(store, record, events):  # its project's quota is full: no supervisor until the queue admits it
+        return store.get(record.id)
     # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
     try:
         hosted = get_backend(spec.backend).host_supervisor(record, plan, events)
@@ -114,6 +116,31 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
         raise
     store.update(record.id, **(hosted if hosted is not None else detached.spawn_supervisor(record, spec.workdir)))
     return store.get(record.id)
+
+
+def _queued(store: Store, record: JobRecord, events: Events | None) -> bool:
+    """Admission at submit (``supervise/admission.py``): True when the job waits in its
+    project's queue (QUEUED, said in ``events``); a job that can never start is recorded FAILED
+    and raised."""
+    from ..supervise.admission import admit, advance
+
+    decision = admit(store, record)
+    if decision.never:
+        store.transition(record.id, JobState.FAILED, exit_code=1,
+                         root_cause=json.dumps({"message": f"could not start: {decision.reason}", "exitcode": 1}))
+        raise UsageError(f"job {record.id} can never start: {decision.reason}", "ask for less, or for a larger quota")
+    if decision.admitted:
+        return False
+    # A share freed unseen (a holder's supervisor killed: nobody moved the queue) is taken by the
+    # head of the queue now; if that is this job, ``advance`` started its supervisor.
+    moved = advance(store, [record.project])
+    if record.id in moved:
+        return True
+    if moved:  # what it waits for now
+        decision = admit(store, store.get(record.id))
+    if events:
+        events(f"queued: {decision.reason} (place {decision.place}); it starts by itself when capacity frees")
+    return True
 
 
 def reship(spec: JobSpec, job_id: str) -> tuple[JobSpec, str]:
@@ -185,6 +212,7 @@ def _supervise_here(store: Store, record: JobRecord, plan: Plan, out: TextIO | N
             streamer.join()
         if console:
             console.close()
+    assert code is not None  # a foreground run waits for its queue
     return store.get(record.id), code
 
 
@@ -240,7 +268,8 @@ def resume(ref: str, detach: bool | None = None, out: TextIO | None = None, rank
     return _supervise_here(store, store.get(record.id), plan, out, ranks, events)
 
 
-def stop(ref: str, timeout: float | None = None, events: Events | None = None, now: bool = False) -> JobRecord:
+def stop(ref: str, timeout: float | None = None, events: Events | None = None, now: bool = False,
+         by: str | None = None) -> JobRecord:
     """Stop a job gracefully: SIGTERM to every rank, the job's grace period, then SIGKILL.
 
     Idempotent: stopping a finished job returns its record unchanged, and a stop of a job that
@@ -251,7 +280,8 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
     job stays LOST. Blocks until the job has ended. ``timeout`` (default grace +
     the backend's ``stop_margin``, 15 s but for SageMaker) bounds the wait for the ranks to stop; once they all have, the supervisor is saving
     the outputs and the state, which takes as long as the upload does: that is waited for as
-    long as the supervisor lives, and ``events`` hears about it once.
+    long as the supervisor lives, and ``events`` hears about it once. A job waiting in its
+    project's queue is CANCELLED at once (``by``: who stopped it, for its record).
     """
     store = open_store()
     record = liveness.record_lost(store, find_job(ref, store))
@@ -259,6 +289,12 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
         return get_backend(record.backend).stop_elsewhere(store, record, events, leftover.stop)
     if is_terminal(record.state):
         return _stop_leftover(store, record, events)
+    if record.state is JobState.QUEUED and record.admitted_at is None:
+        from ..supervise.admission import stop_queued
+
+        if stop_queued(store, record, by or config_user()):  # nothing runs: cancelled at once
+            return store.get(record.id)
+        record = store.get(record.id)
     # Mark first: the supervisor reads STOPPING as "the user cancelled" (not a preemption). Only
     # the stop that marks it signals: a second signal would cut the grace period short.
     marked = store.transition(record.id, JobState.STOPPING)
@@ -296,6 +332,12 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
                 events(f"every rank of job {record.id} has stopped; its supervisor (pid {record.supervisor_pid}) "
                        "is saving the outputs and the state (Ctrl-C stops waiting, not the saving)")
         time.sleep(0.1)
+
+
+def config_user() -> str:
+    from .. import config
+
+    return config.user()
 
 
 def interrupt(record: JobRecord) -> JobRecord:
@@ -382,9 +424,10 @@ def download(record: JobRecord, dest: Path | None = None, logs: bool = False, st
 
 
 def run_sweep(spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None,
-              user: str | None = None, sweep_id: str | None = None) -> tuple[SweepRecord, int | None]:
+              user: str | None = None, sweep_id: str | None = None,
+              created: Callable[[SweepRecord], None] | None = None) -> tuple[SweepRecord, int | None]:
     """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
-    ``user`` and ``sweep_id`` as for ``submit_detached``.
+    ``user`` and ``sweep_id`` as for ``submit_detached``; ``created`` is called once the sweep exists.
 
     Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""
     from ..sweeps.runner import SweepRunner, create_sweep
@@ -393,6 +436,8 @@ def run_sweep(spec: JobSpec, settings: SweepSettings, detach: bool = False, even
     submit.check_storage(spec, where)
     sweep = create_sweep(store, where, spec, settings, user=user, sweep_id=sweep_id)
     write_json(where.sweep_start_mode(sweep.id), {"detached": detach})
+    if created is not None:
+        created(sweep)
     if detach:
         store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), spec.workdir))
         return store.sweeps.get(sweep.id), None

@@ -31,8 +31,9 @@ _SETTINGS = ("max_retries", "max_restarts", "grace", "stall_timeout", "state_uri
 
 def actions(record: JobRecord, principal: Principal) -> list[str]:
     """What the asker may do with the job now: stop while it runs; resume, retry and delete once
-    it ended (a sweep's trial: resume only). None of it for someone who may not act on it."""
-    if not principal.may_act_on(record.user_name):
+    it ended (a sweep's trial: resume only). None of it for someone who may not act on it (a
+    viewer of its project, a member on another's job)."""
+    if not principal.may_act_on(record.user_name, record.project):
         return []
     if not is_terminal(record.state):
         return ["stop"]
@@ -47,6 +48,7 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     from ..monitor.report import recent_metrics, resource_summary, status_summary_lines
     from ..monitor.resources import recent_resources
     from ..store.listing import tags_of
+    from ..supervise import admission
     from ..supervise.liveness import elsewhere
     from .lists import short_command
 
@@ -63,7 +65,8 @@ def job_view(record: JobRecord, principal: Principal, store: Store | None = None
     scheduled = query.scheduler_job(record)
     view["scheduler"] = scheduled.to_dict() if scheduled else None
     queued = scheduled.details.get("queued") if scheduled is not None and not view["terminal"] else None
-    view["queued"] = f"QUEUED: {queued}" if queued else None
+    waiting = admission.waiting_line(store, record)  # its project's queue, before any scheduler's
+    view["queued"] = f"QUEUED: {waiting}" if waiting else f"QUEUED: {queued}" if queued else None
     view["supervisor"] = _supervisor(record, elsewhere(record))
     view["left_running"] = query.left_running(record)
     view["platform_lines"] = query.platform_lines(record)

@@ -132,8 +132,9 @@ def check_metrics(store: Store, columns: Iterable[Column], sort: Sort | None = N
 def build_query(states: Iterable[str] | None = None, name: str | None = None, backend: str | None = None,
                 tags: Iterable[str] | None = None, since: str | None = None, search: str | None = None,
                 sort: str | None = None, columns: Iterable[str] | None = None, sweep: str | None = None,
-                sweeps: bool = False, user: str | None = None) -> Query:
-    """Everything a listing was asked for, checked (UsageError on anything that does not parse)."""
+                sweeps: bool = False, user: str | None = None, projects: tuple[str, ...] | None = None) -> Query:
+    """Everything a listing was asked for, checked (UsageError on anything that does not parse).
+    ``projects``: the projects whose rows it may show (None: all; the asker's, ``Principal.visible``)."""
     from ..monitor.logindex import parse_since
 
     cols = parse_columns(columns)
@@ -145,7 +146,7 @@ def build_query(states: Iterable[str] | None = None, name: str | None = None, ba
             raise UsageError(f"unknown backend '{backend}'", f"backends: {', '.join(known)}")
     flt = Filter(states=parse_states(states), name=(name or None), backend=(backend or None), tags=parse_tags(tags),
                  since=parse_since(since, "--since") if since else None, search=(search or None), sweep=sweep,
-                 user=(user or None))
+                 user=(user or None), projects=projects)
     return Query(flt, parse_sort(sort, cols, sweeps), cols)
 
 
@@ -243,6 +244,7 @@ def sweep_progress(store: Store, sweep: SweepRecord) -> dict[str, Any]:
 
     states = trial_states(store, sweep.id)
     running = sum(n for s, n in states.items() if s in ("RUNNING", "STOPPING", "PENDING"))
+    queued = states.get("QUEUED", 0)
     best_trial = None
     if sweep.best_job:
         try:
@@ -254,6 +256,8 @@ def sweep_progress(store: Store, sweep: SweepRecord) -> dict[str, Any]:
     text = f"{sweep.finished}/{total} done"
     if running and not is_terminal(sweep.state):
         text += f", {running} running"
+    if queued and not is_terminal(sweep.state):
+        text += f", {queued} queued"
     if sweep.failed:
         text += f", {sweep.failed} failed"
     if sweep.pruned:

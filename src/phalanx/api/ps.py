@@ -32,6 +32,7 @@ class PsRequest:
     people: bool = True  # rows for a table: each job's progress and health read (a file per job)
     user: str | None = None  # only what this user submitted
     mine: bool = False  # only what the asker submitted
+    project: str | None = None  # only jobs of this project (``--project NAME``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,9 +58,11 @@ class PsListing:
     wide: bool
 
 
-def ps(store: Store, request: PsRequest, default_limit: int, me: str) -> PsListing:
+def ps(store: Store, request: PsRequest, default_limit: int, me: str,
+       projects: tuple[str, ...] | None = None) -> PsListing:
     """``phalanx ps``: running jobs and sweeps, or all of them with ``all`` or any filter.
-    ``me``: who asks (``--mine``)."""
+    ``me``: who asks (``--mine``); ``projects``: the only projects whose jobs are listed (None:
+    all). Queued jobs carry their place in their project's queue."""
     from .query import refresh_hosted
 
     if request.limit is not None and request.limit < 1:
@@ -72,35 +75,50 @@ def ps(store: Store, request: PsRequest, default_limit: int, me: str) -> PsListi
     refresh_hosted(store, request.backend)  # jobs supervised in a cluster (k8s --in-cluster), from any machine
     query = build_query(states=request.states, name=request.name, backend=request.backend, tags=request.tags,
                         since=request.since, search=request.search, sort=request.sort, columns=request.columns,
-                        user=user)
+                        user=user, projects=projects)
     check_metrics(store, query.columns, query.sort)
     filtered = bool(request.states or request.name or request.backend or request.tags or request.since
-                    or request.search or request.sort or request.columns or user)
+                    or request.search or request.sort or request.columns or user or request.project)
     everything = request.all or filtered
     limit = request.limit if request.limit is not None else (default_limit if everything else None)
     if not request.states and not everything:
-        query = build_query(states=["active"], columns=request.columns, user=user)
+        query = build_query(states=["active"], columns=request.columns, user=user, projects=projects)
     records = _jobs(store, query, limit)
     sweeps = [] if (request.backend or query.sort.key != "created") else _sweeps(store, query, limit, everything)
     detailed = bool(query.columns or request.wide)
 
     def rows() -> Iterator[dict[str, Any]]:
+        places: dict[str, tuple[int, int]] | None = None
         for chunk in _chunks(_merge(records, sweeps, limit, query.sort.key == "created"), 200):
             jobs = [r for r in chunk if isinstance(r, JobRecord)]
             full = {r["id"]: r for r in job_rows(store, jobs, query.columns)} if detailed else {}
+            if places is None and any(r.state.value == "QUEUED" for r in jobs):
+                places = _places(store, projects)
             for record in chunk:
-                yield _job_line(record, full.get(record.id), request.people) if isinstance(record, JobRecord) \
+                yield _job_line(record, full.get(record.id), request.people, places) if isinstance(record, JobRecord) \
                     else _sweep_line(store, record, request.wide)
 
     return PsListing(rows(), everything, [c.label for c in query.columns], request.wide)
 
 
-def _job_line(record: JobRecord, row: dict[str, Any] | None, people: bool) -> dict[str, Any]:
+def _places(store: Store, projects: tuple[str, ...] | None) -> dict[str, tuple[int, int]]:
+    """Every queued job's place in its project's queue (the projects listed)."""
+    from ..supervise.admission import places
+
+    names = projects if projects is not None else [p.name for p in store.projects.all()]
+    return places(store, names)
+
+
+def _job_line(record: JobRecord, row: dict[str, Any] | None, people: bool,
+              places: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     from .lists import job_health
     from .query import platform_state
 
     line = row if row is not None else record.to_dict()
     line["_duration"] = record.duration
+    place = (places or {}).get(record.id)
+    if place is not None:
+        line["queue_place"], line["queue_length"] = place
     if people:
         seen = row if row is not None else job_health(record)
         line["_progress"], line["_health"] = seen.get("progress"), seen.get("health")

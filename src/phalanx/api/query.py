@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .. import config
 from ..core.paths import HomePaths, read_json
@@ -40,10 +40,11 @@ def open_store() -> Store:
 # -- jobs and sweeps ----------------------------------------------------------------------------
 
 
-def get_job(ref: str, store: Store | None = None) -> JobRecord:
-    """A job by id, unique id prefix or name (the latest of that name), as it stands now."""
+def get_job(ref: str, store: Store | None = None, projects: Sequence[str] | None = None) -> JobRecord:
+    """A job by id, unique id prefix or name (the latest of that name), as it stands now.
+    ``projects``: only jobs of these exist for the lookup (``Store.find``)."""
     store = store or open_store()
-    return effective(find_job(ref, store))
+    return effective(find_job(ref, store, projects))
 
 
 def supervised_where(record: JobRecord) -> str:
@@ -53,7 +54,7 @@ def supervised_where(record: JobRecord) -> str:
     return get_backend(record.backend).describe_hosted(record)
 
 
-def find_job(ref: str, store: Store) -> JobRecord:
+def find_job(ref: str, store: Store, projects: Sequence[str] | None = None) -> JobRecord:
     """``store.find``, and jobs whose backend runs their supervisor (k8s ``--in-cluster``): their
     record is brought up to date from there, and a job id this home never saw is looked for
     with every backend that hosts supervisors."""
@@ -63,8 +64,14 @@ def find_job(ref: str, store: Store) -> JobRecord:
     from ..supervise.liveness import elsewhere
 
     try:
-        record = store.find(ref)
+        record = store.find(ref, projects)
     except JobNotFound:
+        if projects is not None:  # a job brought from a cluster is checked like any other
+            for name in HOSTS_SUPERVISORS:
+                found = get_backend(name).find_hosted(ref, store, home())
+                if found is not None and found.project in projects:
+                    return found
+            raise
         for name in HOSTS_SUPERVISORS:
             found = get_backend(name).find_hosted(ref, store, home())
             if found is not None:
@@ -104,10 +111,11 @@ def iter_jobs(all_jobs: bool = False, limit: int | None = None, store: Store | N
             yield record
 
 
-def find_sweep(ref: str, store: Store | None = None) -> SweepRecord | None:
-    """A sweep by id, id prefix or name, as it stands now; None if ``ref`` names no sweep."""
+def find_sweep(ref: str, store: Store | None = None, projects: Sequence[str] | None = None) -> SweepRecord | None:
+    """A sweep by id, id prefix or name, as it stands now; None if ``ref`` names no sweep
+    (``projects``: of these projects)."""
     store = store or open_store()
-    sweep = store.sweeps.find(ref)
+    sweep = store.sweeps.find(ref, projects)
     return None if sweep is None else effective(sweep)
 
 

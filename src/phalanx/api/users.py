@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from .. import config
 from ..core.identity import Principal
 from ..errors import NotAuthenticated, UsageError
 from ..store import Store
@@ -55,44 +56,71 @@ def _new_token(user: str) -> tuple[str, TokenRecord]:
     return f"{PREFIX}{token_id}_{secret}", record
 
 
-def add_user(store: Store, name: str, admin: bool = False) -> tuple[UserRecord, str]:
-    """A new user and their first token (returned: shown once, never stored)."""
-    check_name(name)
-    token, record = _new_token(name)
-    if not store.users.add(name, admin, record.created_at):
-        existing = store.users.get(name)
-        why = "was revoked (names stay with the jobs they submitted)" if existing and existing.revoked_at else "exists"
-        raise UsageError(f"user '{name}' {why}", "pick another name" if existing and existing.revoked_at
-                         else f"give them a new token with: phalanx server token rotate {name}")
-    try:
-        store.users.add_token(record)
-    except BaseException:
-        store.users.remove(name)  # no user without a way in
-        raise
+def add_user(store: Store, name: str, admin: bool = False, who: Principal | None = None) -> tuple[UserRecord, str]:
+    """A new user and their first token (returned: shown once, never stored). They join the
+    project 'default' as a member, as every user of a server did before projects (an admin may
+    remove them from it). ``who``: who adds them (the audit log's; default: this machine's user)."""
+    from . import audit
+
+    who = who or Principal.here(config.user())
+    with audit.audited(store, who, "user.add", name) as event:
+        check_name(name)
+        token, record = _new_token(name)
+        if not store.users.add(name, admin, record.created_at):
+            existing = store.users.get(name)
+            why = "was revoked (names stay with the jobs they submitted)" if existing and existing.revoked_at else "exists"
+            raise UsageError(f"user '{name}' {why}", "pick another name" if existing and existing.revoked_at
+                             else f"give them a new token with: phalanx server token rotate {name}")
+        try:
+            store.users.add_token(record)
+            _join_default(store, name, record.created_at)
+        except BaseException:
+            store.users.remove(name)  # no user without a way in
+            raise
+        event.detail = {"admin": admin, "token": record.id}
     user = store.users.get(name)
     assert user is not None
     return user, token
+
+
+def _join_default(store: Store, name: str, at: float) -> None:
+    from ..core.identity import DEFAULT_PROJECT
+    from ..store import tx
+    from ..store.teams import ProjectTable
+
+    def join(t: tx.Tx) -> None:
+        if ProjectTable.read(t, DEFAULT_PROJECT) is not None and ProjectTable.member(t, DEFAULT_PROJECT, name) is None:
+            ProjectTable.set_member(t, DEFAULT_PROJECT, name, "member", at)
+
+    tx.atomic(store, join)
 
 
 def list_users(store: Store) -> list[dict[str, Any]]:
     return [u.to_dict() for u in store.users.list()]
 
 
-def revoke_user(store: Store, name: str) -> UserRecord:
+def revoke_user(store: Store, name: str, who: Principal | None = None) -> UserRecord:
     """The user and their tokens stop working at once; their jobs stay (and keep their name)."""
-    user = _live(store, name)
-    store.users.revoke(user.name, time.time())
+    from . import audit
+
+    with audit.audited(store, who or Principal.here(config.user()), "user.revoke", name):
+        user = _live(store, name)
+        store.users.revoke(user.name, time.time())
     revoked = store.users.get(name)
     assert revoked is not None
     return revoked
 
 
-def rotate_token(store: Store, name: str) -> str:
+def rotate_token(store: Store, name: str, who: Principal | None = None) -> str:
     """A new token for the user; every older one stops working."""
-    user = _live(store, name)
-    token, record = _new_token(user.name)
-    store.users.add_token(record)
-    store.users.revoke_tokens(user.name, time.time(), keep=record.id)
+    from . import audit
+
+    with audit.audited(store, who or Principal.here(config.user()), "token.rotate", name) as event:
+        user = _live(store, name)
+        token, record = _new_token(user.name)
+        store.users.add_token(record)
+        store.users.revoke_tokens(user.name, time.time(), keep=record.id)
+        event.detail = {"token": record.id}
     return token
 
 
@@ -146,4 +174,11 @@ def authenticate(store: Store, token: str | None) -> Principal:
     record, user = found
     if record.revoked_at is not None or user.revoked_at is not None:
         raise NotAuthenticated("the API token was revoked", "ask an admin for a new one (phalanx server token rotate)")
-    return Principal(user=user.name, admin=user.admin)
+    return Principal(user=user.name, admin=user.admin, projects=store.projects.roles_of(user.name))
+
+
+def token_owner(store: Store, token: str | None) -> str:
+    """Whose token this claims to be, for the audit log of a failed login ('?': no such token)."""
+    match = _TOKEN.match((token or "").strip())
+    found = store.users.token(match.group(1)) if match else None
+    return found[1].name if found else "?"

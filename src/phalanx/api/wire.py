@@ -28,7 +28,8 @@ PREFIX = f"/api/{VERSION}"
 _CLASSES: dict[str, type[PhalanxError]] = {
     cls.__name__: cls for cls in (
         errors.PhalanxError, errors.UsageError, errors.JobNotFound, errors.BackendError, errors.StoreError,
-        errors.ContractError, errors.NotAuthenticated, errors.NotAllowed, errors.ServerUnreachable, errors.TooLarge,
+        errors.ContractError, errors.NotAuthenticated, errors.NotAllowed, errors.OverBudget, errors.ServerUnreachable,
+        errors.TooLarge,
     )
 }
 
@@ -70,7 +71,7 @@ def raise_error(body: Any, status: int) -> None:
 
 PS_MULTI = ("states", "tags", "columns")  # repeated query parameters
 PS_FLAGS = ("all", "wide", "mine")
-PS_TEXT = ("name", "backend", "since", "search", "sort", "user")
+PS_TEXT = ("name", "backend", "since", "search", "sort", "user", "project")
 
 
 def ps_params(request: Any) -> list[tuple[str, str]]:

@@ -41,7 +41,7 @@ def login_cmd(
     if not token:
         raise UsageError("no token given", f"paste the token an admin gave you, or: echo $TOKEN | phalanx login {client.url} --token-stdin")
     client.token = token
-    me = client.call("GET", "/whoami")
+    me = client.call("GET", "/whoami", [("login", "1")])
     where = save(Login(client.url, token, ca, me["user"]))
     _check_version(me.get("version"))
     role = " (admin)" if me.get("admin") else ""

@@ -39,3 +39,13 @@ def count(param: typer.CallbackParam, value: Optional[int]) -> Optional[int]:
     if value is not None and value < 0:
         raise UsageError(f"invalid {_flag(param)} {value}", "use 0 or more")
     return value
+
+
+PROJECT_HELP = "Only this project's jobs and sweeps (one you are in)."
+
+
+def project_scope(value: Optional[str]) -> Optional[str]:
+    """``--project NAME``: what the command shows and finds is that project's (``cli/face.narrow``)."""
+    from .face import narrow
+
+    return narrow(value)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .args import job_ref
+from .args import PROJECT_HELP, job_ref, project_scope
 
 
 def register(app: typer.Typer) -> None:
@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
 
 
 def artifacts_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -43,6 +44,7 @@ def artifacts_cmd(
 
 
 def download_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     dest: Optional[Path] = typer.Option(None, "-o", "--output-dir", help="Where to put them (default: ./NAME-ID)."),
     logs: bool = typer.Option(False, "--logs", help="Also the logs (DIR/logs)."),

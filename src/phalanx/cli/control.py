@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from .args import count, job_ref, seconds
+from .args import PROJECT_HELP, count, job_ref, project_scope, seconds
 
 
 def register(app: typer.Typer) -> None:
@@ -91,6 +91,7 @@ def report_end(record: dict[str, Any], shown: set[int] | None) -> None:
 
 
 def logs_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name (or a sweep: its trials' logs)."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new output until the job ends."),
     rank: Optional[int] = typer.Option(None, "--rank", callback=count, help="Only this rank (raw, no prefix)."),
@@ -111,6 +112,7 @@ def logs_cmd(
 
 
 def wait_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name (or a sweep)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", callback=seconds, help="Give up after this many seconds (exit 124)."),
     progress: bool = typer.Option(False, "--progress", "-p", help="Say the job's progress and ETA on stderr as it goes."),
@@ -161,6 +163,7 @@ def _progress_printer() -> Any:
 
 
 def stop_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     timeout: Optional[float] = typer.Option(
         None, "--timeout", callback=seconds, help="Seconds to wait for the ranks to stop (default: the job's grace + 15). "
@@ -178,6 +181,7 @@ def stop_cmd(
 
 
 def resume_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     detach: bool = typer.Option(False, "-d", "--detach", help="[default: as phalanx run started it] Resume in the background."),
     attach: bool = typer.Option(False, "--attach", help="[default: as phalanx run started it] Resume here, in the foreground."),

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ..api.face import Face
 
 LOCAL = False  # --local: this machine's own store, whatever the login says
+PROJECT: str | None = None  # a command's --project NAME: it sees that project only
 
 
 @functools.lru_cache(maxsize=1)
@@ -24,10 +25,29 @@ def face() -> "Face":
         if login is not None:
             from ..remote.face import RemoteFace
 
-            return RemoteFace(login)
+            return RemoteFace(login, PROJECT)
+    from .. import config
     from ..api.face import LocalFace
+    from ..core.identity import Principal
 
-    return LocalFace()
+    return LocalFace(Principal.here(config.user()).narrowed(PROJECT))
+
+
+def narrow(project: str | None) -> str | None:
+    """A command's ``--project NAME`` (a typer callback): what it shows and finds is that project's."""
+    global PROJECT
+    if project is not None and project != PROJECT:
+        from ..core.grammar import project_name
+        from ..core.optiontypes import BadValue
+        from ..errors import UsageError
+
+        try:
+            project_name(project)
+        except BadValue as exc:
+            raise UsageError(f"invalid --project '{project}'", f"give {exc.expected}") from None
+        PROJECT = project
+        face.cache_clear()
+    return project
 
 
 def is_remote() -> bool:

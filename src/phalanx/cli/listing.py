@@ -13,6 +13,8 @@ from typing import Any, List, Optional, Sequence, TextIO
 
 import typer
 
+from .args import PROJECT_HELP, project_scope
+
 from .render import ago, duration
 
 PS_HEADERS = ("ID", "NAME", "STATE", "TOPOLOGY", "CREATED", "DURATION", "PROGRESS", "COMMAND")
@@ -20,6 +22,7 @@ WIDE = ("BACKEND", "GPU", "CPU", "COST", "TAGS", "HEALTH")  # device time in a u
 
 
 def ps_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     all_jobs: bool = typer.Option(False, "-a", "--all", help="Show finished jobs too."),
     state: List[str] = typer.Option([], "--state", help="Only these states (running, failed, ...; active, ended), comma-separated or repeated."),
     name: Optional[str] = typer.Option(None, "--name", help="Only this name, or a glob: 'resnet*'."),
@@ -48,7 +51,7 @@ def ps_cmd(
         return
     request = PsRequest(all=all_jobs, states=tuple(state), name=name, backend=backend, tags=tuple(tag), since=since,
                         search=search, sort=sort, columns=tuple(columns), limit=limit, wide=wide,
-                        people=not (as_json or quiet), user=user, mine=mine)
+                        people=not (as_json or quiet), user=user, mine=mine, project=project)
     listing = face().ps(request)
     if as_json:
         from ..api.face import rows_json
@@ -94,6 +97,8 @@ def _shown_state(row: dict[str, Any]) -> str:
     """``FAILED(1)``, ``RUNNING (Training)``: the state, the exit code that is not 0, the platform's word."""
     state = row["state"] if row.get("exit_code") in (None, 0) or row.get("kind") == "sweep" \
         else f"{row['state']}({row['exit_code']})"
+    if row.get("queue_place"):  # its place in its project's queue
+        state = f"{state} #{row['queue_place']}"
     return state + (f" ({row['_platform']})" if row.get("_platform") else "")
 
 

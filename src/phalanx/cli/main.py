@@ -103,6 +103,9 @@ def _register_subcommands() -> None:
     app.add_typer(secret_app, name="secret")
     register_account(app)
     app.add_typer(server_app, name="server")
+    from .projects import events_cmd
+
+    app.command("events")(events_cmd)
 
 
 _register_subcommands()

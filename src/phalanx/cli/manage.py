@@ -10,6 +10,8 @@ from typing import Any, List, Optional
 
 import typer
 
+from .args import PROJECT_HELP, project_scope
+
 
 def register(app: typer.Typer) -> None:
     app.command("rm")(rm_cmd)
@@ -49,6 +51,7 @@ def _report(removed: dict[str, Any], as_json: bool) -> None:
 
 
 def rm_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     refs: List[str] = typer.Argument(..., metavar="JOB_OR_SWEEP...", help="Job or sweep ids, id prefixes or names."),
     all_named: bool = typer.Option(False, "--all-named", help="A name several jobs or sweeps carry: remove every one of them."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go, remove nothing."),
@@ -95,6 +98,7 @@ def _choose(exc: Any) -> List[str]:
 
 
 def prune_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     older_than: str = typer.Option(..., "--older-than", help="Remove what was created longer ago than this: 30d, 12h, 2w."),
     state: List[str] = typer.Option([], "--state", help="Only these end states (failed, cancelled, lost, ...); default: every ended one."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go, remove nothing."),
@@ -107,31 +111,59 @@ def prune_cmd(
 
 
 def usage_cmd(
-    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state, day or user."),
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
+    by: str = typer.Option("name", "--by", help="Group by name (a sweep's trials under its name), sweep, backend, state, "
+                           "day, user or project (with each project's quota and budget beside)."),
     since: Optional[str] = typer.Option(None, "--since", help="Only jobs created since: 7d, 2025-03-01."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """GPU-hours, CPU-hours and estimated cost of the jobs that ended, added up by name (or
-    sweep, backend, state, day, user). Prices come from the prices setting."""
+    sweep, backend, state, day, user, project). Prices come from the prices setting."""
     from ..monitor.accounting import hours, money
     from .face import face
     from .listing import _fit
     from .render import dump_json
 
-    rows = face().usage(by, since)
+    rows = face().usage(by, since, project)
     if as_json:
         dump_json(rows, sys.stdout)
         return
+    if project and by != "project":
+        typer.echo(_project_line(project))
     if not rows:
         typer.echo("no jobs yet")
         return
-    table = [[str(r["group"]), str(r["jobs"]), hours(r["gpu_hours"], "GPU"), hours(r["cpu_hours"], "CPU"), money(r["cost"])]
-             for r in rows]
+    table = [[str(r["group"]), str(r["jobs"]), hours(r["gpu_hours"], "GPU"), hours(r["cpu_hours"], "CPU"), money(r["cost"]),
+              *(_limits(r) if by == "project" else [])] for r in rows]
     total = [sum(r[k] or 0.0 for r in rows) for k in ("gpu_hours", "cpu_hours")]
     costs = [r["cost"] for r in rows if r["cost"] is not None]
     table.append(["total", str(sum(r["jobs"] for r in rows)), hours(total[0], "GPU"), hours(total[1], "CPU"),
-                  money(sum(costs)) if costs else "-"])
-    _fit(table, (by.upper(), "JOBS", "GPU", "CPU", "COST"), sys.stdout)
+                  money(sum(costs)) if costs else "-", *(["", "", ""] if by == "project" else [])])
+    extra = ("QUOTA", "IN USE", "BUDGET THIS MONTH") if by == "project" else ()
+    _fit(table, (by.upper(), "JOBS", "GPU", "CPU", "COST", *extra), sys.stdout)
+
+
+def _limits(row: dict[str, Any]) -> list[str]:
+    """A project's quota, what it holds now, and its budget with this month's spending."""
+    quota, use, budget = row.get("quota") or {}, row.get("in_use") or {}, row.get("budget")
+    parts = [f"{quota[k]} {k.upper() if k != 'jobs' else 'jobs'}" for k in ("gpus", "cpus", "jobs") if quota.get(k) is not None]
+    held = f"{use.get('gpus', 0)} GPUs, {use.get('jobs', 0)} jobs" if use else "-"
+    spent = f"{budget['used']:,.2f} of {budget['amount']:g} {budget['unit']}" if budget else "-"
+    return [", ".join(parts) or "-", held, spent]
+
+
+def _project_line(name: str) -> str:
+    from .face import face
+
+    found = next((p for p in face().projects() if p["name"] == name), None)
+    if found is None:
+        return f"project {name}"
+    row = {"quota": {"gpus": found["max_gpus"], "cpus": found["max_cpus"], "jobs": found["max_jobs"]},
+           "in_use": found["in_use"], "budget": None if found["budget"] is None else {
+               "amount": found["budget"], "unit": found["budget_unit"],
+               "used": found["spent"]["gpu_hours"] if found["budget_unit"] == "gpu-h" else (found["spent"]["cost"] or 0.0)}}
+    quota, held, spent = _limits(row)
+    return f"project {name}: quota {quota} ({held} in use); budget {spent}"
 
 
 # -- shared with status and logs -------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from .args import count, job_ref, positive_seconds
+from .args import PROJECT_HELP, count, job_ref, positive_seconds, project_scope
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def metrics_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     attempt: Optional[int] = typer.Option(None, "--attempt", callback=count, help="Only this attempt (default: all, a later attempt's value wins at a step)."),
     rank: Optional[int] = typer.Option(None, "--rank", callback=count, help="Rank whose metrics to show (default: 0, or the lowest rank that has any)."),
@@ -73,6 +74,7 @@ def _num(value: float) -> str:
 
 
 def top_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     interval: float = typer.Option(2.0, "--interval", callback=positive_seconds, help="Seconds between refreshes."),
     once: bool = typer.Option(False, "--once", help="Print one frame and exit (what it does anyway when not on a terminal)."),

@@ -23,6 +23,15 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True, add_completion
 server_app.add_typer(user_app, name="user")
 server_app.add_typer(token_app, name="token")
 
+
+def _projects() -> typer.Typer:
+    from .projects import project_app
+
+    return project_app
+
+
+server_app.add_typer(_projects(), name="project")
+
 STORE_HELP = "The store (default: PHALANX_STORE, else the SQLite file in PHALANX_HOME), e.g. postgresql://phalanx@db/phalanx."
 
 

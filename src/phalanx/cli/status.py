@@ -4,14 +4,15 @@ rendered. The dashboard's job page renders the same view."""
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 import typer
 
-from .args import job_ref
+from .args import PROJECT_HELP, job_ref, project_scope
 
 
 def status_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     job: str = typer.Argument(..., callback=job_ref, help="Job id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:

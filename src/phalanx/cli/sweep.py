@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from .args import job_ref
+from .args import PROJECT_HELP, job_ref, project_scope
 
 if TYPE_CHECKING:
     from ..core.spec import JobSpec
@@ -74,6 +74,7 @@ def run_sweep_cli(spec: JobSpec, settings: SweepSettings, dry_run: bool, detach:
 
 @sweep_app.command("show")
 def show_cmd(
+    project: Optional[str] = typer.Option(None, "--project", callback=project_scope, help=PROJECT_HELP),
     sweep: str = typer.Argument(..., callback=job_ref, help="Sweep id, id prefix or name."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     as_csv: bool = typer.Option(False, "--csv", help="The trial table as CSV."),

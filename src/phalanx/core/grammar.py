@@ -159,6 +159,16 @@ _TAG_KEY = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
 _MAIL = re.compile(r"[^@\s,]+@[^@\s,]+\.[^@\s,]+|[^@\s,]+@localhost")
 
 
+_PROJECT = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
+
+
+def project_name(text: str) -> str:
+    """A project's name: lower-case letters, digits, '.', '_', '-', starting with a letter."""
+    if not _PROJECT.match(text):
+        raise BadValue("a project name (lower-case letters, digits, '.', '_' and '-', starting with a letter)")
+    return text
+
+
 def tag_key(text: str) -> str:
     """A ``--tag`` key: what SageMaker's Tags and a ``ps --tag`` filter both accept."""
     if not _TAG_KEY.fullmatch(text.strip()):

@@ -29,6 +29,7 @@ from .grammar import (
     notify_targets,
     objective,
     procs_per_node,
+    project_name,
     progress_regex,
     python_name,
     rank_list,
@@ -64,6 +65,7 @@ GROUPS = {
     "monitoring": "Metrics and resources",
     "data": "Data in, results out",
     "labels": "Labels and notifications",
+    "team": "Projects and the queue (team servers; docs/teams.md)",
     "tracking": "Experiment trackers (MLflow, TensorBoard, Weights & Biases)",
     "sweep": "Sweeps (a search space in the script's arguments)",
     "backend": "Backend options",
@@ -370,6 +372,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Send the outcome to URL (a webhook, Slack-compatible), mailto:ADDR[,ADDR] or desktop (repeatable, "
            "or comma-separated; job file: a list, or one string).", ("--notify",), group="labels",
            field="notify", metavar="TARGET", default_doc="the notify setting"),
+    # Projects and the queue
+    Option("project", Custom(expected="a project name", parser=project_name), "The project the job belongs to: "
+           "who sees it, whose quota and budget it counts against.", ("--project",), group="team", field="project",
+           metavar="NAME", default_doc="the project setting, else your default on the server, else default"),
+    Option("priority", Int(low=-1000, high=1000), "Its place in its project's queue: higher starts first, then "
+           "earlier submissions.", ("--priority",), group="team", field="priority", default=0, metavar="N"),
     # Experiment trackers
     Option("track", ListOf(item=Choice(choices=("mlflow", "tensorboard", "wandb"))),
            "Send the parsed metrics, resource samples, parameters and outcome to this tracker, one run per job "

@@ -275,6 +275,10 @@ class JobSpec:
     track_dir: str | None = None
     track_artifacts: bool = False
     track_config: Mapping[str, str] = field(default_factory=dict)
+    # Teams (issue 27): the project the job belongs to ("": the submitter's default, resolved by
+    # the face) and its place in that project's queue (higher first).
+    project: str = ""
+    priority: int = 0
 
     @property
     def state_key(self) -> str:

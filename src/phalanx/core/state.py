@@ -9,11 +9,15 @@
        |           |------> PRUNED        (a sweep stopped a hopeless trial early)
        |           |------> TIMEOUT       (--max-duration reached, or idle for --idle-timeout)
        |           '------> LOST          (the supervisor vanished: shown by reads, recorded by resume/stop)
-       '------------------> CANCELLED / FAILED (never started)
+       |------------------> CANCELLED / FAILED (never started)
+       '--> QUEUED --> RUNNING            (admission: over its project's quota until capacity frees)
+              '------> CANCELLED / FAILED / LOST (stopped while queued; its project deleted)
 
     FAILED / CANCELLED / PREEMPTED / TIMEOUT / LOST --(phalanx resume)--> PENDING
 
-Job-level retries happen inside RUNNING (the attempt number grows). The supervisor never
+A QUEUED job waits for its project's quota (``supervise/admission.py``): no process of it runs,
+and no supervisor needs to (a detached one exits and a new one is started when the queue
+admits the job). Job-level retries happen inside RUNNING (the attempt number grows). The supervisor never
 leaves a terminal state; only ``resume`` reopens a job (``can_resume``).
 """
 
@@ -24,6 +28,7 @@ from enum import Enum
 
 class JobState(str, Enum):
     PENDING = "PENDING"
+    QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     STOPPING = "STOPPING"
     SUCCEEDED = "SUCCEEDED"
@@ -44,7 +49,8 @@ RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, 
 _ENDS = {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PRUNED, JobState.TIMEOUT,
          JobState.LOST}
 _ALLOWED = {
-    JobState.PENDING: {JobState.RUNNING, JobState.STOPPING} | _ENDS,
+    JobState.PENDING: {JobState.RUNNING, JobState.STOPPING, JobState.QUEUED} | _ENDS,
+    JobState.QUEUED: {JobState.RUNNING, JobState.CANCELLED, JobState.FAILED, JobState.LOST},
     JobState.RUNNING: {JobState.STOPPING} | _ENDS,
     JobState.STOPPING: {JobState.CANCELLED, JobState.FAILED, JobState.SUCCEEDED, JobState.LOST},
 }

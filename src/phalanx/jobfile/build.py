@@ -58,6 +58,7 @@ def build_spec(opts: RunOptions, values: Values | None = None, resolve_jobs: boo
         health_check_cmd=v["health_check_cmd"],
         metrics=tuple(MetricDef(k, r) for k, r in (v["metrics"] or {}).items()),
         backend_options=_backend_options(v),
+        project=str(v["project"] or _config("project") or ""),
         **_labels(v),
         **_tracking(v),
         **_plain_fields(v),

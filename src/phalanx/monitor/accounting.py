@@ -89,7 +89,7 @@ def _spec_options(record: Any) -> tuple[dict[str, Any], int]:
     return dict(spec.get("backend_options") or {}), procs
 
 
-def _declared_gpus(backend: str, options: dict[str, Any]) -> tuple[int | None, str | None]:
+def declared_gpus(backend: str, options: dict[str, Any]) -> tuple[int | None, str | None]:
     """GPUs per node and their model as the job asked for them, or (None, None)."""
     if backend == "sagemaker":
         itype = str(options.get("instance_type") or "ml.m5.xlarge")
@@ -130,7 +130,7 @@ def job_usage(record: Any, now: float | None = None, prices: dict[str, float] | 
     paths = record.paths
     options, procs = _spec_options(record)
     nnodes = int(record.nnodes)
-    declared, model = _declared_gpus(record.backend, options)
+    declared, model = declared_gpus(record.backend, options)
     usage = Usage(instance_type=options.get("instance_type") if record.backend in ("sagemaker", "skypilot") else None)
     billed = _sagemaker_billed(paths) if record.backend == "sagemaker" else {}
     for attempt, start, end in _attempt_spans(record, paths, now):

@@ -26,7 +26,8 @@ QUIET = 60.0  # a stream silent this long (no heartbeat: server/stream.HEARTBEAT
 
 
 class Client:
-    def __init__(self, url: str, token: str | None, ca: str | None = None, timeout: float = TIMEOUT) -> None:
+    def __init__(self, url: str, token: str | None, ca: str | None = None, timeout: float = TIMEOUT,
+                 project: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError(f"'{url}' is not the URL of a phalanx server", "give it as https://HOST[:PORT]")
@@ -34,6 +35,7 @@ class Client:
         self.token = token
         self.ca = ca
         self.timeout = timeout
+        self.project = project  # --project: every call sees that project only (X-Phalanx-Project)
         self._host, self._port, self._tls = parts.hostname, parts.port, parts.scheme == "https"
         self._conn: http.client.HTTPConnection | None = None
         self._used = False  # the connection answered a request before (kept alive since)
@@ -63,6 +65,8 @@ class Client:
         headers = {"Accept": "application/json", "User-Agent": "phalanx-cli"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if self.project:
+            headers["X-Phalanx-Project"] = self.project
         payload: Any = None
         if body is not None:
             payload = json.dumps(body).encode()

@@ -23,6 +23,8 @@ from ..api.wire import ps_params
 from ..core.identity import Principal
 from ..core.spec import JobSpec
 from ..errors import PhalanxError, SecretError, UsageError
+from urllib.parse import quote
+
 from .client import Client, ref_path
 from .login import Login
 from .ship import Shipped, manifests, upload
@@ -31,9 +33,9 @@ Events = Callable[[str], None]
 
 
 class RemoteFace:
-    def __init__(self, login: Login) -> None:
+    def __init__(self, login: Login, project: str | None = None) -> None:
         self.login = login
-        self.client = Client(login.url, login.token, login.ca)
+        self.client = Client(login.url, login.token, login.ca, project=project)
         self.shipped: Shipped | None = None  # what the last submit sent (benchmarks read it)
         self._principal: Principal | None = None
 
@@ -41,7 +43,7 @@ class RemoteFace:
     def principal(self) -> Principal:
         if self._principal is None:
             me = self.whoami()
-            self._principal = Principal(user=me["user"], admin=bool(me["admin"]))
+            self._principal = Principal(user=me["user"], admin=bool(me["admin"]), projects=me.get("projects"))
         return self._principal
 
     def _job(self, ref: str, tail: str = "") -> str:
@@ -49,9 +51,12 @@ class RemoteFace:
 
     def _streamed(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
                   emit: Callable[[str], None] | None = None, events: Events | None = None,
-                  started: Callable[[dict[str, Any]], None] | None = None) -> Any:
+                  started: Callable[[dict[str, Any]], None] | None = None,
+                  progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
         for item in self.client.lines(method, path, params, body):
-            if "out" in item and emit is not None:
+            if "progress" in item and progress is not None:
+                progress(item["progress"])
+            elif "out" in item and emit is not None:
                 emit(item["out"])
             elif "event" in item and events is not None:
                 events(item["event"])
@@ -107,8 +112,40 @@ class RemoteFace:
     def artifacts(self, ref: str) -> dict[str, Any]:
         return self.client.call("GET", self._job(ref, "/artifacts"))  # type: ignore[no-any-return]
 
-    def usage(self, by: str, since: str | None = None) -> list[dict[str, Any]]:
-        return self.client.call("GET", "/usage", _given(by=by, since=since))  # type: ignore[no-any-return]
+    def usage(self, by: str, since: str | None = None, project: str | None = None) -> list[dict[str, Any]]:
+        return self.client.call("GET", "/usage", _given(by=by, since=since, project=project))  # type: ignore[no-any-return]
+
+    # -- teams -------------------------------------------------------------------------------------
+
+    def projects(self) -> list[dict[str, Any]]:
+        return self.client.call("GET", "/projects")  # type: ignore[no-any-return]
+
+    def members(self, project: str) -> list[dict[str, Any]]:
+        return self.client.call("GET", ref_path("projects", project, "/members"))  # type: ignore[no-any-return]
+
+    def project_add(self, name: str) -> dict[str, Any]:
+        return self.client.call("POST", "/projects", body={"name": name})  # type: ignore[no-any-return]
+
+    def project_rm(self, name: str) -> dict[str, Any]:
+        return self.client.call("DELETE", ref_path("projects", name))  # type: ignore[no-any-return]
+
+    def project_set(self, name: str, limits: dict[str, Any]) -> dict[str, Any]:
+        return self.client.call("PATCH", ref_path("projects", name), body=limits)  # type: ignore[no-any-return]
+
+    def member_set(self, project: str, user: str, role: str, new: bool = True) -> dict[str, Any]:
+        path = ref_path("projects", project, "/members/" + quote(user, safe=""))
+        return self.client.call("PUT", path, body={"role": role, "new": new})  # type: ignore[no-any-return]
+
+    def member_rm(self, project: str, user: str) -> dict[str, Any]:
+        return self.client.call("DELETE", ref_path("projects", project, "/members/" + quote(user, safe="")))  # type: ignore[no-any-return]
+
+    def project_use(self, name: str) -> dict[str, Any]:
+        return self.client.call("POST", ref_path("projects", name, "/use"))  # type: ignore[no-any-return]
+
+    def events(self, since: str | None = None, user: str | None = None, project: str | None = None,
+               before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return self.client.call("GET", "/events", _given(since=since, user=user, project=project, before=before,  # type: ignore[no-any-return]
+                                                          limit=limit))
 
     # -- verbs -------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ inputs, runs and sweeps) is ``submit.py``'s.
     POST   /jobs/{ref}/wait | /stop | /interrupt       (JSON lines while waiting)
     GET    /sweeps/{ref} | /sweeps/{ref}/trials?sort&column  sweep show, ps --trials [--sort] [-c]
     POST   /prune                            prune (admins)
-    GET    /usage?by&since                   usage
+    GET    /usage?by&since&project           usage
 """
 
 from __future__ import annotations
@@ -40,20 +40,25 @@ def _ref(request: Request) -> str:
 
 
 async def whoami(request: Request) -> Response:
+    """Who the token belongs to (what ``phalanx login`` asks: the audit log records a login)."""
+    from .auth import logged_in
+
+    if flag(request, "login"):
+        await call(request, lambda face: logged_in(face.principal, "phalanx login"))
     return await answer(request, lambda face: face.whoami())
 
 
 def ps(request: Request) -> Response:
     q = request.query_params
     unknown = sorted(set(q) - {"all", "wide", "mine", "name", "backend", "since", "search", "sort", "user", "states",
-                               "tags", "columns", "limit"})
+                               "tags", "columns", "limit", "project"})
     if unknown:
         raise UsageError(f"unknown parameter '{unknown[0]}' of ps", "see the API in docs/server.md")
     wanted = PsRequest(all=flag(request, "all"), states=tuple(q.getlist("states")), name=text(request, "name"),
                        backend=text(request, "backend"), tags=tuple(q.getlist("tags")), since=text(request, "since"),
                        search=text(request, "search"), sort=text(request, "sort"), columns=tuple(q.getlist("columns")),
                        limit=number(request, "limit"), wide=flag(request, "wide"), user=text(request, "user"),
-                       mine=flag(request, "mine"))
+                       mine=flag(request, "mine"), project=text(request, "project"))
 
     def work(face: LocalFace, sink: Sink) -> int:
         listing = face.ps(wanted)
@@ -189,8 +194,8 @@ async def prune(request: Request) -> Response:
 
 
 async def usage(request: Request) -> Response:
-    by, since = text(request, "by") or "name", text(request, "since")
-    return await answer(request, lambda face: face.usage(by, since))
+    by, since, project = text(request, "by") or "name", text(request, "since"), text(request, "project")
+    return await answer(request, lambda face: face.usage(by, since, project))
 
 
 def routes(prefix: str) -> list[Route]:

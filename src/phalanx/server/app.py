@@ -9,6 +9,7 @@ job files in the home, so replicas against one store answer alike.
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -24,8 +25,8 @@ from ..errors import NotAuthenticated, PhalanxError
 from ..web import pages
 from ..web import app as web
 from ..web.guard import COOKIE
-from . import api, calls, metrics, submit
-from .auth import Auth, FailedLogins, change_refusal, csrf_for, given_token
+from . import api, calls, metrics, submit, teams
+from .auth import Auth, FailedLogins, change_refusal, csrf_for, failed_login, given_token, logged_in
 
 
 def authenticate(token: str | None) -> Principal:
@@ -96,7 +97,10 @@ async def login(request: Request) -> Response:
         who = await anyio.to_thread.run_sync(authenticate, token, limiter=calls.LIMITER)
     except NotAuthenticated as exc:
         failures.failed(client)
+        if token:
+            await anyio.to_thread.run_sync(failed_login, token, client, str(exc), limiter=calls.LIMITER)
         return _html(pages.login_page(str(exc), target), 401)
+    await anyio.to_thread.run_sync(logged_in, replace(who, address=client), "the login page", limiter=calls.LIMITER)
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https", path="/")
     response.headers["Cache-Control"] = "no-store"
@@ -139,7 +143,8 @@ def create_app(requests: metrics.Requests | None = None, failures: FailedLogins 
         Route("/logout", logout, methods=["POST"]),
         *api.routes(PREFIX),
         *submit.routes(PREFIX),
+        *teams.routes(PREFIX),
         *web.routes(),
     ]
     app = Starlette(routes=routes, exception_handlers={PhalanxError: _error})
-    return metrics.Timed(Auth(app, authenticate, failures), requests)
+    return metrics.Timed(Auth(app, authenticate, failures, failed_login), requests)

@@ -23,6 +23,7 @@ import json
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -93,10 +94,11 @@ class Auth:
     NotAuthenticated (it reads the store: called in a thread)."""
 
     def __init__(self, app: Any, authenticate: Callable[[str | None], Principal],
-                 failures: FailedLogins | None = None) -> None:
+                 failures: FailedLogins | None = None, failed: Callable[[str, str, str], None] | None = None) -> None:
         self.app = app
         self.authenticate = authenticate
         self.failures = failures or FailedLogins()
+        self.failed = failed  # (token, client address, why): a failed login, for the audit log
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -128,6 +130,8 @@ class Auth:
         except NotAuthenticated as exc:
             if token:
                 self.failures.failed(client)
+                if self.failed is not None:
+                    await anyio.to_thread.run_sync(self.failed, token, client, str(exc))
             if not bearer and method == "GET" and not path.startswith("/api/"):
                 query = scope.get("query_string", b"").decode("latin-1")
                 target = path + (f"?{query}" if query else "")
@@ -141,9 +145,26 @@ class Auth:
             if refusal is not None:
                 await plain(send, 403, refusal, {})
                 return
-        state["principal"] = principal
+        state["principal"] = replace(principal, address=client)
         state["csrf"] = csrf_for(token)
         await self.app(scope, receive, with_headers(send))
+
+
+def failed_login(token: str, client: str, why: str) -> None:
+    """A token that did not work, in the audit log (whose it claims to be, never the token)."""
+    from ..api import audit, query
+    from ..api.users import token_owner
+
+    store = query.open_store()
+    audit.record(store, Principal(user=token_owner(store, token), address=client), "login", None, None, "denied",
+                 {"message": why})
+
+
+def logged_in(who: Principal, how: str) -> None:
+    """A login (the login page, ``phalanx login``), in the audit log."""
+    from ..api import audit, query
+
+    audit.record(query.open_store(), who, "login", who.user, None, "ok", {"by": how})
 
 
 def _bounded(receive: Any, limit: int) -> Any:

@@ -24,7 +24,9 @@ NDJSON = "application/x-ndjson"
 
 
 def principal(request: Request) -> Principal:
-    return request.scope["state"]["principal"]  # type: ignore[no-any-return]
+    """Who asks, narrowed to one project when the request says so (a command's ``--project``)."""
+    who: Principal = request.scope["state"]["principal"]
+    return who.narrowed(request.headers.get("x-phalanx-project") or None)
 
 
 def face(request: Request) -> LocalFace:

@@ -7,6 +7,9 @@
   ``--insecure-http`` that a TLS proxy stands in front.
 - At start, shipped code of submits that died before their job was recorded is removed
   (``shipping.sweep_orphans``); nothing else: jobs and their supervisors live on their own.
+- While it serves, a thread moves the projects' queues every few seconds (``admission.advance``:
+  capacity a vanished supervisor held is given back) and lets the audit log's retention expire
+  old events; a job's own end moves its queue at once, this is the safety net.
 """
 
 from __future__ import annotations
@@ -70,7 +73,54 @@ def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path 
                             ssl_certfile=str(cert) if cert else None, ssl_keyfile=str(key) if key else None,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    keeper = Housekeeping(warn)
+    keeper.start()
     try:
         server.run(sockets=[sock])
     finally:
+        keeper.stop()
         sock.close()
+
+
+class Housekeeping:
+    """The queues moved and old audit events expired, every ``every`` seconds, in a thread."""
+
+    every = 5.0
+
+    def __init__(self, warn: Callable[[str], None]) -> None:
+        import threading
+
+        self.warn = warn
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="phalanx-housekeeping", daemon=True)
+        self.told = False
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            try:
+                self.once()
+            except Exception as exc:  # noqa: BLE001 - the store may be away a while: say so once, go on
+                if not self.told:
+                    self.warn(f"phalanx server: housekeeping failed ({type(exc).__name__}: {exc}); retrying")
+                    self.told = True
+
+    def once(self) -> None:
+        import time
+
+        from .. import config
+        from ..api import query
+        from ..store import audit, tx
+        from ..supervise import admission
+
+        store = query.open_store()
+        admission.advance(store)
+        days = float(config.get("audit_retention_days") or 0)
+        if days > 0:
+            tx.atomic(store, lambda t: audit.expire(t, time.time() - days * 86400))
+        self.told = False

@@ -16,12 +16,13 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from ..core.state import RESUMABLE, TERMINAL, JobState, sources_of
 from ..errors import JobNotFound, StoreError
 from .engine import Engine, Tx
 from .keys import ACTIVE, decode_cursor, encode_cursor, prefix_range
+from .keys import scope as _scope
 from .records import COLUMNS, JobRecord, Page, from_row
 from .sqlite import SqliteEngine
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     import sqlite3
 
     from .sweeps import SweepTable
+    from .teams import ProjectTable
     from .users import UserTable
 
 # 8 hex digits: short to type and read; collisions are excluded by checking (``new_id``), not
@@ -148,6 +150,12 @@ class Store:
 
         return UserTable(self)
 
+    @property
+    def projects(self) -> "ProjectTable":
+        from .teams import ProjectTable
+
+        return ProjectTable(self)
+
     def trials(self, sweep_id: str) -> list[JobRecord]:
         """A sweep's trial jobs, in trial order."""
         return self._rows("WHERE sweep_id = ? ORDER BY trial, created_at", [sweep_id])
@@ -157,7 +165,7 @@ class Store:
         marks = ", ".join("?" for _ in RESUMABLE)
         changed = self._write(
             "UPDATE jobs SET state = ?, attempt = ?, ended_at = NULL, exit_code = NULL, root_cause = NULL,"
-            " retries = 0, supervisor_pid = ?, supervisor_started = ?"
+            " retries = 0, supervisor_pid = ?, supervisor_started = ?, admitted_at = NULL"
             f" WHERE id = ? AND state IN ({marks})",
             [JobState.PENDING.value, attempt, fields.get("supervisor_pid"), fields.get("supervisor_started"),
              job_id, *(s.value for s in RESUMABLE)],
@@ -175,27 +183,31 @@ class Store:
             raise JobNotFound(f"no job '{job_id}'", "list jobs with: phalanx ps --all")
         return rows[0]
 
-    def find(self, ref: str) -> JobRecord:
-        """A job by exact id, unique id prefix, or name (the latest job with that name)."""
-        exact = self._rows("WHERE id = ?", [ref])
+    def find(self, ref: str, projects: Sequence[str] | None = None) -> JobRecord:
+        """A job by exact id, unique id prefix, or name (the latest job with that name).
+        ``projects``: only jobs of these projects exist for this lookup (a principal's, see
+        ``core/identity.py``): the condition is part of each query, so a job of another project
+        is never read, counted in an ambiguity, or told apart from one that does not exist."""
+        scope, args = _scope(projects)
+        exact = self._rows(f"WHERE id = ?{scope}", [ref, *args])
         if exact:
             return exact[0]
-        by_prefix = self._by_prefix(ref)
+        by_prefix = self._by_prefix(ref, scope, args)
         if len(by_prefix) == 1:
             return by_prefix[0]
         if len(by_prefix) > 1:
             raise JobNotFound(f"job id prefix '{ref}' is ambiguous", "type more characters of the id")
-        by_name = self._rows("WHERE name = ? ORDER BY created_at DESC LIMIT 1", [ref])
+        by_name = self._rows(f"WHERE name = ?{scope} ORDER BY created_at DESC LIMIT 1", [ref, *args])
         if by_name:
             return by_name[0]
         raise JobNotFound(f"no job with id or name '{ref}'", "list jobs with: phalanx ps --all")
 
-    def _by_prefix(self, ref: str) -> list[JobRecord]:
+    def _by_prefix(self, ref: str, scope: str = "", args: Sequence[Any] = ()) -> list[JobRecord]:
         """At most two jobs whose id starts with ``ref``; ``3F2A`` finds ``3f2a...`` as well
         (ids are lower case, and the LIKE this range replaced ignored case)."""
         for text in dict.fromkeys((ref, ref.lower())):
             low, high = prefix_range(text)
-            rows = self._rows("WHERE id >= ? AND id < ? LIMIT 2", [low, high])
+            rows = self._rows(f"WHERE id >= ? AND id < ?{scope} LIMIT 2", [low, high, *args])
             if rows:
                 return rows
         return []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from ..core.rawtext import escaped
 from ..core.state import TERMINAL, JobState
 from ..errors import UsageError
@@ -40,3 +42,12 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         return float(created), row_id
     except ValueError:
         raise UsageError(f"invalid page cursor '{cursor}'", "pass the 'next' value of the previous page") from None
+
+
+def scope(projects: Sequence[str] | None) -> tuple[str, list[Any]]:
+    """The condition (and its parameters) that keeps a lookup inside ``projects`` (None: all)."""
+    if projects is None:
+        return "", []
+    if not projects:
+        return " AND 0 = 1", []
+    return f" AND project IN ({', '.join('?' for _ in projects)})", list(projects)

@@ -47,7 +47,7 @@ class Filter:
     search: str | None = None
     sweep: str | None = None  # the trials of this sweep instead of the top-level jobs
     user: str | None = None
-    projects: tuple[str, ...] = ()
+    projects: tuple[str, ...] | None = None  # None: any project; (): none at all
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,8 @@ def _terms(db: Engine, f: Filter, alias: str = "j", sweeps: bool = False) -> tup
     if f.user is not None:
         where.append(f"{alias}.user_name = ?")
         params.append(f.user)
-    if f.projects:
-        where.append(f"{alias}.project IN ({', '.join('?' for _ in f.projects)})")
+    if f.projects is not None:
+        where.append(f"{alias}.project IN ({', '.join('?' for _ in f.projects)})" if f.projects else "0 = 1")
         params.extend(f.projects)
     if f.since is not None:
         where.append(f"{alias}.created_at >= ?")
@@ -320,20 +320,29 @@ def usage_sum(store: Store, sweep_id: str | None = None, name: str | None = None
     return {"gpu_hours": row[0], "cpu_hours": row[1], "cost": row[2], "jobs": row[3]}
 
 
-GROUPS = ("name", "backend", "sweep", "state", "day", "user")
+GROUPS = ("name", "backend", "sweep", "state", "day", "user", "project")
 _GROUP_SQL = {"name": "COALESCE((SELECT s.name FROM sweeps s WHERE s.id = j.sweep_id), j.name)", "backend": "j.backend",
-              "sweep": "COALESCE(j.sweep_id, '-')", "state": "j.state", "user": "COALESCE(j.user_name, '-')"}
+              "sweep": "COALESCE(j.sweep_id, '-')", "state": "j.state", "user": "COALESCE(j.user_name, '-')",
+              "project": "j.project"}
 
 
-def usage_totals(store: Store, by: str, since: float | None = None) -> list[dict[str, Any]]:
+def usage_totals(store: Store, by: str, since: float | None = None,
+                 projects: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Recorded usage grouped by ``by`` (one of GROUPS; ``name`` counts a sweep's trials under
-    the sweep's name), biggest GPU-hours first. One pass over the jobs."""
+    the sweep's name), biggest GPU-hours first. One pass over the jobs (``projects``: of these)."""
     group = store.engine.day("j.created_at") if by == "day" else _GROUP_SQL[by]
-    where = "WHERE j.created_at >= ?" if since is not None else ""
+    terms: list[str] = []
+    params: list[Any] = []
+    if since is not None:
+        terms.append("j.created_at >= ?")
+        params.append(since)
+    if projects is not None:
+        terms.append(f"j.project IN ({', '.join('?' for _ in projects)})" if projects else "0 = 1")
+        params.extend(projects)
+    where = f"WHERE {' AND '.join(terms)}" if terms else ""
     rows = store.engine.rows(
         f"SELECT {group} AS g, COUNT(*), SUM(j.gpu_hours), SUM(j.cpu_hours), SUM(j.cost) FROM jobs j {where} "
-        "GROUP BY g ORDER BY SUM(j.gpu_hours) DESC NULLS LAST, SUM(j.cpu_hours) DESC NULLS LAST, g",
-        [since] if since is not None else [])
+        "GROUP BY g ORDER BY SUM(j.gpu_hours) DESC NULLS LAST, SUM(j.cpu_hours) DESC NULLS LAST, g", params)
     return [{"group": g, "jobs": n, "gpu_hours": gpu or 0.0, "cpu_hours": cpu or 0.0, "cost": cost} for g, n, gpu, cpu, cost in rows]
 
 

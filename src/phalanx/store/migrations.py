@@ -150,4 +150,66 @@ MIGRATIONS: tuple[str, ...] = (
         revoked_at REAL
     );
     """,
+    # 8: teams (issue 27). Projects with their quotas (concurrent GPUs, CPUs, jobs), a monthly
+    # budget (GPU-hours or money) and the cluster queues that enforce them (a Kueue LocalQueue, a
+    # SLURM account and QOS); who is in each and with which role; a user's default project; the
+    # audit log, append-only (a trigger refuses every UPDATE; retention deletes old rows); and
+    # per job its priority, what it asks for (GPUs, CPUs) and when admission let it start
+    # (admitted_at: it holds its share of the quota from then until it ends). Every existing
+    # user is a member of 'default', where every job so far is: nothing they saw disappears.
+    # jobs_queue: a project's queue in admission order (its head is read without sorting the
+    # rest); jobs_holding: what a project's admitted jobs hold (not a scan of all its jobs);
+    # jobs_project: `ps --project`, budgets. The queries spell the partial indexes' conditions
+    # as literals (queue.py), as SQLite needs to use them.
+    """
+    CREATE TABLE projects (
+        name TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        max_gpus INTEGER,
+        max_cpus INTEGER,
+        max_jobs INTEGER,
+        budget REAL,
+        budget_unit TEXT,
+        kueue_queue TEXT,
+        slurm_account TEXT,
+        slurm_qos TEXT,
+        version INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO projects (name, created_at) VALUES ('default', CAST(strftime('%s', 'now') AS REAL));
+    CREATE TABLE members (
+        project TEXT NOT NULL,
+        user_name TEXT NOT NULL,
+        role TEXT NOT NULL,
+        added_at REAL NOT NULL,
+        PRIMARY KEY (project, user_name)
+    );
+    INSERT INTO members (project, user_name, role, added_at)
+        SELECT 'default', name, 'member', created_at FROM users WHERE revoked_at IS NULL;
+    ALTER TABLE users ADD COLUMN default_project TEXT;
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        user_name TEXT NOT NULL,
+        address TEXT,
+        action TEXT NOT NULL,
+        target TEXT,
+        project TEXT,
+        outcome TEXT NOT NULL,
+        detail TEXT
+    );
+    CREATE INDEX events_at ON events (at);
+    CREATE INDEX events_project ON events (project, at);
+    CREATE TRIGGER events_append_only BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN cpus INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN admitted_at REAL;
+    ALTER TABLE sweeps ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX jobs_queue ON jobs (project, priority DESC, created_at, id)
+        WHERE state = 'QUEUED' AND admitted_at IS NULL;
+    CREATE INDEX jobs_holding ON jobs (project)
+        WHERE admitted_at IS NOT NULL AND state IN ('PENDING', 'QUEUED', 'RUNNING', 'STOPPING');
+    CREATE INDEX jobs_project ON jobs (project, created_at, id);
+    """,
 )

@@ -150,4 +150,62 @@ PG_MIGRATIONS: tuple[str, ...] = (
         revoked_at DOUBLE PRECISION
     );
     """,
+    # 8: teams (issue 27): projects with quotas, budget and cluster queues; members; a user's
+    # default project; the audit log, append-only (a trigger refuses every UPDATE); per job its
+    # priority, GPUs, CPUs and when admission let it start (see migrations.py)
+    f"""
+    CREATE TABLE projects (
+        name {T} PRIMARY KEY,
+        created_at DOUBLE PRECISION NOT NULL,
+        max_gpus BIGINT,
+        max_cpus BIGINT,
+        max_jobs BIGINT,
+        budget DOUBLE PRECISION,
+        budget_unit {T},
+        kueue_queue {T},
+        slurm_account {T},
+        slurm_qos {T},
+        version BIGINT NOT NULL DEFAULT 0
+    );
+    INSERT INTO projects (name, created_at) VALUES ('default', extract(epoch FROM now()));
+    CREATE TABLE members (
+        project {T} NOT NULL,
+        user_name {T} NOT NULL,
+        role {T} NOT NULL,
+        added_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (project, user_name)
+    );
+    INSERT INTO members (project, user_name, role, added_at)
+        SELECT 'default', name, 'member', created_at FROM users WHERE revoked_at IS NULL;
+    ALTER TABLE users ADD COLUMN default_project {T};
+    CREATE TABLE events (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at DOUBLE PRECISION NOT NULL,
+        user_name {T} NOT NULL,
+        address {T},
+        action {T} NOT NULL,
+        target {T},
+        project {T},
+        outcome {T} NOT NULL,
+        detail {T}
+    );
+    CREATE INDEX events_at ON events (at);
+    CREATE INDEX events_project ON events (project, at);
+    CREATE FUNCTION phalanx_events_append_only() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+    BEGIN
+        RAISE EXCEPTION 'the audit log is append-only';
+    END $$;
+    CREATE TRIGGER events_append_only BEFORE UPDATE ON events
+        FOR EACH ROW EXECUTE FUNCTION phalanx_events_append_only();
+    ALTER TABLE jobs ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN gpus BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN cpus BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN admitted_at DOUBLE PRECISION;
+    ALTER TABLE sweeps ADD COLUMN priority BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX jobs_queue ON jobs (project, priority DESC, created_at, id)
+        WHERE state = 'QUEUED' AND admitted_at IS NULL;
+    CREATE INDEX jobs_holding ON jobs (project)
+        WHERE admitted_at IS NOT NULL AND state IN ('PENDING', 'QUEUED', 'RUNNING', 'STOPPING');
+    CREATE INDEX jobs_project ON jobs (project, created_at, id);
+    """,
 )

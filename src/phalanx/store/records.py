@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
 COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
     "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries "
-    "sweep_id trial params_json objective gpu_hours cpu_hours cost user_name project"
+    "sweep_id trial params_json objective gpu_hours cpu_hours cost user_name project priority gpus cpus admitted_at"
 ).split()
 
 
@@ -52,6 +52,10 @@ class JobRecord:
     cost: float | None = None
     user_name: str | None = None  # who submitted it (None: a job from before users were recorded)
     project: str = "default"
+    priority: int = 0  # --priority: a project's queue admits higher first, then by submission
+    gpus: int = 0  # what it asks for, counted against its project's quota (supervise/admission.py)
+    cpus: int = 0
+    admitted_at: float | None = None  # when admission let it start (it holds its share until it ends)
 
     @property
     def topology(self) -> str:

@@ -7,11 +7,12 @@ import json
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.state import RESUMABLE, JobState
 from ..errors import JobNotFound
 from .keys import ACTIVE, prefix_range
+from .keys import scope as in_projects
 from .sql import Writer
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
     "best_params command topology spec_json settings_json sweep_dir created_at started_at ended_at "
-    "supervisor_pid supervisor_started user_name project"
+    "supervisor_pid supervisor_started user_name project priority"
 ).split()
 
 
@@ -52,6 +53,7 @@ class SweepRecord:
     supervisor_started: float | None
     user_name: str | None = None  # who submitted it
     project: str = "default"
+    priority: int = 0  # its trials' (--priority)
 
     @property
     def progress(self) -> str:
@@ -125,12 +127,14 @@ class SweepTable:
             raise JobNotFound(f"no sweep '{sweep_id}'", "list sweeps with: phalanx ps --all")
         return rows[0]
 
-    def find(self, ref: str) -> SweepRecord | None:
-        """By id, unique id prefix, or name (latest); None when nothing matches."""
+    def find(self, ref: str, projects: Sequence[str] | None = None) -> SweepRecord | None:
+        """By id, unique id prefix, or name (latest); None when nothing matches. ``projects``:
+        only sweeps of these exist for the lookup (as ``Store.find``)."""
+        scope, extra = in_projects(projects)
         low, high = prefix_range(ref)
         for sql, args in (("WHERE id = ?", [ref]), ("WHERE id >= ? AND id < ?", [low, high]),
                           ("WHERE name = ?", [ref])):
-            rows = self._rows(f"{sql} ORDER BY created_at DESC LIMIT 2", args)
+            rows = self._rows(f"{sql}{scope} ORDER BY created_at DESC LIMIT 2", [*args, *extra])
             if len(rows) == 1 or (rows and sql.startswith("WHERE name")):
                 return rows[0]
             if len(rows) > 1:

@@ -16,11 +16,12 @@ class UserRecord:
     admin: bool
     created_at: float
     revoked_at: float | None
+    default_project: str | None = None  # where their jobs go when they name none (issue 27)
     tokens: int = 0  # live tokens (``list``)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "admin": self.admin, "created_at": self.created_at,
-                "revoked_at": self.revoked_at, "tokens": self.tokens}
+                "revoked_at": self.revoked_at, "default_project": self.default_project, "tokens": self.tokens}
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class TokenRecord:
     revoked_at: float | None
 
 
-_USER = "u.name, u.admin, u.created_at, u.revoked_at"
+_USER = "u.name, u.admin, u.created_at, u.revoked_at, u.default_project"
 _TOKEN = "t.id, t.user_name, t.salt, t.hash, t.created_at, t.revoked_at"
 
 
@@ -66,6 +67,9 @@ class UserTable:
         self._store._write("INSERT INTO tokens (id, user_name, salt, hash, created_at) VALUES (?, ?, ?, ?, ?)",
                            [token.id, token.user_name, token.salt, token.hash, token.created_at])
 
+    def set_default_project(self, name: str, project: str | None) -> bool:
+        return self._store._write("UPDATE users SET default_project = ? WHERE name = ?", [project, name]) == 1
+
     def revoke_tokens(self, name: str, at: float, keep: str | None = None) -> int:
         """Revoke the user's live tokens (but ``keep``, the one just made by a rotation)."""
         return self._store._write("UPDATE tokens SET revoked_at = ? WHERE user_name = ? AND revoked_at IS NULL AND id <> ?",
@@ -80,7 +84,7 @@ class UserTable:
     def list(self) -> list[UserRecord]:
         rows = self._read(f"SELECT {_USER}, (SELECT COUNT(*) FROM tokens t WHERE t.user_name = u.name "
                           "AND t.revoked_at IS NULL) FROM users u ORDER BY u.name", [])
-        return [_user(row[:4], int(row[4])) for row in rows]
+        return [_user(row[:5], int(row[5])) for row in rows]
 
     def token(self, token_id: str) -> tuple[TokenRecord, UserRecord] | None:
         """A token by its public id, with its user: one indexed row."""
@@ -96,4 +100,5 @@ class UserTable:
 
 
 def _user(row: tuple[Any, ...], tokens: int = 0) -> UserRecord:
-    return UserRecord(name=row[0], admin=bool(row[1]), created_at=row[2], revoked_at=row[3], tokens=tokens)
+    return UserRecord(name=row[0], admin=bool(row[1]), created_at=row[2], revoked_at=row[3], default_project=row[4],
+                      tokens=tokens)

@@ -52,28 +52,36 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..store import JobRecord, Store
-from . import endings, history, leaveout, leftover, liveness, staging, tracking
+from . import admission, endings, history, leaveout, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
 from .submit import plan_attempt
 
 Events = Callable[[str], None]
+QUEUE_POLL = 0.25  # seconds between looks at the store while a job waits in its queue
+QUEUE_MOVE = 5.0  # seconds between a waiting job's own moves of its queue (no server moves it here)
 
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
-              console: Console | None = None, output_closed: threading.Event | None = None) -> int:
+              console: Console | None = None, output_closed: threading.Event | None = None,
+              wait_queued: bool = True) -> int | None:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
     the terminal a lone process is lent (a foreground run). ``output_closed``: set when the
     reader of the ranks' streamed output went away; the job then ends as python's broken pipe
     would end it (the ranks are stopped; FAILED, exit 1, never retried: ``outcome.output_closed``).
+    A job its project's quota queues is waited for (``wait_queued``), or left to the queue: None
+    is returned at once, and a new supervisor is started when the queue admits it
+    (``admission.advance``).
 
     Blocking; main thread only (it handles signals).
     """
     run = JobRun(store, home, record, plan, events)
     run.backend.console = console
     with ChildWatcher() as watcher:
-        run.start()
+        run.start(wait_queued=wait_queued)
+        if run.queued is not None and not wait_queued:
+            return None
         seen = 0
         closing = False
         while not run.done:
@@ -139,6 +147,9 @@ class JobRun:
         self.attempt: AttemptRun | None = None
         self._sync: Any = None
         self._reserve: disk.Reserve | None = None
+        self.queued: admission.Decision | None = None  # waiting in its project's queue
+        self._identity: dict[str, Any] | None = None
+        self._moved_at = 0.0  # when this waiting job last moved its queue (``admission.advance``)
         self.ran = 0.0  # seconds the job's nodes have run, over its attempts (--max-duration)
         self.keeper: Any = None  # versions of the state directory (--keep-states)
         self.objective = _objective(store, record)
@@ -147,16 +158,53 @@ class JobRun:
     def done(self) -> bool:
         return self.exit_code is not None
 
-    def start(self, identity: dict[str, Any] | None = None) -> None:
+    def start(self, identity: dict[str, Any] | None = None, wait_queued: bool = True) -> None:
+        """Admission first (``admission.py``): the job starts now, or waits QUEUED (``queued``)
+        and starts from ``tick`` once admitted; with ``wait_queued`` False nobody waits here."""
+        self._identity = identity
+        decision = admission.admit(self.store, self.record, (identity or liveness.identity()) if wait_queued else None)
+        if decision.never:
+            self.store.transition(self.record.id, JobState.FAILED, exit_code=1,
+                                  root_cause=json.dumps({"message": f"could not start: {decision.reason}", "exitcode": 1}))
+            self.say(f"could not start: {decision.reason}")
+            self.exit_code = 1
+            return
+        if not decision.admitted:
+            self.queued = decision
+            self.say(f"queued: {decision.reason} (place {decision.place}); it starts by itself when capacity frees")
+            self._moved_at = time.monotonic()
+            admission.advance(self.store, [self.record.project])  # a share freed unseen: the queue moves now
+            return
+        self._begin()
+
+    def _begin(self) -> None:
         try:
-            self._start(identity)
+            self._start(self._identity)
         except Exception as exc:
             if not disk.is_full(exc):
                 raise
             self._disk_full(exc)
 
+    def _still_queued(self) -> bool:
+        """Whether the job still waits in its queue; once admitted it starts, once ended (stopped
+        while queued, its project removed) this run is done."""
+        if time.monotonic() - self._moved_at > QUEUE_MOVE:  # holders whose supervisor vanished give back
+            self._moved_at = time.monotonic()
+            admission.advance(self.store, [self.record.project])
+        now = self.store.get(self.record.id)
+        if now.state is JobState.QUEUED and now.admitted_at is None:
+            return True
+        self.queued = None
+        if now.state is JobState.QUEUED or now.state is JobState.PENDING:
+            self.record = now
+            self.say("admitted: starting")
+            self._begin()
+        else:
+            self.exit_code = now.exit_code if now.exit_code is not None else 1
+        return False
+
     def _start(self, identity: dict[str, Any] | None) -> None:
-        if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt,
+        if not self.store.transition(self.record.id, JobState.RUNNING, attempt=self.plan.attempt, admitted_at=time.time(),
                                      **(identity or liveness.identity())):
             self.exit_code = 1  # stopped before it started
             return
@@ -232,7 +280,16 @@ class JobRun:
 
     def stop(self, reason: StopReason, signum: int = signal.SIGTERM, now: bool = False) -> None:
         """Stop the current attempt: cancelled, preempted or pruned. A second call, or ``now``
-        (``phalanx stop --now``), kills without the grace period."""
+        (``phalanx stop --now``), kills without the grace period. A job still queued is CANCELLED
+        at once (nothing of it runs)."""
+        if self.queued is not None and not self.done:
+            code = 128 + int(signum)
+            cause = json.dumps({"message": f"cancelled while queued ({signal_name(code)})", "exitcode": code})
+            self.store.transition(self.record.id, JobState.CANCELLED, exit_code=code, root_cause=cause)
+            self.queued = None
+            self.exit_code = code
+            admission.advance(self.store, [self.record.project])
+            return
         if self.done or self.attempt is None:
             return
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
@@ -241,9 +298,13 @@ class JobRun:
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""
+        if self.queued is not None:
+            return QUEUE_POLL
         return self.attempt.wait_hint() if self.attempt is not None else 0.0
 
     def tick(self) -> None:
+        if self.queued is not None and not self.done and self._still_queued():
+            return
         if self.done or self.attempt is None:
             return
         try:
@@ -398,6 +459,7 @@ class JobRun:
         self.exit_code = record_end(self.store, self.record, outcome)
         if self._reserve is not None:
             self._reserve.release()
+        admission.advance(self.store, [self.record.project])  # its share of the quota is free: the queue moves
         endings.job_ended(self, outcome)  # usage, metric summary, notification
 
 

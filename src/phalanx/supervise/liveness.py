@@ -57,11 +57,15 @@ def alive(pid: int | None, started: float | None) -> bool:
 
 
 def is_lost(row: JobRecord | SweepRecord, now: float | None = None) -> bool:
-    """The store says it runs, but nothing supervises it any more. Asks the OS; writes nothing."""
+    """The store says it runs, but nothing supervises it any more. Asks the OS; writes nothing.
+    A job waiting in its project's queue needs no supervisor (``admission.py``) until admitted."""
     if is_terminal(row.state) or row.supervisor_pid == ELSEWHERE:
         return False
+    admitted = getattr(row, "admitted_at", None)
+    if row.state is JobState.QUEUED and (admitted is None or (now or time.time()) - admitted < START_GRACE):
+        return False  # waiting, or admitted and its supervisor starting
     if row.supervisor_pid is None:
-        return (now or time.time()) - row.created_at >= START_GRACE
+        return (now or time.time()) - max(row.created_at, admitted or 0.0) >= START_GRACE
     return not alive(row.supervisor_pid, row.supervisor_started)
 
 

@@ -100,8 +100,14 @@ def create_job(store: Store, home: HomePaths, spec: JobSpec, plan: Plan, inputs:
     ``jobs/`` inside the transaction that inserts the row, so a crash or a full disk leaves no
     job directory without its row nor the reverse (``clear_staging`` removes what a killed
     submit left in ``staging/``)."""
+    from ..core.identity import DEFAULT_PROJECT
+    from .admission import needs
+
     spec = for_job(spec, plan.job_id)
     columns.setdefault("user_name", config.user())
+    columns.setdefault("project", spec.project or DEFAULT_PROJECT)
+    columns.setdefault("priority", spec.priority)
+    columns["gpus"], columns["cpus"] = needs(spec)
     spec_json = json.dumps(spec.to_dict(), sort_keys=True)
     plan_json = plan.to_json()
     needed = disk.RESERVE_BYTES + 2 * len(spec_json) + len(plan_json) + 64 * 1024  # + a few store pages

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from .. import config
 from ..backends.registry import get_backend
 from ..core.contracts import OutcomeKind, StopReason
+from ..core.identity import DEFAULT_PROJECT
 from ..core.paths import HomePaths
 from ..core.spec import Entrypoint, JobSpec
 from ..core.state import JobState, is_terminal
@@ -66,6 +67,7 @@ class SweepRunner:
         self.total = self.strategy.total
         # Trials whose processes run here: whether two of them write one file is seen as they run.
         self.collisions = Collisions(self.say) if get_backend(self.spec.backend).local_slots else None
+        self.over_budget = ""  # why no more trials start: the project's budget is spent
 
     def run(self) -> int:
         """Blocking; main thread. Returns 0 when every trial ended, else the stop's exit code."""
@@ -87,7 +89,12 @@ class SweepRunner:
                         stop_kind = self._stop_kind(stop_signal)
                     for trial in running.values():
                         trial.run.stop(stop_kind if isinstance(stop_kind, StopReason) else StopReason.CANCELLED, stop_signal)
-                while stop_kind is None and free and todo:
+                # Trial by trial: while one waits in its project's queue no other is started (a quota
+                # of 4 GPUs runs a 32-trial sweep 4 at a time), and none once the budget is spent.
+                while stop_kind is None and free and todo and not self.over_budget and \
+                        not any(t.run.queued for t in running.values()):
+                    if self._over_budget():
+                        break
                     number = todo.pop(0)
                     slot = free.pop(0)
                     running[number] = self._launch(number, slot, identity)
@@ -103,16 +110,31 @@ class SweepRunner:
                             stop_kind = "failed"
                             for other in running.values():
                                 other.run.stop(StopReason.CANCELLED)
-                if not running and (stop_kind is not None or not todo):
+                if not running and (stop_kind is not None or not todo or self.over_budget):
                     break
                 self._look_for_collisions(running)
                 if freed and todo and stop_kind is None:
                     continue  # a slot just freed up: fill it now, not after the next wake-up
                 hints = [t.run.wait_hint() for t in running.values()] or [0.0]
                 watcher.wait(min(hints))
+        if self.over_budget and todo and stop_kind is None:
+            stop_kind = "failed"  # trials it could not start: the sweep did not finish
         code = self._finish(stop_kind, stop_signal)
         endings.sweep_ended(self.store, self.sweep.id, self.say)  # notify
         return code
+
+    def _over_budget(self) -> bool:
+        """The next trial would cross its project's budget: no more start (those running finish)."""
+        from ..errors import OverBudget
+        from ..supervise.budget import check_job
+
+        try:
+            check_job(self.store, self.spec)
+        except OverBudget as exc:
+            self.over_budget = str(exc)
+            self.say(f"no more trials start: {exc}")
+            return True
+        return False
 
     def _todo(self) -> list[int]:
         """Trial numbers still to run: all of them, less those that ended in an earlier run."""
@@ -195,7 +217,7 @@ class SweepRunner:
     def _follow_metrics(self, trial: _Trial) -> None:
         """Feed the objective's values by step to the pruner; stop the trial if it says so."""
         name = self.settings.objective
-        if not name:
+        if not name or trial.run.queued is not None:
             return
         from ..monitor.readback import read_since
 
@@ -332,7 +354,7 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         direction=settings.direction, total=strategy.total, command=command,
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
-        user_name=user or config.user(),
+        user_name=user or config.user(), project=spec.project or DEFAULT_PROJECT, priority=spec.priority,
     )
     if spec.tags:
         from ..store.listing import set_tags

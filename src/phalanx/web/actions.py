@@ -23,6 +23,7 @@ from ..store.sweeps import SweepRecord
 
 JOB_ACTIONS = ("stop", "resume", "retry", "delete")
 SWEEP_ACTIONS = ("stop", "resume", "delete")
+AUDITED_AS = {"delete": "rm", "retry": "submit"}  # a refused button's event, as the face's verb names it
 _running: list[threading.Thread] = []
 
 
@@ -54,8 +55,8 @@ def job_action(face: LocalFace, ref: str, action: str, log: Callable[[str], None
 
     if action not in JOB_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(JOB_ACTIONS)}")
-    record = query.get_job(ref)
-    face.check_may_act("job", record.id, record.user_name, "delete" if action == "delete" else action)
+    record = face.record(ref)
+    face.check_audited(AUDITED_AS.get(action, action), "job", record.id, record.user_name, action, record.project)
     if action == "stop":
         if is_terminal(record.state):
             raise Conflict(f"job {record.id} already ended ({record.state.value}): there is nothing to stop",
@@ -124,10 +125,10 @@ def sweep_action(face: LocalFace, ref: str, action: str, log: Callable[[str], No
 
     if action not in SWEEP_ACTIONS:
         raise UsageError(f"unknown action '{action}'", f"actions: {', '.join(SWEEP_ACTIONS)}")
-    sweep = query.find_sweep(ref)
+    sweep = face.find_sweep(ref)
     if sweep is None:
         raise JobNotFound(f"no sweep '{ref}'", "list sweeps with: phalanx ps --all")
-    face.check_may_act("sweep", sweep.id, sweep.user_name, "delete" if action == "delete" else action)
+    face.check_audited(AUDITED_AS.get(action, action), "sweep", sweep.id, sweep.user_name, action, sweep.project)
     if action == "stop":
         if is_terminal(sweep.state):
             raise Conflict(f"sweep {sweep.id} already ended ({sweep.state.value}): there is nothing to stop",
@@ -161,6 +162,6 @@ def sweep_detail(sweep: SweepRecord, face: LocalFace | None = None) -> dict[str,
     data["terminal"] = is_terminal(sweep.state)
     data["actions"] = ["stop"] if not is_terminal(sweep.state) else (
         ["resume", "delete"] if sweep.state in RESUMABLE else ["delete"])
-    if face is not None and not face.principal.may_act_on(sweep.user_name):
+    if face is not None and not face.principal.may_act_on(sweep.user_name, sweep.project):
         data["actions"] = []
     return data

@@ -28,7 +28,8 @@ from . import actions, jobview, pages
 from .guard import Guard
 
 STATIC = Path(__file__).parent / "static"
-LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view", "user", "mine"}
+LIST_PARAMS = {"state", "name", "backend", "tag", "since", "q", "sort", "columns", "limit", "after", "view", "user", "mine",
+               "project"}
 
 
 def plotly_js() -> Path:
@@ -65,7 +66,8 @@ def _face(request: Request) -> LocalFace:
 
 
 def _record(request: Request) -> JobRecord:
-    return query.get_job(request.path_params["job"])
+    """The job of the URL, as the person asking may see it (another project's: 404, as none)."""
+    return _face(request).record(request.path_params["job"])
 
 
 class ShownJSON(JSONResponse):
@@ -105,25 +107,55 @@ def _list_query(request: Request, sweeps: bool = False) -> Any:
     user = principal(request).user if q.get("mine") == "1" else q.get("user")
     wanted = build_query(states=q.getlist("state"), name=q.get("name"), backend=q.get("backend"), tags=q.getlist("tag"),
                         since=q.get("since"), search=q.get("q"), sort=q.get("sort"), columns=q.getlist("columns"),
-                        sweeps=sweeps, user=user)
+                        sweeps=sweeps, user=user, projects=_face(request)._projects_asked(q.get("project") or None))
     if not sweeps:
         check_metrics(query.open_store(), wanted.columns, wanted.sort)
     return wanted
 
 
 def api_jobs(request: Request) -> Response:
-    """A page of jobs (``?limit=``, default 50), filtered (``state name backend tag since q``),
-    sorted (``sort``) with metric ``columns``; the header ``X-Next-Page`` holds the cursor of
-    the next page (``?after=``) when there are more."""
+    """A page of jobs (``?limit=``, default 50), filtered (``state name backend tag since q
+    project``), sorted (``sort``) with metric ``columns``; the header ``X-Next-Page`` holds the
+    cursor of the next page (``?after=``) when there are more. A queued job carries its place in
+    its project's queue and why it waits."""
     from ..api.lists import page
 
     wanted = _list_query(request)
     limit = max(1, min(_int(request, "limit", 50) or 50, 1000))
-    rows, after = page(query.open_store(), wanted, limit, request.query_params.get("after") or None)
+    store = query.open_store()
+    rows, after = page(store, wanted, limit, request.query_params.get("after") or None)
+    _queue_places(store, rows)
     response = _json(rows)
     if after is not None:
         response.headers["X-Next-Page"] = after
     return response
+
+
+def _queue_places(store: Any, rows: list[dict[str, Any]]) -> None:
+    from ..supervise.admission import places
+
+    waiting = [r for r in rows if r.get("state") == "QUEUED"]
+    if not waiting:
+        return
+    found = places(store, {r["project"] for r in waiting})
+    for row in waiting:
+        place = found.get(row["id"])
+        if place is not None:
+            row["queue_place"], row["queue_length"] = place
+
+
+def api_events(request: Request) -> Response:
+    """The audit log, newest first (``?since user project before limit``): project admins see
+    their projects' events, server admins all, others get 403."""
+    q = request.query_params
+    found = _face(request).events(since=q.get("since") or None, user=q.get("user") or None,
+                                  project=q.get("project") or None, before=_int(request, "before"),
+                                  limit=max(1, min(_int(request, "limit", 100) or 100, 1000)))
+    return _json(found)
+
+
+def page_events(request: Request) -> Response:
+    return _html(pages.events_page(_csrf(request), _who(request)))
 
 
 def api_jobs_count(request: Request) -> Response:
@@ -155,8 +187,11 @@ def api_meta(request: Request) -> Response:
 
     store = query.open_store()
     me = principal(request)
+    mine = {p: me.role(p) for p in sorted(me.projects)} if not me.everywhere and me.projects is not None \
+        else {p.name: "admin" for p in store.projects.all()}
     return _json({"states": list(STATES), "backends": sorted(known()), "metrics": metric_names(store),
-                  "tag_keys": tag_keys(store), "user": me.user, "admin": me.admin, "local": me.local})
+                  "tag_keys": tag_keys(store), "user": me.user, "admin": me.admin, "local": me.local,
+                  "projects": mine, "events": me.local or me.admin or any(r == "admin" for r in mine.values())})
 
 
 # -- one job -------------------------------------------------------------------------------------
@@ -235,7 +270,8 @@ def _compare_records(request: Request) -> list[JobRecord]:
     refs = [r for r in request.query_params.get("jobs", "").split(",") if r.strip()]
     if not refs:
         raise UsageError("no jobs to compare", "pass ?jobs=ID1,ID2")
-    return [query.get_job(r.strip()) for r in refs[:20]]
+    face = _face(request)
+    return [face.record(r.strip()) for r in refs[:20]]
 
 
 def api_compare(request: Request) -> Response:
@@ -248,7 +284,7 @@ def api_compare(request: Request) -> Response:
 
 
 def _sweep(request: Request) -> Any:
-    sweep = query.find_sweep(request.path_params["sweep"])
+    sweep = _face(request).find_sweep(request.path_params["sweep"])
     if sweep is None:
         raise JobNotFound(f"no sweep '{request.path_params['sweep']}'", "list sweeps with: phalanx ps --all")
     return sweep
@@ -342,6 +378,8 @@ def routes() -> list[Route]:
         Route("/jobs/{job}", page_job, methods=get),
         Route("/sweeps/{sweep}", page_sweep, methods=get),
         Route("/compare", page_compare, methods=get),
+        Route("/events", page_events, methods=get),
+        Route("/api/events", api_events, methods=get),
         Route("/api/jobs", api_jobs, methods=get),
         Route("/api/jobs/count", api_jobs_count, methods=get),
         Route("/api/meta", api_meta, methods=get),
@@ -360,6 +398,7 @@ def routes() -> list[Route]:
         Route("/static/plotly.min.js", static_plotly, methods=get),
         *(Route(f"/static/{name}", _static(name, kind), methods=get) for name, kind in (
             ("common.js", "text/javascript"), ("list.js", "text/javascript"), ("job.js", "text/javascript"),
+            ("events.js", "text/javascript"),
             ("jobparts.js", "text/javascript"),
             ("sweep.js", "text/javascript"), ("app.css", "text/css"))),
     ]

@@ -21,8 +21,9 @@ def _config(value: dict[str, Any]) -> str:
 def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: tuple[str, ...], active: str = "",
             user: str | None = None) -> str:
     tags = "\n".join(f'<script src="/static/{name}" defer></script>' for name in ("plotly.min.js", "common.js", *scripts))
-    nav = "".join(f'<a href="{href}" class="{"on" if key == active else ""}">{label}</a>'
-                  for key, href, label in (("jobs", "/", "Jobs"), ("sweeps", "/?view=sweeps", "Sweeps")))
+    nav = "".join(f'<a href="{href}" class="{"on" if key == active else ""}"{hide}>{label}</a>'
+                  for key, href, label, hide in (("jobs", "/", "Jobs", ""), ("sweeps", "/?view=sweeps", "Sweeps", ""),
+                                                 ("events", "/events", "Events", ' id="nav-events" hidden')))
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -36,7 +37,9 @@ def _layout(title: str, body: str, config: dict[str, Any], csrf: str, scripts: t
 </head>
 <body>
 <header class="top"><a class="brand" href="/">phalanx</a><nav>{nav}</nav><span class="sub">{html.escape(title)}</span>
-<span class="grow"></span><span id="live" class="live" title="refreshing while something runs"></span>{_account(user, csrf)}</header>
+<span class="grow"></span><label class="project-switch" title="the project this dashboard shows">project
+<select id="project-switch"><option value="">all of mine</option></select></label>
+<span id="live" class="live" title="refreshing while something runs"></span>{_account(user, csrf)}</header>
 <div id="toast" class="toast" hidden></div>
 <div id="modal" class="modal" hidden><div class="box"><h3 id="modal-title"></h3><p id="modal-text"></p>
 <div class="modal-buttons"><button id="modal-cancel" type="button">Cancel</button><button id="modal-ok" type="button" class="danger"></button></div></div></div>
@@ -165,6 +168,25 @@ def compare_page(job_ids: list[str], csrf: str, user: str | None = None) -> str:
   <div id="compare" class="charts big"><p class="muted">loading…</p></div>
 </section>"""
     return _layout("compare", body, {"page": "compare", "jobs": job_ids}, csrf, ("job.js",), user=user)
+
+
+def events_page(csrf: str, user: str | None = None) -> str:
+    """The audit log (project admins: their projects; server admins: all)."""
+    body = """
+<section class="listing">
+  <div class="bar"><h1>Events</h1><span class="grow"></span></div>
+  <form id="ev-filters" class="filters" autocomplete="off">
+    <input id="ev-user" name="user" placeholder="user" size="12">
+    <select id="ev-since" name="since"><option value="">any time</option><option value="1h">last hour</option>
+      <option value="1d">last day</option><option value="7d">last week</option><option value="30d">last 30 days</option></select>
+    <button type="submit">Apply</button></form>
+  <div id="error" class="error" hidden></div>
+  <div class="table-wrap"><table class="list" id="events"><thead><tr><th>WHEN</th><th>USER</th><th>FROM</th><th>ACTION</th>
+    <th>TARGET</th><th>PROJECT</th><th>OUTCOME</th></tr></thead><tbody id="events-body"><tr><td class="muted">loading…</td></tr>
+    </tbody></table></div>
+  <div class="pager"><button id="older" type="button" disabled>older ›</button></div>
+</section>"""
+    return _layout("events", body, {"page": "events"}, csrf, ("events.js",), "events", user)
 
 
 def error_page(status: int, message: str) -> str:

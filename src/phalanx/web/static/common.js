@@ -184,6 +184,28 @@
     try { performance.mark("phx-" + name); } catch (e) { /* old browsers */ }
   }
 
+  // The project the dashboard shows (the header's switcher): kept in this browser; "" is every
+  // project of mine. The server filters by it (?project=) and never shows another's anyway.
+  const PROJECT_KEY = "phx-project";
+  const project = () => localStorage.getItem(PROJECT_KEY) || "";
+  async function projectSwitch() {
+    const box = $("project-switch");
+    if (!box) return;
+    let meta;
+    try { meta = await get("/api/meta"); } catch (e) { return; }
+    const mine = meta.projects || {};
+    if (project() && !(project() in mine)) localStorage.removeItem(PROJECT_KEY);
+    box.append(...Object.entries(mine).map(([name, role]) => el("option", { value: name, text: `${name} (${role})` })));
+    box.value = project();
+    box.addEventListener("change", () => {
+      if (box.value) localStorage.setItem(PROJECT_KEY, box.value); else localStorage.removeItem(PROJECT_KEY);
+      location.href = C.page === "list" || C.page === "events" ? location.pathname + location.search : "/";
+    });
+    if (meta.events && $("nav-events")) $("nav-events").hidden = false;
+    document.body.dataset.projects = "ready";
+  }
+  projectSwitch();
+
   window.PHX = { C, $, el, api, get, post, link, ago, dur, bytes, num, hours, money, stateBadge, toast, confirmDialog,
-    actionButtons, layout, chart, smooth, COLORS, markRendered };
+    actionButtons, layout, chart, smooth, COLORS, markRendered, project };
 })();

@@ -51,6 +51,8 @@
       const facts = [
         ["command", d.command, "wide mono"],
         ["topology", `${d.topology} (${d.world_size} rank${d.world_size > 1 ? "s" : ""}) on ${d.backend}`],
+        ["project", d.project + (d.user_name ? ` · submitted by ${d.user_name}` : "")],
+        ...(d.queued ? [["queue", d.queued, "wide"]] : []),
         ["attempt", `${d.attempt}` + (d.retries ? ` (${d.retries} retried)` : "")],
         ["created", `${ago(d.created_at)}`],
         ["duration", dur(d.duration)],

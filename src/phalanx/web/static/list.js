@@ -3,7 +3,7 @@
 // 2,000 of 100,000 jobs is as quick as page 1.
 (function () {
   "use strict";
-  const { C, $, el, get, api, link, ago, dur, num, hours, stateBadge, markRendered } = window.PHX;
+  const { C, $, el, get, api, link, ago, dur, num, hours, stateBadge, markRendered, project } = window.PHX;
   const sweeps = C.view === "sweeps";
   const PAGE = 50;
   const url = new URL(location.href);
@@ -22,6 +22,7 @@
       for (const v of params.getAll(key)) if (v) q.append(key, v);
     }
     if (!sweeps && columns().length) q.set("columns", columns().join(","));
+    if (project()) q.set("project", project());
     for (const [k, v] of Object.entries(extra || {})) if (v !== null && v !== undefined) q.set(k, v);
     return q;
   }
@@ -51,7 +52,7 @@
         el("th", {}, "DURATION"), el("th", { class: "num" }, "GPU-H"), el("th", {}, "COMMAND")];
     } else {
       cells = [el("th", {}, ""), sortable("ID", "created"), sortable("NAME", "name"), sortable("STATE", "state"),
-        sortable("BACKEND", "backend"), el("th", {}, "USER"), el("th", {}, "TOPOLOGY"), el("th", {}, "CREATED"), el("th", {}, "DURATION"),
+        sortable("BACKEND", "backend"), el("th", {}, "USER"), el("th", {}, "PROJECT"), el("th", {}, "TOPOLOGY"), el("th", {}, "CREATED"), el("th", {}, "DURATION"),
         el("th", {}, "PROGRESS"), sortable("GPU-H", "gpu_hours", "num"),
         ...columns().map((c) => {
           const th = sortable(c.toUpperCase(), c, "num metric");
@@ -82,7 +83,8 @@
       $("compare").disabled = selected.size < 1;
       $("compare").textContent = selected.size ? `Compare ${selected.size} selected` : "Compare selected";
     } });
-    const state = stateBadge(j.state, j.root_cause ? (j.root_cause.message || "") : "");
+    const state = stateBadge(j.state, j.root_cause ? (j.root_cause.message || "") : (j.queued || ""));
+    if (j.queue_place) state.append(el("span", { class: "place", text: ` #${j.queue_place}` }));
     return el("tr", { class: "row-" + j.state },
       el("td", {}, check),
       el("td", { class: "mono" }, el("a", { href: "/jobs/" + j.id, text: j.id })),
@@ -90,6 +92,7 @@
       el("td", {}, state, j.exit_code ? el("span", { class: "muted small", text: " " + j.exit_code }) : null),
       el("td", { text: j.backend }),
       el("td", { class: "user", text: j.user_name || "-" }),
+      el("td", { class: "project", text: j.project || "-" }),
       el("td", { text: j.topology }),
       el("td", { text: ago(j.created_at), title: new Date(j.created_at * 1000).toLocaleString() }),
       el("td", { text: dur(j.duration) }),
@@ -157,7 +160,7 @@
       $("page-no").textContent = `page ${cursors.length}`;
       markRendered("rendered");
       if (!quiet && !sweeps) count();
-      $("live").classList.toggle("on", res.body.some((r) => ["RUNNING", "PENDING", "STOPPING"].includes(r.state)));
+      $("live").classList.toggle("on", res.body.some((r) => ["RUNNING", "PENDING", "QUEUED", "STOPPING"].includes(r.state)));
     } finally {
       busy = false;
       if (again) { again = false; load(); }
