@@ -367,6 +367,14 @@ class JobRun:
             except Exception as exc:  # noqa: BLE001 - never retry on a state that may hold the bad numbers
                 retry, reason = False, f"could not roll back: {type(exc).__name__}: {exc}"
         following = self._next_plan(plan.attempt + 1, leave.names) if retry else None  # after a rollback's new args
+        if isinstance(following, str) and leave.names:
+            # No spare nodes to run on without them: the retry runs where it can (a host that was
+            # unreachable for a moment may well be back), saying that they could not be left out.
+            kept = self._next_plan(plan.attempt + 1, ())
+            if isinstance(kept, Plan):
+                self.say(f"{', '.join(leave.names)} could not be left out ({following}); retrying on the same nodes")
+                leave = leave.kept(following)
+                following = kept
         if isinstance(following, str):
             retry, reason = False, following
         history.log_attempt(self.paths, plan.attempt, attempt.started, outcome, retry, reason, leave.entries)
@@ -401,19 +409,22 @@ class JobRun:
         self.store.update(self.record.id, attempt=self.plan.attempt)
         self._start_attempt(previous)
 
-    def _spec(self, more: tuple[str, ...] = ()) -> JobSpec:
+    def _spec(self, left_out: tuple[str, ...] | None = None) -> JobSpec:
         """The spec the next attempt is planned from: the job's, with the nodes found bad left out."""
-        if more:
-            self.left_out = tuple(dict.fromkeys((*self.left_out, *more)))
-        return self.spec.with_(left_out=self.left_out) if self.left_out else self.spec
+        left_out = self.left_out if left_out is None else left_out
+        return self.spec.with_(left_out=left_out) if left_out else self.spec
 
     def _next_plan(self, attempt: int, leaving: tuple[str, ...]) -> Plan | str:
         """Attempt ``attempt``'s plan with ``leaving`` left out too, or why there can be none
-        (too few nodes left: the ssh backend's spare hosts ran out)."""
+        (too few nodes left: the ssh backend's spare hosts ran out). The nodes count as left out
+        only once a plan without them exists."""
+        left_out = tuple(dict.fromkeys((*self.left_out, *leaving)))
         try:
-            return plan_attempt(self.backend, self._spec(leaving), self.record.id, attempt, self.home)
+            plan = plan_attempt(self.backend, self._spec(left_out), self.record.id, attempt, self.home)
         except PhalanxError as exc:
             return f"cannot plan attempt {attempt}: {exc.message}"
+        self.left_out = left_out
+        return plan
 
     def _keeper(self) -> Any:
         """Versions of the state directory, with ``--keep-states`` where phalanx holds the state."""

@@ -13,7 +13,7 @@ avoids the nodes it pointed at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ..core.contracts import NodeResult
@@ -30,6 +30,12 @@ class LeaveOut:
     entries: tuple[dict[str, Any], ...] = ()  # for attempts.jsonl: node, node_rank, why, left_out, how
     names: tuple[str, ...] = ()  # newly left out (the backend can avoid them)
     check_only: bool = False  # the attempt ended because nodes failed their check; no rank ran
+
+    def kept(self, why: str) -> "LeaveOut":
+        """The same nodes, which could not be left out after all (``why``): the retry keeps them."""
+        entries = tuple({**e, "left_out": False, "how": f"kept: {why}"} if e["node"] in self.names else e
+                        for e in self.entries)
+        return replace(self, entries=entries, names=())
 
     def words(self) -> str:
         """``node2 (failed its health check: ...)``, for the supervisor's message."""
