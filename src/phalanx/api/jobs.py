@@ -25,7 +25,7 @@ from ..core.state import JobState, can_resume, is_terminal
 from ..errors import PhalanxError, UsageError
 from .query import find_job, get_job, home, open_store
 from ..store import JobRecord, Store
-from ..supervise import detached, leftover, liveness, submit
+from ..supervise import detached, leasing, leftover, liveness, submit
 from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
@@ -90,7 +90,8 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
         _skipped(done, events)
         return done
     plan = submit.plan_job(spec, where, job_id)
-    record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user))
+    # a server's job carries its lease from the first statement that records it (store/leases.py)
+    record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user), **leasing.columns())
     _say_at_submit(store, record, events, plan=plan)
     # A backend may run the supervisor itself (k8s --in-cluster: a supervisor pod); else a process here.
     try:
@@ -209,6 +210,7 @@ def resume(ref: str, detach: bool = False, out: TextIO | None = None, ranks: set
         if not store.reopen(record.id, plan.attempt):
             raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")
         store.update(record.id, **detached.spawn_supervisor(record, record.spec.workdir))
+        leasing.claim(store, record.id)
         return store.get(record.id), None
     if not store.reopen(record.id, plan.attempt, **liveness.identity()):
         raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")

@@ -5,8 +5,9 @@ one the login names, and every failure turned into one line naming the server an
 - the server cannot be reached (refused, no such host, timed out): ``ServerUnreachable``;
 - its TLS certificate is not trusted, or it does not speak TLS: ``ServerUnreachable``;
 - the token is missing, wrong or revoked (401): ``NotAuthenticated``; another user's job or an
-  admin's verb (403): ``NotAllowed``; anything else the server refused: its own error class,
-  with its words (``api/wire.py``).
+  admin's verb (403): ``NotAllowed``; the server's store is away (503, or a stream's error
+  saying so): ``StoreUnavailable``, "try again"; anything else the server refused: its own
+  error class, with its words (``api/wire.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
 from ..api.wire import PREFIX, raise_error
-from ..errors import NotAuthenticated, PhalanxError, ServerUnreachable, UsageError
+from ..errors import NotAuthenticated, PhalanxError, ServerUnreachable, StoreUnavailable, UsageError
 
 TIMEOUT = 30.0  # connecting, and waiting for a byte of an answer that is not a stream
 QUIET = 60.0  # a stream silent this long (no heartbeat: server/stream.HEARTBEAT is 10 s) is cut off
@@ -113,6 +114,10 @@ class Client:
                                  "check the URL and that the server runs (phalanx login URL), or add --local "
                                  "to use this machine's own store")
 
+    def _store_away(self) -> PhalanxError:
+        """The server is up but its job store is not (a database restarting)."""
+        return StoreUnavailable(f"the server's store is unavailable ({self.url})", "try again in a few seconds")
+
     def _fail(self, response: http.client.HTTPResponse) -> None:
         raw = response.read()
         try:
@@ -120,6 +125,8 @@ class Client:
         except (ValueError, AttributeError):
             body = {"type": "PhalanxError", "message": raw.decode(errors="replace").strip()[:300] or
                     f"the server answered {response.status} {response.reason}", "hint": None}
+        if response.status == 503 or (isinstance(body, dict) and body.get("type") == "StoreUnavailable"):
+            raise self._store_away()
         if response.status == 401 or (response.status == 429 and isinstance(body, dict)):
             message = body.get("message", "not logged in") if isinstance(body, dict) else "not logged in"
             hint = body.get("hint") if response.status == 429 and isinstance(body, dict) else None
@@ -158,6 +165,8 @@ class Client:
                     continue
                 item = json.loads(raw)
                 if "error" in item:
+                    if isinstance(item["error"], dict) and item["error"].get("type") == "StoreUnavailable":
+                        raise self._store_away()
                     raise_error(item["error"], 400)
                 yield item
                 if "result" in item:

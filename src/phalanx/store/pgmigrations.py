@@ -150,4 +150,10 @@ PG_MIGRATIONS: tuple[str, ...] = (
         revoked_at DOUBLE PRECISION
     );
     """,
+    # 8: leases of the jobs a team server's replicas supervise (holder, expiry)
+    f"""
+    ALTER TABLE jobs ADD COLUMN lease_holder {T};
+    ALTER TABLE jobs ADD COLUMN lease_expires DOUBLE PRECISION;
+    CREATE INDEX jobs_lease ON jobs (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
+    """,
 )

@@ -282,6 +282,9 @@ class PgEngine:
     def day(self, expr: str) -> str:
         return f"to_char(to_timestamp({expr}), 'YYYY-MM-DD')"  # in the session's TimeZone
 
+    def answer_within(self, seconds: float) -> None:
+        self.retry_for = float(seconds)
+
     # -- schema ------------------------------------------------------------------------------
 
     def migrate(self) -> None:
