@@ -107,3 +107,28 @@ def _run(a: Server, b: Server, token: str, tmp_path) -> None:
     assert f"adopted job {lives} from replica " in said and "re-attached" in said, said
     assert f"adopted job {dies} from replica " in said and "resumed as attempt 1" in said, said
     assert stopped not in said, "an ended job is nobody's to adopt"
+
+
+def test_a_supervisor_that_dies_under_its_server_is_replaced_once(server: Server, tmp_path):
+    token = server.add_user("ned")
+    server.start("--lease-ttl", TTL)
+    ned = Person("ned", tmp_path / "ned", token)
+    ned.root.mkdir()
+    (ned.root / "counter.py").write_text(COUNTER)
+    assert ned.login(server.url).returncode == 0
+    job = ned.run("run", "-d", "--cold", "counter.py", "30").stdout.strip()
+    _until(lambda: "step 3" in ned.run("logs", job).stdout, 120)
+    supervisor = psutil.Process(_status(ned, job)["supervisor"]["pid"])
+    for proc in (supervisor, *supervisor.children(recursive=True)):
+        proc.send_signal(signal.SIGKILL)
+
+    def ended() -> dict | None:
+        """the job ended"""
+        seen = _status(ned, job)
+        return seen if seen["state"] not in ("PENDING", "RUNNING", "STOPPING") else None
+
+    done = _until(ended, 180)
+    assert (done["state"], done["attempt"]) == ("SUCCEEDED", 1), done
+    assert ned.run("logs", job, "--attempt", "1").stdout.startswith("attempt 1 from step ")
+    said = server.log.read_text() if server.log else ""
+    assert f"the supervisor of job {job} (pid {supervisor.pid}) died: resumed as attempt 1" in said, said

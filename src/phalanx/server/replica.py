@@ -9,7 +9,10 @@ Every ``ttl / 3`` seconds a replica:
 2. takes over each lease that expired (its holder stopped renewing: killed, or cut off from
    the store for longer than ``ttl``), one compare-and-set per job, so of two replicas reaching
    for a job one gets it, and adopts the job (``adopt``);
-3. removes what submits killed half-way on this machine left (``shipping.sweep_abandoned``).
+3. looks after its own jobs: one whose supervisor died under it (killed, or given up on a
+   database away for longer than the ``store_retry`` setting) is adopted as below, once per job
+   (a supervisor that dies again leaves its job LOST, for a person to look at);
+4. removes what submits killed half-way on this machine left (``shipping.sweep_abandoned``).
 
 Adopting a job, by what is left of it:
 
@@ -50,6 +53,7 @@ class Replica:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._down = False  # the store did not answer the last tick (said once)
+        self._revived: set[str] = set()  # own jobs whose dead supervisor this replica replaced
 
     @property
     def id(self) -> str:
@@ -92,6 +96,14 @@ class Replica:
             how = self.adopt(store, record.id, was)
             adopted.append((record.id, how))
             self.say(f"phalanx server: adopted job {record.id} from replica {was}: {how}")
+        for record in leases.held(self.id):
+            if record.id in self._revived or record.supervisor_pid is None or liveness.elsewhere(record) \
+                    or liveness.alive(record.supervisor_pid, record.supervisor_started):
+                continue
+            self._revived.add(record.id)
+            how = self.adopt(store, record.id, self.id)
+            adopted.append((record.id, how))
+            self.say(f"phalanx server: the supervisor of job {record.id} (pid {record.supervisor_pid}) died: {how}")
         shipping.sweep_abandoned(query.home(), store)
         return adopted
 

@@ -50,6 +50,12 @@ class LeaseTable:
             f"AND state IN ({_ACTIVE}) ORDER BY lease_expires LIMIT ?", (now, *ACTIVE, limit))
         return [(from_row(row[:-1]), str(row[-1])) for row in rows]
 
+    def held(self, holder: str) -> list[JobRecord]:
+        """The jobs still running under ``holder``'s leases."""
+        rows = self._engine.rows(f"SELECT {_SELECT} FROM jobs WHERE lease_holder = ? AND state IN ({_ACTIVE})",
+                                 (holder, *ACTIVE))
+        return [from_row(row) for row in rows]
+
     def release_ended(self, now: float | None = None) -> int:
         """Drop the expired leases of jobs that ended (their holder died before releasing them)."""
         now = time.time() if now is None else now
