@@ -69,14 +69,21 @@ def _leftovers(home: Path) -> dict[str, list[str]]:
             "staging": names(home / "staging"), "incoming": names(home / "cache" / "code" / "objects" / ".incoming")}
 
 
-def test_kill_9_of_the_server_during_20_concurrent_submits(server: Server, tmp_path):
-    token = server.add_user("kim")
+def _logged_in(server: Server, name: str, tmp_path: Path, scripts: dict[str, str]) -> tuple[Person, Path]:
+    """A user of ``server`` (started with short leases), logged in, with a project of ``scripts``."""
+    token = server.add_user(name)
     server.start("--lease-ttl", TTL)
-    kim = Person("kim", tmp_path / "kim", token)
-    project = kim.root / "p"
+    person = Person(name, tmp_path / name, token)
+    project = person.root / "p"
     project.mkdir(parents=True)
-    (project / "slow.py").write_text(SLOW)
-    assert kim.login(server.url).returncode == 0
+    for file, text in scripts.items():
+        (project / file).write_text(text)
+    assert person.login(server.url).returncode == 0
+    return person, project
+
+
+def test_kill_9_of_the_server_during_20_concurrent_submits(server: Server, tmp_path):
+    kim, project = _logged_in(server, "kim", tmp_path, {"slow.py": SLOW})
     submits = [subprocess.Popen([sys.executable, "-m", "phalanx", "run", "-d", "slow.py", str(i)], cwd=project,
                                 env=kim.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(20)]
 
@@ -140,13 +147,7 @@ print(submit.create_job(store, where, spec, plan, user_name="kim", **lease).id)
 
 
 def test_a_job_recorded_by_a_server_killed_before_its_supervisor_started_is_started(server: Server, tmp_path):
-    token = server.add_user("kim")
-    server.start("--lease-ttl", TTL)
-    kim = Person("kim", tmp_path / "kim", token)
-    project = kim.root / "p"
-    project.mkdir(parents=True)
-    (project / "slow.py").write_text(SLOW.replace("time.sleep(4)", "time.sleep(0.2)"))
-    assert kim.login(server.url).returncode == 0
+    kim, project = _logged_in(server, "kim", tmp_path, {"slow.py": SLOW.replace("time.sleep(4)", "time.sleep(0.2)")})
     first = kim.run("run", "-d", "slow.py", "1", cwd=project).stdout.strip()
     spec = server.home / "jobs" / first / "spec.json"
     dead = subprocess.Popen([sys.executable, "-c", ""])
@@ -179,14 +180,8 @@ def _get(url: str, token: str | None = None) -> tuple[int, dict[str, str], bytes
 
 
 def test_postgresql_restarted_while_jobs_run(server: Server, postgres, tmp_path):
-    token = server.add_user("lee")
-    server.start("--lease-ttl", TTL)
-    lee = Person("lee", tmp_path / "lee", token)
-    project = lee.root / "p"
-    project.mkdir(parents=True)
-    (project / "slow.py").write_text(SLOW.replace("time.sleep(4)", "time.sleep(1)"))
-    (project / "gated.py").write_text(GATED)
-    assert lee.login(server.url).returncode == 0
+    lee, project = _logged_in(server, "lee", tmp_path, {"slow.py": SLOW.replace("time.sleep(4)", "time.sleep(1)"),
+                                                        "gated.py": GATED})
     gated = lee.run("run", "-d", "gated.py", cwd=project).stdout.strip()
     short = lee.run("run", "-d", "slow.py", "7", cwd=project).stdout.strip()
     _until(lambda: "waiting for the gate" in lee.run("logs", gated).stdout, 120)
@@ -196,7 +191,7 @@ def test_postgresql_restarted_while_jobs_run(server: Server, postgres, tmp_path)
     try:
         code, headers, body = _get(server.url + "/healthz")
         assert code == 503 and headers.get("retry-after") == "5" and body.startswith(b"unhealthy: ")
-        code, headers, body = _get(server.url + "/api/v1/whoami", token)
+        code, headers, body = _get(server.url + "/api/v1/whoami", lee.token)
         assert code == 503 and headers.get("retry-after") == "5" and body.count(b"\n") == 0
         assert json.loads(body)["error"]["type"] == "StoreUnavailable"
         for args in (["ps"], ["status", gated]):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import psutil
 import pytest
@@ -76,7 +75,7 @@ def _run(a: Server, b: Server, token: str, tmp_path) -> None:
     lives = via_a.run("run", "-d", "--cold", "counter.py", "40", cwd=project).stdout.strip()
     dies = via_a.run("run", "-d", "--cold", "counter.py", "40", cwd=project).stdout.strip()
     for job in (lives, dies):
-        _until(lambda: "step 3" in via_b.run("logs", job).stdout, 120)
+        _until(lambda job=job: "step 3" in via_b.run("logs", job).stdout, 120)
     supervisor = psutil.Process(_status(via_b, dies)["supervisor"]["pid"])
     ranks = supervisor.children(recursive=True)
     assert a.proc is not None
@@ -90,6 +89,13 @@ def _run(a: Server, b: Server, token: str, tmp_path) -> None:
             pass
     down = via_a.run("ps")
     assert down.returncode == 2 and "cannot reach the phalanx server" in down.stderr
+
+    def adopted() -> bool:
+        """B adopted both (reads show the one whose supervisor died LOST until then)"""
+        said = b.log.read_text() if b.log else ""
+        return f"adopted job {lives} " in said and f"adopted job {dies} " in said
+
+    _until(adopted, 120)
 
     def both_ended() -> list[dict] | None:
         """both of A's jobs ended, through B"""
@@ -121,6 +127,9 @@ def test_a_supervisor_that_dies_under_its_server_is_replaced_once(server: Server
     supervisor = psutil.Process(_status(ned, job)["supervisor"]["pid"])
     for proc in (supervisor, *supervisor.children(recursive=True)):
         proc.send_signal(signal.SIGKILL)
+
+    # reads show it LOST at once; the server replaces the supervisor at its next round
+    _until(lambda: server.log is not None and f"the supervisor of job {job}" in server.log.read_text(), 60)
 
     def ended() -> dict | None:
         """the job ended"""

@@ -54,6 +54,7 @@ class Replica:
         self._thread: threading.Thread | None = None
         self._down = False  # the store did not answer the last tick (said once)
         self._revived: set[str] = set()  # own jobs whose dead supervisor this replica replaced
+        self._store: Store | None = None
 
     @property
     def id(self) -> str:
@@ -85,7 +86,9 @@ class Replica:
 
     def tick(self) -> list[tuple[str, str]]:
         """One round (see the module docstring); returns the jobs adopted and how."""
-        store = query.open_store()
+        if self._store is None:  # one store for the replica's life (a SQLite one is a connection)
+            self._store = query.open_store()
+        store = self._store
         leases = store.leases
         leases.renew(self.id, self.holder.ttl)
         leases.release_ended()

@@ -171,13 +171,13 @@ def _marker(home: HomePaths, ship_id: str) -> Path:
 
 def mark(home: HomePaths, ship_id: str) -> None:
     """This process is laying ``ship_id`` out (until ``settled`` or ``abandon``)."""
+    import psutil
+
     from ..core.paths import write_json
-    from ..supervise.liveness import identity
 
     marker = _marker(home, ship_id)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    me = identity()
-    write_json(marker, {"host": socket.gethostname(), "pid": me["supervisor_pid"], "started": me["supervisor_started"]})
+    write_json(marker, {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()})
 
 
 def settled(home: HomePaths, ship_id: str) -> None:
@@ -224,7 +224,9 @@ def sweep_scratch(home: HomePaths) -> None:
     """What killed uploads and submits left half-written on this machine: object uploads
     (``<pid>.<random>``), inputs being laid out (``.<digest>.<pid>.<random>``), staged job
     directories (``<id>.<pid>``), each removed once its pid is gone."""
-    from ..supervise.submit import _pid_alive, clear_staging
+    import psutil
+
+    from ..supervise.submit import clear_staging
 
     clear_staging(home)
     for where, field in ((home.code_objects / ".incoming", 0), (home.root.joinpath(*UPLOADS), -2)):
@@ -233,7 +235,7 @@ def sweep_scratch(home: HomePaths) -> None:
             if field == -2 and not child.name.startswith("."):
                 continue
             pid = parts[field] if len(parts) >= 3 or field == 0 else ""
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 if child.is_dir():
                     shutil.rmtree(child, ignore_errors=True)
                 else:
