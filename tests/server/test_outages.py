@@ -111,6 +111,9 @@ def test_kill_9_of_the_server_during_20_concurrent_submits(server: Server, tmp_p
     assert [j for j in jobs if j["state"] != "SUCCEEDED"] == [], "whole: each recorded job ran to its end"
     numbers = [j["command"].rsplit(" ", 1)[1] for j in jobs]
     assert len(numbers) == len(set(numbers)), f"no submit made two jobs: {sorted(numbers)}"
+    for i, err in refused.items():  # cut off after its job was recorded: told it may exist
+        if any(j["command"].endswith(f"slow.py {i}") for j in jobs):
+            assert err.rstrip().endswith("see phalanx ps before submitting again"), err
     for i, job_id in accepted.items():
         assert by_id[job_id]["command"].endswith(f"slow.py {i}") and by_id[job_id]["attempt"] == 0, \
             "a job running when the server died ran on, once"

@@ -145,9 +145,10 @@ class Client:
             raise PhalanxError(f"{self.url} answered something that is not JSON", "is it a phalanx server?") from None
         return data.get("result") if isinstance(data, dict) else None
 
-    def lines(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None) -> Iterator[dict[str, Any]]:
+    def lines(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
+              cut_hint: str = "try again; the job runs on: see phalanx ps") -> Iterator[dict[str, Any]]:
         """A streamed call (``server/stream.py``): its JSON lines as they come, heartbeats left
-        out; an ``error`` line is raised."""
+        out; an ``error`` line is raised. ``cut_hint``: what to do when the answer is cut off."""
         response = self._send(method, path, params, body)
         if self._conn is not None and self._conn.sock is not None:
             self._conn.sock.settimeout(QUIET)  # a quiet stream sends a heartbeat every 10 s
@@ -157,10 +158,9 @@ class Client:
                     raw = response.readline()
                 except (socket.timeout, OSError) as exc:
                     raise ServerUnreachable(f"the connection to {self.url} went silent ({exc or 'no heartbeat'})",
-                                            "try again; a job runs on: see phalanx ps") from None
+                                            cut_hint) from None
                 if not raw:
-                    raise ServerUnreachable(f"the connection to {self.url} ended in the middle of an answer",
-                                            "try again; the job runs on: see phalanx ps")
+                    raise ServerUnreachable(f"the connection to {self.url} ended in the middle of an answer", cut_hint)
                 if not raw.strip():
                     continue
                 item = json.loads(raw)

@@ -28,6 +28,8 @@ from .login import Login
 from .ship import Shipped, manifests, upload
 
 Events = Callable[[str], None]
+# A submit whose answer was cut off (the server killed): it may have been recorded, and then runs.
+SUBMIT_CUT = "the job may have been recorded before the answer was cut: see phalanx ps before submitting again"
 
 
 class RemoteFace:
@@ -49,8 +51,9 @@ class RemoteFace:
 
     def _streamed(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
                   emit: Callable[[str], None] | None = None, events: Events | None = None,
-                  started: Callable[[dict[str, Any]], None] | None = None) -> Any:
-        for item in self.client.lines(method, path, params, body):
+                  started: Callable[[dict[str, Any]], None] | None = None, cut_hint: str | None = None) -> Any:
+        lines = self.client.lines(method, path, params, body, **({"cut_hint": cut_hint} if cut_hint else {}))
+        for item in lines:
             if "out" in item and emit is not None:
                 emit(item["out"])
             elif "event" in item and events is not None:
@@ -133,13 +136,14 @@ class RemoteFace:
         return result["job"], int(result["code"])
 
     def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]:
-        result = self._streamed("POST", "/jobs", body={**self._ship(spec), "detach": True}, events=events)
+        result = self._streamed("POST", "/jobs", body={**self._ship(spec), "detach": True}, events=events,
+                                cut_hint=SUBMIT_CUT)
         return result["job"]  # type: ignore[no-any-return]
 
     def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
                   sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:
         body = {**self._ship(spec), "detach": detach, "settings": asdict(settings)}
-        result = self._streamed("POST", "/sweeps", body=body, events=events)
+        result = self._streamed("POST", "/sweeps", body=body, events=events, cut_hint=SUBMIT_CUT)
         return result["sweep"], result["code"]
 
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
