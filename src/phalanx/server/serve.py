@@ -10,7 +10,7 @@
   (``replica.py``): it leases the jobs it starts and adopts those whose lease expired (a replica
   that died, or this server before a restart).
 - A request does not wait for a store that is away: the server's own store calls give up after
-  ``REQUEST_RETRY`` seconds (503 with Retry-After; ``calls.error``), while the supervisors it
+  ``REQUEST_RETRY`` seconds (503 with Retry-After; ``calls.error``), from a pool of ``POOL_SIZE``, while the supervisors it
   starts keep retrying for the ``store_retry`` setting (their writes must not be lost).
 """
 
@@ -40,7 +40,10 @@ def check_tls(cert: Path | None, key: Path | None) -> None:
                              "give a PEM certificate and the private key that belongs to it") from None
 
 
-REQUEST_RETRY = 2.0
+REQUEST_RETRY = 3.0
+# Connections of the server's PostgreSQL pool: requests run in up to 64 threads (calls.LIMITER),
+# and a request that waits longer than REQUEST_RETRY for one is answered 503.
+POOL_SIZE = 16
 
 
 def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path | None, insecure_http: bool,
@@ -61,9 +64,14 @@ def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path 
         os.environ["PHALANX_STORE"] = store  # this process and every supervisor it starts
     from ..api import query
     from .app import create_app
+    from ..store import Store
+    from ..store.db import is_url
     from .replica import Replica
     from .shipping import sweep_orphans, sweep_scratch
 
+    where = os.environ.get("PHALANX_STORE", "")
+    if is_url(where):  # the first opener's pool serves every request of this process
+        Store(where, pool_size=POOL_SIZE)
     opened = query.open_store()
     opened.engine.answer_within(REQUEST_RETRY)
     if opened.users.count() == 0:
