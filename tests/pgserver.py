@@ -133,6 +133,14 @@ class PgServer:
         if not self._start():
             raise RuntimeError(f"PostgreSQL did not start again:\n{self.log.read_text()[-3000:]}")
 
+    def halt(self) -> None:
+        """Stop (fast: every connection is cut) until ``start_again``."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def start_again(self) -> None:
+        if not self._start():
+            raise RuntimeError(f"PostgreSQL did not start again:\n{self.log.read_text()[-3000:]}")
+
     def pid(self) -> int | None:
         try:
             return int((self.data / "postmaster.pid").read_text().split()[0])

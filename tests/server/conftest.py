@@ -57,8 +57,9 @@ class Server:
         self.args = list(args)
         self.log = self.root / "server.err"
         err = open(self.log, "w")
+        # a session of its own: a test may kill the server's whole process group (kill -9)
         self.proc = subprocess.Popen([sys.executable, "-m", "phalanx", "server", *self._store(), "--port", "0", *args], env=self.env,
-                                     cwd=self.root, stdout=subprocess.PIPE, stderr=err, text=True)
+                                     cwd=self.root, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
         if expect_fail:
             self.proc.wait(timeout=timeout)
             return self.proc

@@ -25,7 +25,7 @@ from ..core.state import JobState, can_resume, is_terminal
 from ..errors import PhalanxError, UsageError
 from .query import find_job, get_job, home, open_store
 from ..store import JobRecord, Store
-from ..supervise import detached, leftover, liveness, submit
+from ..supervise import detached, leasing, leftover, liveness, submit
 from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
@@ -102,7 +102,8 @@ def submit_detached(spec: JobSpec, events: Events | None = None, user: str | Non
         _skipped(done, events)
         return done
     plan = submit.plan_job(spec, where, job_id)
-    record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user))
+    # a server's job carries its lease from the first statement that records it (store/leases.py)
+    record = submit.create_job(store, where, spec, plan, inputs=inputs, **_submitter(user), **leasing.columns())
     write_json(record.paths.start_mode, {"detached": True})
     _say_at_submit(store, record, events, plan=plan)
     if _queued(store, record, events):  # its project's quota is full: no supervisor until the queue admits it
@@ -261,6 +262,7 @@ def resume(ref: str, detach: bool | None = None, out: TextIO | None = None, rank
         if not store.reopen(record.id, plan.attempt):
             raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")
         store.update(record.id, **detached.spawn_supervisor(record, record.spec.workdir))
+        leasing.claim(store, record.id)
         return store.get(record.id), None
     if not store.reopen(record.id, plan.attempt, **liveness.identity()):
         raise PhalanxError(f"job {record.id} changed state meanwhile", "try again")

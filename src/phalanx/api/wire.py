@@ -22,6 +22,9 @@ from ..errors import PhalanxError
 
 VERSION = "v1"
 PREFIX = f"/api/{VERSION}"
+# A 503 (the server's store is away) says how long to wait before asking again (Retry-After):
+# about what a PostgreSQL restart takes. ``/healthz`` says the same to a load balancer.
+RETRY_AFTER = "5"
 
 # name -> class of the errors a client re-raises as themselves (anything else: PhalanxError
 # with the exit code the server gave).

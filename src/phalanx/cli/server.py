@@ -49,6 +49,7 @@ def serve_cmd(
     tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="TLS certificate (PEM), with --tls-key."),
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Its private key (PEM)."),
     insecure_http: bool = typer.Option(False, "--insecure-http", help="Serve plain HTTP off loopback (a TLS proxy is in front)."),
+    lease_ttl: float = typer.Option(30.0, "--lease-ttl", min=1.0, help="Seconds a replica's lease on a job lasts unless renewed: another replica adopts the job after it (docs/server.md, high availability)."),
 ) -> None:
     """Serve the team: the API (/api/v1), the dashboard with a login page, /healthz and /metrics,
     until Ctrl-C. Jobs submitted to it run here, on its backends, with its credentials."""
@@ -69,7 +70,7 @@ def serve_cmd(
     def warn(text: str) -> None:
         typer.echo(text, err=True)
 
-    serve(host, port, store, tls_cert, tls_key, insecure_http, announce, warn)
+    serve(host, port, store, tls_cert, tls_key, insecure_http, announce, warn, lease_ttl=lease_ttl)
 
 
 def _store() -> "Store":

@@ -5,8 +5,9 @@ one the login names, and every failure turned into one line naming the server an
 - the server cannot be reached (refused, no such host, timed out): ``ServerUnreachable``;
 - its TLS certificate is not trusted, or it does not speak TLS: ``ServerUnreachable``;
 - the token is missing, wrong or revoked (401): ``NotAuthenticated``; another user's job or an
-  admin's verb (403): ``NotAllowed``; anything else the server refused: its own error class,
-  with its words (``api/wire.py``).
+  admin's verb (403): ``NotAllowed``; the server's store is away (503, or a stream's error
+  saying so): ``StoreUnavailable``, "try again"; anything else the server refused: its own
+  error class, with its words (``api/wire.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
 from ..api.wire import PREFIX, raise_error
-from ..errors import NotAuthenticated, PhalanxError, ServerUnreachable, UsageError
+from ..errors import NotAuthenticated, PhalanxError, ServerUnreachable, StoreUnavailable, UsageError
 
 TIMEOUT = 30.0  # connecting, and waiting for a byte of an answer that is not a stream
 QUIET = 60.0  # a stream silent this long (no heartbeat: server/stream.HEARTBEAT is 10 s) is cut off
@@ -117,6 +118,10 @@ class Client:
                                  "check the URL and that the server runs (phalanx login URL), or add --local "
                                  "to use this machine's own store")
 
+    def _store_away(self) -> PhalanxError:
+        """The server is up but its job store is not (a database restarting)."""
+        return StoreUnavailable(f"the server's store is unavailable ({self.url})", "try again in a few seconds")
+
     def _fail(self, response: http.client.HTTPResponse) -> None:
         raw = response.read()
         try:
@@ -124,6 +129,8 @@ class Client:
         except (ValueError, AttributeError):
             body = {"type": "PhalanxError", "message": raw.decode(errors="replace").strip()[:300] or
                     f"the server answered {response.status} {response.reason}", "hint": None}
+        if response.status == 503 or (isinstance(body, dict) and body.get("type") == "StoreUnavailable"):
+            raise self._store_away()
         if response.status == 401 or (response.status == 429 and isinstance(body, dict)):
             message = body.get("message", "not logged in") if isinstance(body, dict) else "not logged in"
             hint = body.get("hint") if response.status == 429 and isinstance(body, dict) else None
@@ -142,9 +149,10 @@ class Client:
             raise PhalanxError(f"{self.url} answered something that is not JSON", "is it a phalanx server?") from None
         return data.get("result") if isinstance(data, dict) else None
 
-    def lines(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None) -> Iterator[dict[str, Any]]:
+    def lines(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
+              cut_hint: str = "try again; the job runs on: see phalanx ps") -> Iterator[dict[str, Any]]:
         """A streamed call (``server/stream.py``): its JSON lines as they come, heartbeats left
-        out; an ``error`` line is raised."""
+        out; an ``error`` line is raised. ``cut_hint``: what to do when the answer is cut off."""
         response = self._send(method, path, params, body)
         if self._conn is not None and self._conn.sock is not None:
             self._conn.sock.settimeout(QUIET)  # a quiet stream sends a heartbeat every 10 s
@@ -154,14 +162,15 @@ class Client:
                     raw = response.readline()
                 except (socket.timeout, OSError) as exc:
                     raise ServerUnreachable(f"the connection to {self.url} went silent ({exc or 'no heartbeat'})",
-                                            "try again; a job runs on: see phalanx ps") from None
+                                            cut_hint) from None
                 if not raw:
-                    raise ServerUnreachable(f"the connection to {self.url} ended in the middle of an answer",
-                                            "try again; the job runs on: see phalanx ps")
+                    raise ServerUnreachable(f"the connection to {self.url} ended in the middle of an answer", cut_hint)
                 if not raw.strip():
                     continue
                 item = json.loads(raw)
                 if "error" in item:
+                    if isinstance(item["error"], dict) and item["error"].get("type") == "StoreUnavailable":
+                        raise self._store_away()
                     raise_error(item["error"], 400)
                 yield item
                 if "result" in item:

@@ -30,6 +30,8 @@ from .login import Login
 from .ship import Shipped, manifests, upload
 
 Events = Callable[[str], None]
+# A submit whose answer was cut off (the server killed): it may have been recorded, and then runs.
+SUBMIT_CUT = "the job may have been recorded before the answer was cut: see phalanx ps before submitting again"
 
 
 class RemoteFace:
@@ -52,8 +54,9 @@ class RemoteFace:
     def _streamed(self, method: str, path: str, params: Sequence[tuple[str, str]] = (), body: Any = None,
                   emit: Callable[[str], None] | None = None, events: Events | None = None,
                   started: Callable[[dict[str, Any]], None] | None = None,
-                  progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
-        for item in self.client.lines(method, path, params, body):
+                  progress: Callable[[dict[str, Any]], None] | None = None, cut_hint: str | None = None) -> Any:
+        lines = self.client.lines(method, path, params, body, **({"cut_hint": cut_hint} if cut_hint else {}))
+        for item in lines:
             if "progress" in item and progress is not None:
                 progress(item["progress"])
             elif "out" in item and emit is not None:
@@ -171,13 +174,14 @@ class RemoteFace:
         return result["job"], int(result["code"])
 
     def submit(self, spec: JobSpec, events: Events | None = None, job_id: str | None = None) -> dict[str, Any]:
-        result = self._streamed("POST", "/jobs", body={**self._ship(spec), "detach": True}, events=events)
+        result = self._streamed("POST", "/jobs", body={**self._ship(spec), "detach": True}, events=events,
+                                cut_hint=SUBMIT_CUT)
         return result["job"]  # type: ignore[no-any-return]
 
     def run_sweep(self, spec: JobSpec, settings: Any, detach: bool = False, events: Events | None = None,
                   sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:
         body = {**self._ship(spec), "detach": detach, "settings": asdict(settings)}
-        result = self._streamed("POST", "/sweeps", body=body, events=events)
+        result = self._streamed("POST", "/sweeps", body=body, events=events, cut_hint=SUBMIT_CUT)
         return result["sweep"], result["code"]
 
     def doctor(self, spec: JobSpec, events: Events | None = None, burn: float = 2.0) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from ..api import query
 from ..api.wire import PREFIX
 from ..core.identity import Principal
-from ..errors import NotAuthenticated, PhalanxError
+from ..errors import NotAuthenticated, PhalanxError, StoreError, StoreUnavailable
 from ..web import pages
 from ..web import app as web
 from ..web.guard import COOKIE
@@ -45,7 +45,8 @@ async def healthz(request: Request) -> Response:
     try:
         await anyio.to_thread.run_sync(probe, limiter=calls.LIMITER)
     except Exception as exc:  # noqa: BLE001 - any failure of the store is "not ready"
-        return PlainTextResponse(f"store unavailable: {type(exc).__name__}\n", status_code=503)
+        return PlainTextResponse(f"unhealthy: the job store is unavailable ({type(exc).__name__})\n", status_code=503,
+                                 headers={"Retry-After": calls.RETRY_AFTER, "Cache-Control": "no-store"})
     return PlainTextResponse("ok\n")
 
 
@@ -59,7 +60,11 @@ def metrics_route(requests: metrics.Requests) -> Any:
             store = query.open_store()
             return metrics.text(requests, count_by_state(store), store.users.count())
 
-        body = await anyio.to_thread.run_sync(read, limiter=calls.LIMITER)
+        try:
+            body = await anyio.to_thread.run_sync(read, limiter=calls.LIMITER)
+        except StoreError as exc:  # the store is away: no numbers to give (a scrape retries)
+            return PlainTextResponse(f"unavailable: {exc.message}\n", status_code=503,
+                                     headers={"Retry-After": calls.RETRY_AFTER})
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return endpoint
@@ -129,6 +134,10 @@ async def _error(request: Request, exc: Exception) -> Response:
         raise exc
     if request.url.path.startswith(PREFIX):
         return calls.error(exc)
+    if isinstance(exc, StoreUnavailable):  # a page: try again shortly, as an API client would
+        response = _html(pages.error_page(503, "the server's job store is unavailable; reload in a few seconds"), 503)
+        response.headers["Retry-After"] = calls.RETRY_AFTER
+        return response
     return await web.error_handler(request, exc)
 
 

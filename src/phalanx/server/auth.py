@@ -29,9 +29,9 @@ from urllib.parse import quote
 
 import anyio
 
-from ..api.wire import PREFIX, error_body
+from ..api.wire import PREFIX, RETRY_AFTER, error_body
 from ..core.identity import Principal
-from ..errors import NotAuthenticated, PhalanxError, TooLarge
+from ..errors import NotAuthenticated, PhalanxError, StoreUnavailable, TooLarge
 from ..storage.objects import MAX_OBJECT
 from ..web.guard import CHANGES, COOKIE, SECURITY_HEADERS, change_refusal, plain, with_headers
 
@@ -127,6 +127,9 @@ class Auth:
         token, bearer = given_token(headers)
         try:
             principal = await anyio.to_thread.run_sync(self.authenticate, token)
+        except StoreUnavailable as exc:  # who asks cannot be told now: 503, ask again shortly
+            await _refuse(send, path, exc, 503, {"Retry-After": RETRY_AFTER, "Cache-Control": "no-store"})
+            return
         except NotAuthenticated as exc:
             if token:
                 self.failures.failed(client)

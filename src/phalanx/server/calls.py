@@ -33,9 +33,13 @@ def face(request: Request) -> LocalFace:
     return LocalFace(principal(request))
 
 
+RETRY_AFTER = wire.RETRY_AFTER
+
+
 def error(exc: PhalanxError) -> JSONResponse:
-    return JSONResponse({"error": wire.error_body(exc)}, status_code=wire.status_of(exc),
-                        headers={"Cache-Control": "no-store"})
+    status = wire.status_of(exc)
+    headers = {"Cache-Control": "no-store", **({"Retry-After": RETRY_AFTER} if status == 503 else {})}
+    return JSONResponse({"error": wire.error_body(exc)}, status_code=status, headers=headers)
 
 
 async def call(request: Request, work: Callable[[LocalFace], Any]) -> Any:

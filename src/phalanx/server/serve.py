@@ -5,11 +5,16 @@
 - Off loopback, plain HTTP would carry tokens and logs in clear text: the server refuses to
   start unless given a certificate (``--tls-cert``/``--tls-key``), or told with
   ``--insecure-http`` that a TLS proxy stands in front.
-- At start, shipped code of submits that died before their job was recorded is removed
-  (``shipping.sweep_orphans``); nothing else: jobs and their supervisors live on their own.
+- At start, what submits killed half-way left is removed (``shipping.sweep_orphans``,
+  ``sweep_scratch``); jobs and their supervisors live on their own. The server is one replica
+  (``replica.py``): it leases the jobs it starts and adopts those whose lease expired (a replica
+  that died, or this server before a restart).
 - While it serves, a thread moves the projects' queues every few seconds (``admission.advance``:
   capacity a vanished supervisor held is given back) and lets the audit log's retention expire
   old events; a job's own end moves its queue at once, this is the safety net.
+- A request does not wait for a store that is away: the server's own store calls give up after
+  ``REQUEST_RETRY`` seconds (503 with Retry-After; ``calls.error``), from a pool of ``POOL_SIZE``, while the supervisors it
+  starts keep retrying for the ``store_retry`` setting (their writes must not be lost).
 """
 
 from __future__ import annotations
@@ -38,8 +43,14 @@ def check_tls(cert: Path | None, key: Path | None) -> None:
                              "give a PEM certificate and the private key that belongs to it") from None
 
 
+REQUEST_RETRY = 3.0
+# Connections of the server's PostgreSQL pool: requests run in up to 64 threads (calls.LIMITER),
+# and a request that waits longer than REQUEST_RETRY for one is answered 503.
+POOL_SIZE = 16
+
+
 def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path | None, insecure_http: bool,
-          announce: Callable[[str], None], warn: Callable[[str], None]) -> None:
+          announce: Callable[[str], None], warn: Callable[[str], None], lease_ttl: float = 30.0) -> None:
     """Serve until interrupted. Blocking."""
     from ..web.server import bind, is_loopback
     from ..web.guard import resolve
@@ -56,13 +67,23 @@ def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path 
         os.environ["PHALANX_STORE"] = store  # this process and every supervisor it starts
     from ..api import query
     from .app import create_app
-    from .shipping import sweep_orphans
+    from ..store import Store
+    from ..store.db import is_url
+    from .replica import Replica
+    from .shipping import sweep_orphans, sweep_scratch
 
+    where = os.environ.get("PHALANX_STORE", "")
+    if is_url(where):  # the first opener's pool serves every request of this process
+        Store(where, pool_size=POOL_SIZE)
     opened = query.open_store()
+    opened.engine.answer_within(REQUEST_RETRY)
     if opened.users.count() == 0:
         warn("phalanx server: no users yet, so nobody can log in: add one with "
              "phalanx server user add NAME --admin (same --store)")
     sweep_orphans(query.home(), opened)
+    sweep_scratch(query.home())
+    replica = Replica(lease_ttl, warn)
+    replica.start()
     import uvicorn
 
     sock = bind(host, port)
@@ -79,6 +100,7 @@ def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path 
         server.run(sockets=[sock])
     finally:
         keeper.stop()
+        replica.close()
         sock.close()
 
 

@@ -13,8 +13,11 @@ and the spec the client built is made to run here.
   ``PHALANX_USER``, who submitted the job (the environment contract's server mode).
 
 If anything fails before the job exists, the shipped directory goes again: nothing half-made
-stays behind (a server killed in between leaves a ``shipped/<id>`` no job names, which
-``sweep_orphans`` removes when the server starts).
+stays behind. A server killed in between leaves a ``shipped/<id>`` no job names: while a submit
+lays one out, ``shipped/.<id>.owner`` names the process doing it (machine, pid, start time), and
+once that process is gone and no job or sweep has the id, ``sweep_abandoned`` removes both (any
+replica on that machine, every few seconds); ``sweep_orphans`` removes, when a server starts,
+those older than an hour that no marker explains.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,6 +74,8 @@ def receive(home: HomePaths, body: dict[str, Any], ship_id: str, user: str, plan
     spec = spec.with_(env={**spec.env, "PHALANX_USER": user})
     code = entries(body["code"], "request.code") if body.get("code") else None
     dest = home.shipped(ship_id)
+    if not plan_only:
+        mark(home, ship_id)
     try:
         if code is not None and not plan_only:
             lacking = objects.missing(home, {(e.sha, e.executable) for e in code if e.link is None})
@@ -79,7 +85,7 @@ def receive(home: HomePaths, body: dict[str, Any], ship_id: str, user: str, plan
         return _rebased(spec, dest, code is not None, _inputs(home, body.get("inputs") or {}, plan_only))
     except BaseException:
         if not plan_only:
-            shutil.rmtree(dest, ignore_errors=True)
+            abandon(home, ship_id)
         raise
 
 
@@ -143,6 +149,8 @@ def sweep_orphans(home: HomePaths, store: Store, older_than: float = 3600.0) -> 
     root = home.root / "shipped"
     gone = []
     for child in sorted(root.iterdir()) if root.is_dir() else []:
+        if child.name.startswith("."):  # a submit's marker (``sweep_abandoned``)
+            continue
         try:
             if time.time() - child.stat().st_mtime < older_than:
                 continue
@@ -159,3 +167,83 @@ def sweep_orphans(home: HomePaths, store: Store, older_than: float = 3600.0) -> 
         shutil.rmtree(child, ignore_errors=True)
         gone.append(child.name)
     return gone
+
+
+# -- submits killed half-way ------------------------------------------------------------------
+
+
+def _marker(home: HomePaths, ship_id: str) -> Path:
+    return home.root / "shipped" / f".{ship_id}.owner"
+
+
+def mark(home: HomePaths, ship_id: str) -> None:
+    """This process is laying ``ship_id`` out (until ``settled`` or ``abandon``)."""
+    import psutil
+
+    from ..core.paths import write_json
+
+    marker = _marker(home, ship_id)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    write_json(marker, {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()})
+
+
+def settled(home: HomePaths, ship_id: str) -> None:
+    """The job or sweep ``ship_id`` is recorded: its shipped code is its own now."""
+    _marker(home, ship_id).unlink(missing_ok=True)
+
+
+def abandon(home: HomePaths, ship_id: str) -> None:
+    """The submit of ``ship_id`` failed: its shipped code goes, then its marker."""
+    shutil.rmtree(home.shipped(ship_id), ignore_errors=True)
+    settled(home, ship_id)
+
+
+def sweep_abandoned(home: HomePaths, store: Store) -> list[str]:
+    """Shipped code of submits whose process died (on this machine) before recording the job
+    or sweep: removed; a marker whose job exists is only dropped. Returns the ids removed."""
+    from ..core.paths import read_json
+    from ..supervise.liveness import alive
+
+    root, gone = home.root / "shipped", []
+    for marker in sorted(root.glob(".*.owner")) if root.is_dir() else []:
+        ship_id = marker.name[1:-len(".owner")]
+        owner = read_json(marker) or {}
+        if owner.get("host") != socket.gethostname() or alive(owner.get("pid"), owner.get("started")):
+            continue
+        if not _recorded(store, ship_id):
+            shutil.rmtree(home.shipped(ship_id), ignore_errors=True)
+            gone.append(ship_id)
+        marker.unlink(missing_ok=True)
+    return gone
+
+
+def _recorded(store: Store, ship_id: str) -> bool:
+    for get in (store.get, store.sweeps.get):
+        try:
+            get(ship_id)
+            return True
+        except UsageError:
+            continue
+    return False
+
+
+def sweep_scratch(home: HomePaths) -> None:
+    """What killed uploads and submits left half-written on this machine: object uploads
+    (``<pid>.<random>``), inputs being laid out (``.<digest>.<pid>.<random>``), staged job
+    directories (``<id>.<pid>``), each removed once its pid is gone."""
+    import psutil
+
+    from ..supervise.submit import clear_staging
+
+    clear_staging(home)
+    for where, field in ((home.code_objects / ".incoming", 0), (home.root.joinpath(*UPLOADS), -2)):
+        for child in where.iterdir() if where.is_dir() else []:
+            parts = child.name.split(".")
+            if field == -2 and not child.name.startswith("."):
+                continue
+            pid = parts[field] if len(parts) >= 3 or field == 0 else ""
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)

@@ -20,7 +20,6 @@ leaves the job running, as ``run -d`` would have.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from typing import Any
 
@@ -69,10 +68,11 @@ async def run_job(request: Request) -> Response:
         try:
             record = face.submit(spec, events=sink.event, job_id=job_id)
         except BaseException:
-            shutil.rmtree(where.shipped(job_id), ignore_errors=True)
+            shipping.abandon(where, job_id)
             raise
         if record["id"] != job_id:  # --skip-if-done: an earlier job stands for it
-            shutil.rmtree(where.shipped(job_id), ignore_errors=True)
+            shipping.abandon(where, job_id)
+        shipping.settled(where, job_id)
         CHILDREN.add(record.get("supervisor_pid"))
         if given.get("detach"):
             return {"job": record}
@@ -107,8 +107,9 @@ async def run_sweep(request: Request) -> Response:
         try:
             sweep, _ = face.run_sweep(spec, settings, detach=True, events=sink.event, sweep_id=sweep_id)
         except BaseException:
-            shutil.rmtree(where.shipped(sweep_id), ignore_errors=True)
+            shipping.abandon(where, sweep_id)
             raise
+        shipping.settled(where, sweep_id)
         CHILDREN.add(sweep.get("supervisor_pid"))
         if given.get("detach"):
             return {"sweep": sweep, "code": None}

@@ -29,6 +29,7 @@ from .sqlite import SqliteEngine
 if TYPE_CHECKING:
     import sqlite3
 
+    from .leases import LeaseTable
     from .sweeps import SweepTable
     from .teams import ProjectTable
     from .users import UserTable
@@ -143,6 +144,12 @@ class Store:
         from .sweeps import SweepTable
 
         return SweepTable(self)
+
+    @property
+    def leases(self) -> "LeaseTable":
+        from .leases import LeaseTable
+
+        return LeaseTable(self.engine)
 
     @property
     def users(self) -> "UserTable":

@@ -80,4 +80,8 @@ class Engine(Protocol):
     def migrate(self) -> None:
         """Bring the schema up to this phalanx's migrations (once per engine)."""
 
+    def answer_within(self, seconds: float) -> None:
+        """Retry a lost connection for ``seconds`` at most from now on, then raise
+        ``StoreUnavailable`` (a server answering requests: 503 rather than a long wait)."""
+
     def close(self) -> None: ...

@@ -212,4 +212,13 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE admitted_at IS NOT NULL AND state IN ('PENDING', 'QUEUED', 'RUNNING', 'STOPPING');
     CREATE INDEX jobs_project ON jobs (project, created_at, id);
     """,
+    # 9: leases of the jobs a team server's replicas supervise (issue 22, high availability):
+    # who holds each (a replica's id) and until when. Columns of the job's row, so the lease is
+    # made in the statement that records the job (no job of a server without one). Released when
+    # the job ends: the index holds the few jobs running under a server, not every job.
+    """
+    ALTER TABLE jobs ADD COLUMN lease_holder TEXT;
+    ALTER TABLE jobs ADD COLUMN lease_expires REAL;
+    CREATE INDEX jobs_lease ON jobs (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
+    """,
 )

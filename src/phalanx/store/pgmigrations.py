@@ -208,4 +208,10 @@ PG_MIGRATIONS: tuple[str, ...] = (
         WHERE admitted_at IS NOT NULL AND state IN ('PENDING', 'QUEUED', 'RUNNING', 'STOPPING');
     CREATE INDEX jobs_project ON jobs (project, created_at, id);
     """,
+    # 9: leases of the jobs a team server's replicas supervise (holder, expiry)
+    f"""
+    ALTER TABLE jobs ADD COLUMN lease_holder {T};
+    ALTER TABLE jobs ADD COLUMN lease_expires DOUBLE PRECISION;
+    CREATE INDEX jobs_lease ON jobs (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
+    """,
 )

@@ -17,7 +17,9 @@ Faults, so that no caller sees what a retry can mend:
   after a short random pause, up to ``BUSY_TRIES`` times;
 - a lost connection, a server starting or shutting down (class 08, 57P01-57P03, no connection
   free in time): run again with fresh connections for ``retry_for`` seconds (the
-  ``store_retry`` setting), then ``StoreUnavailable`` naming the host and database;
+  ``store_retry`` setting), then ``StoreUnavailable`` naming the host and database. Those
+  retries connect outside the pool, whose own reconnecting backs off (after 15 s away, a
+  database back could wait 16 s more for the pool's next try);
 - a refused login, an unknown database or host: ``StoreError`` at once, saying what to check.
 """
 
@@ -29,8 +31,9 @@ import os
 import random
 import threading
 import time
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import MissingDependency, StoreError
@@ -200,7 +203,12 @@ class PgEngine:
         while True:
             ran = False
             try:
-                with self.pool.connection(timeout=self._wait(since)) as conn:
+                # Once the database went away, retries connect afresh: the pool refills itself with
+                # a growing backoff and would keep a database that is back unused for a while.
+                source = self._direct() if since is not None else self.pool.connection(timeout=self._wait(since))
+                with source as conn:
+                    if since is not None:
+                        self._check()  # it answers again: the pool replaces its dead connections now
                     if not transaction:
                         return fn(conn)
                     with conn.transaction():  # BEGIN ISOLATION LEVEL SERIALIZABLE (``_serializable``)
@@ -232,6 +240,18 @@ class PgEngine:
                 if kind == "other":
                     raise
                 raise self._error(exc, kind) from None
+
+    @contextmanager
+    def _direct(self) -> Iterator["psycopg.Connection[Any]"]:
+        """A connection of its own, outside the pool (retries after the database went away)."""
+        import psycopg
+
+        conn = psycopg.connect(self.url, **self._kwargs)
+        try:
+            _serializable(conn)
+            yield conn
+        finally:
+            conn.close()
 
     def _wait(self, since: float | None) -> float:
         """How long to wait for a pooled connection: what is left of the retry time."""
@@ -281,6 +301,9 @@ class PgEngine:
 
     def day(self, expr: str) -> str:
         return f"to_char(to_timestamp({expr}), 'YYYY-MM-DD')"  # in the session's TimeZone
+
+    def answer_within(self, seconds: float) -> None:
+        self.retry_for = float(seconds)
 
     # -- schema ------------------------------------------------------------------------------
 

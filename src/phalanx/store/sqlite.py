@@ -164,6 +164,9 @@ class SqliteEngine:
 
     # -- migrations --------------------------------------------------------------------------
 
+    def answer_within(self, seconds: float) -> None:
+        """Nothing to do: a file has no connection to lose."""
+
     def migrate(self) -> None:
         """Run the migrations this file has not had; ``PRAGMA user_version`` counts them."""
         migrations = MIGRATIONS

@@ -1,0 +1,62 @@
+"""The leases of a team server's jobs (``store/leases.py``), on both engines: renewed by their
+holder, released when the job ends, taken over only once expired and by one replica of two,
+and a never-started job's supervisor recorded only over the identity it replaces."""
+
+from __future__ import annotations
+
+import threading
+
+from phalanx.core.state import JobState
+from phalanx.store import Store
+
+
+def _job(store: Store, job_id: str, holder: str | None, expires: float | None) -> None:
+    store.insert_job(id=job_id, name="job", backend="local", nnodes=1, nproc_per_node=1, command="t.py",
+                     job_dir=f"/tmp/{job_id}", spec_json="{}", lease_holder=holder, lease_expires=expires)
+
+
+def test_renewed_released_expired_and_taken_over_once(store_at):
+    store = Store(store_at)
+    leases = store.leases
+    _job(store, "aa000001", "a/1/x", 100.0)
+    _job(store, "aa000002", "a/1/x", 100.0)
+    _job(store, "aa000003", None, None)  # a job of nobody's server (a CLI's): never leased, never adopted
+    assert leases.renew("a/1/x", 30.0, now=1000.0) == 2
+    assert leases.holder("aa000001") == ("a/1/x", 1030.0) and leases.holder("aa000003") is None
+    assert leases.expired(now=1020.0) == []
+    store.transition("aa000002", JobState.RUNNING)
+    store.transition("aa000002", JobState.SUCCEEDED)
+    assert leases.renew("a/1/x", 30.0, now=1010.0) == 1
+    assert leases.holder("aa000002") is None, "released when the job ended"
+    assert [(r.id, was) for r, was in leases.expired(now=1050.0)] == [("aa000001", "a/1/x")]
+
+    wins = []
+    barrier = threading.Barrier(2)
+
+    def reach(holder: str) -> None:
+        barrier.wait()
+        if Store(store_at).leases.take("aa000001", holder, 30.0, now=1050.0):
+            wins.append(holder)
+
+    threads = [threading.Thread(target=reach, args=(h,)) for h in ("b/2/y", "c/3/z")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wins) == 1 and leases.holder("aa000001") == (wins[0], 1080.0), "one replica of two takes it"
+    assert not leases.take("aa000001", "d/4/w", 30.0, now=1060.0), "a lease not expired is not taken"
+    assert [r.id for r in leases.held(wins[0])] == ["aa000001"] and leases.held("a/1/x") == []
+
+
+def test_a_supervisor_is_recorded_only_over_the_one_it_replaces(store_at):
+    store = Store(store_at)
+    _job(store, "bb000001", "a/1/x", 100.0)
+    assert store.leases.claim_start("bb000001", None, 4242, 12.5)
+    assert not store.leases.claim_start("bb000001", None, 4343, 13.5), "another came first"
+    assert store.leases.claim_start("bb000001", 4242, 4444, 14.5), "over a dead one"
+    assert (store.get("bb000001").supervisor_pid, store.get("bb000001").supervisor_started) == (4444, 14.5)
+    store.transition("bb000001", JobState.RUNNING)
+    assert not store.leases.claim_start("bb000001", 4444, 4545, 15.5), "a job that started is its supervisor's"
+    released = Store(store_at)
+    released.transition("bb000001", JobState.FAILED)
+    assert released.leases.release_ended(now=200.0) == 1 and released.leases.holder("bb000001") is None
