@@ -60,3 +60,17 @@ def test_a_supervisor_is_recorded_only_over_the_one_it_replaces(store_at):
     released = Store(store_at)
     released.transition("bb000001", JobState.FAILED)
     assert released.leases.release_ended(now=200.0) == 1 and released.leases.holder("bb000001") is None
+
+
+def test_a_queued_job_whose_lease_lapsed_stays_in_its_projects_queue(store_at):
+    """A replica adopting the jobs of a dead one (or of itself before a restart) leaves a job that
+    waits for its project's quota to the queue: starting it would step over the quota."""
+    from phalanx.server.replica import Replica
+
+    store = Store(store_at)
+    _job(store, "cc000001", "a/1/x", 100.0)
+    store.transition("cc000001", JobState.QUEUED)
+    said = Replica(30.0, lambda text: None).adopt(store, "cc000001", "a/1/x")
+    record = store.get("cc000001")
+    assert said == "kept in its project's queue"
+    assert record.state is JobState.QUEUED and record.supervisor_pid is None and record.attempt == 0

@@ -118,6 +118,8 @@ class Replica:
         record = store.get(job_id)
         if is_terminal(record.state) or liveness.elsewhere(record):
             return f"nothing to do ({record.state.value})"
+        if record.state is JobState.QUEUED:  # waiting for its project's quota: the queue starts it, not us
+            return "kept in its project's queue"
         here = leasing.host_of(was) == socket.gethostname()
         if here and liveness.alive(record.supervisor_pid, record.supervisor_started):
             return f"re-attached (its supervisor, pid {record.supervisor_pid}, still runs)"
