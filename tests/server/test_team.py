@@ -61,6 +61,7 @@ def normal(text: str, *ids: str) -> str:
     for n, job in enumerate(ids):
         text = text.replace(job, f"JOB{n}")
     text = re.sub(r"[0-9.e-]+ (GPU|CPU)-hours", r"N \1-hours", text)
+    text = re.sub(r"[0-9.,e+-]+ (GPU|CPU)-(h|s)\b", r"N \1-time", text)  # device time in the unit that fits it
     text = re.sub(r"resources .*", "resources R", text)  # the machine's load and memory when sampled
     text = re.sub(r"\b\d+(\.\d+)?s\b|\b\d+m\d+s\b", "T", text)
     text = re.sub(r"\d+s ago|\d+m ago", "AGO", text)
