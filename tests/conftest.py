@@ -158,11 +158,6 @@ def pg_server():
     from tests import pgserver
 
     why = pgserver.unavailable()
-    if why is None:
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            why = "psycopg is not installed: pip install -e '.[postgres]'"
     if why is not None:
         yield why
         return

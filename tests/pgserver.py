@@ -36,7 +36,11 @@ def bindir() -> Path | None:
 
 
 def unavailable() -> str | None:
-    """Why no private server can run here (None: it can)."""
+    """Why no private server can run here, or the store cannot talk to one (None: it can)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed: pip install -e '.[postgres]'"
     if bindir() is None:
         return "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"
     if os.geteuid() == 0:

@@ -168,11 +168,6 @@ def postgres():
     from tests import pgserver
 
     why = pgserver.unavailable()
-    if why is None:
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            why = "psycopg is not installed: pip install -e '.[postgres]'"
     if why is not None:
         pgserver.need_pg(why)
     pg = pgserver.PgServer()
