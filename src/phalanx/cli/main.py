@@ -12,7 +12,7 @@ import click
 import typer
 
 from ..core.rawtext import show_streams
-from ..errors import PhalanxError
+from ..errors import MissingDependency, PhalanxError
 from .doctor import DoctorCommand
 from .runflags import RunCommand
 
@@ -137,6 +137,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         sys.stderr.write(f"phalanx: error: {_one_line(str(exc))}\n")
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:  # an optional package a command imports where it needs it
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if _DEBUG or extra is None:
+            raise
+        error = MissingDependency(str(exc.name).split(".")[0], extra)
+        sys.stderr.write(f"phalanx: error: {_one_line(str(error))}\n")
+        sys.exit(error.exit_code)
     except _NO_ARGS_IS_HELP as exc:  # bare `phalanx` (or `phalanx sweep`): its help
         sys.stdout.write(exc.ctx.get_help() + "\n")
         sys.exit(0)
@@ -157,6 +164,14 @@ def main(argv: list[str] | None = None) -> None:
         where = f"{ctx.command_path} --help" if ctx is not None else "phalanx --help"
         sys.stderr.write(f"phalanx: error: {message[0].lower() + message[1:] if message else 'bad usage'}; see: {where}\n")
         sys.exit(getattr(exc, "exit_code", 2))
+
+
+# Optional packages (pyproject.toml's extras) by the name they are imported as: a command that
+# needs one that is missing says which extra brings it, in one line, instead of a traceback.
+EXTRAS = {"starlette": "web", "uvicorn": "web", "plotly": "web", "psycopg": "postgres", "psycopg_pool": "postgres",
+          "optuna": "sweeps", "fsspec": "storage", "s3fs": "storage", "torch": "torch", "jax": "jax",
+          "boto3": "sagemaker", "botocore": "sagemaker", "ray": "ray", "sky": "skypilot", "keyring": "secrets",
+          "mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard", "pynvml": "gpu"}
 
 
 def _one_line(text: str) -> str:
