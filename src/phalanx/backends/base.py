@@ -230,8 +230,9 @@ class Backend(abc.ABC):
         False (``--dry-run``): only what needs no cluster or cloud. Raises SecretError (exit 2)."""
         if spec.secrets:
             from ..secrets.resolve import check
+            from ..secrets.server import for_spec
 
-            check(spec.secrets, self.secret_store)
+            check(spec.secrets, self.secret_store or for_spec(spec))
 
     def secret_env(self, node: NodePlan) -> dict[str, str]:
         """The values of ``node``'s secrets (``NodePlan.secrets``: variable -> secret name), read
