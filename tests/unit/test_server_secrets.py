@@ -126,9 +126,14 @@ def test_a_row_moved_to_another_owner_does_not_decrypt(store):
         kept.JobSecrets(store, "erin").get("MINE")
 
 
-def test_only_a_job_submitted_through_a_server_reads_the_servers_table(store):
+def test_only_a_job_submitted_through_a_server_reads_the_servers_table(store, monkeypatch):
     spec = JobSpec(entrypoint=Entrypoint(EntrypointKind.SCRIPT, "/tmp/t.py"), secrets={"HF": "vision/hf"})
     assert kept.for_spec(spec, store) is None, "a job of one's own reads one's own store"
     served = spec.with_(env={"PHALANX_USER": "carol"})
     assert isinstance(kept.for_spec(served, store), kept.JobSecrets)
     assert kept.for_spec(served.with_(secrets={}), store) is None
+    monkeypatch.setenv(kept.KEY_ENV, "")  # a server without a key: its table still, which says it keeps none
+    with pytest.raises(SecretError, match="keeps no secrets"):
+        kept.for_spec(served, store).get("vision/hf")  # type: ignore[union-attr]
+    monkeypatch.delenv(kept.KEY_ENV)  # no server here: --env PHALANX_USER=... on one's own machine
+    assert kept.for_spec(served, store) is None

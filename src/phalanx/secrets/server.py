@@ -209,10 +209,11 @@ class JobSecrets(SecretStore):
 
 def for_spec(spec: Any, store: Store | None = None) -> SecretStore | None:
     """Where the secrets of ``spec`` are read: a job submitted through a team server (its
-    environment names its submitter, ``PHALANX_USER``, which the server sets) reads the
+    environment names its submitter, ``PHALANX_USER``, which the server sets; the server and
+    its supervisors have ``PHALANX_SECRETS_KEY_FILE`` set, empty when it has no key) reads the
     server's table as that user; any other job, None (its user's own store here)."""
     user = (spec.env or {}).get("PHALANX_USER") if spec is not None else None
-    if not user or not spec.secrets:
+    if not user or not spec.secrets or KEY_ENV not in os.environ:
         return None
     if store is None:
         from .. import config

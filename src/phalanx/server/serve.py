@@ -71,8 +71,10 @@ def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path 
 
     if secrets_key is not None or os.environ.get(kept.KEY_ENV):
         kept.load_key(secrets_key)  # a key that cannot be used stops the server now, not a submit later
-        if secrets_key is not None:  # this process and every supervisor it starts (the path, never the key)
-            os.environ[kept.KEY_ENV] = str(Path(secrets_key).resolve())
+    # This process and every supervisor it starts: the key file's path (never the key), or empty
+    # (this server keeps no secrets): either way its jobs read no one's own store (``for_spec``).
+    os.environ[kept.KEY_ENV] = str(Path(secrets_key).resolve()) if secrets_key is not None \
+        else os.environ.get(kept.KEY_ENV, "")
     from ..api import query
     from .app import create_app
     from ..store import Store
