@@ -20,20 +20,19 @@ import binascii
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from ..core.identity import Principal
 from ..errors import NotAllowed, SecretError, UsageError
-from ..store import tx
 from .base import SCOPED, SecretInfo, SecretStore, check_name, check_value
 
-if TYPE_CHECKING:
-    from ..store import Store
+# The store (``phalanx.store.Store``, a floor beside this one: its ``secrets`` table and users and
+# projects are reached through the object handed in, never imported).
+Store = Any
 
 KEY_ENV = "PHALANX_SECRETS_KEY_FILE"
 KEY_BYTES = 32
 NONCE_BYTES = 12
-_COLUMNS = "scope, owner, name, created_at, updated_at, set_by"
 
 
 def new_key() -> str:
@@ -128,34 +127,20 @@ class ServerSecrets:
     def set(self, name: str, value: str) -> bool:
         scope, owner, short = self._writable(name)
         nonce, sealed = seal(self.key, scope, owner, short, check_value(value))
-        now = time.time()
-
-        def write(t: tx.Tx) -> bool:
-            changed = t.execute("UPDATE secrets SET ciphertext = ?, nonce = ?, updated_at = ?, set_by = ? "
-                                "WHERE scope = ? AND owner = ? AND name = ?",
-                                [sealed, nonce, now, self.who.user, scope, owner, short])
-            if changed:
-                return False
-            t.execute("INSERT INTO secrets (scope, owner, name, ciphertext, nonce, created_at, updated_at, set_by) "
-                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [scope, owner, short, sealed, nonce, now, now, self.who.user])
-            return True
-
-        return tx.atomic(self.store, write)
+        return bool(self.store.secrets.put(scope, owner, short, sealed, nonce, time.time(), self.who.user))
 
     def remove(self, name: str) -> bool:
         scope, owner, short = self._writable(name)
-        return tx.atomic(self.store, lambda t: t.execute(
-            "DELETE FROM secrets WHERE scope = ? AND owner = ? AND name = ?", [scope, owner, short])) > 0
+        return bool(self.store.secrets.delete(scope, owner, short))
 
     def list(self) -> list[SecretInfo]:
         """Own secrets, then those of the projects ``who`` is in (a server admin: every project's)."""
-        rows = tx.rows(self.store, f"SELECT {_COLUMNS} FROM secrets WHERE scope = 'user' AND owner = ? "
-                                   "ORDER BY name", [self.who.user])
-        out = [SecretInfo(name, owner, created, updated, "server") for _, owner, name, created, updated, _ in rows]
-        for _, project, name, created, updated, _ in tx.rows(
-                self.store, f"SELECT {_COLUMNS} FROM secrets WHERE scope = 'project' ORDER BY owner, name"):
-            if self.who.sees(project) and self.who.role(project) is not None:
-                out.append(SecretInfo(f"{project}/{name}", project, created, updated, "server"))
+        out = []
+        for scope, owner, name, created, updated, _ in self.store.secrets.infos(self.who.user):
+            if scope == "user":
+                out.append(SecretInfo(name, owner, created, updated, "server"))
+            elif self.who.sees(owner) and self.who.role(owner) is not None:
+                out.append(SecretInfo(f"{owner}/{name}", owner, created, updated, "server"))
         return out
 
     def read(self, name: str) -> str:
@@ -164,11 +149,10 @@ class ServerSecrets:
         scope, owner, short = split(name, self.who.user)
         if scope == "project" and not self.who.at_least(owner, "member"):
             raise self.missing(name)
-        found = tx.rows(self.store, "SELECT nonce, ciphertext FROM secrets WHERE scope = ? AND owner = ? AND name = ?",
-                        [scope, owner, short])
-        if not found:
+        found = self.store.secrets.sealed(scope, owner, short)
+        if found is None:
             raise self.missing(name)
-        return unseal(self.key, scope, owner, short, found[0][0], found[0][1])
+        return unseal(self.key, scope, owner, short, found[0], found[1])
 
     def missing(self, name: str) -> SecretError:
         own = "" if "/" in name else " (your own)"
@@ -207,18 +191,13 @@ class JobSecrets(SecretStore):
         raise SecretError("a job cannot remove secrets", "use: phalanx secret rm NAME")
 
 
-def for_spec(spec: Any, store: Store | None = None) -> SecretStore | None:
+def for_spec(spec: Any, store: Store | Callable[[], Store]) -> SecretStore | None:
     """Where the secrets of ``spec`` are read: a job submitted through a team server (its
     environment names its submitter, ``PHALANX_USER``, which the server sets; the server and
     its supervisors have ``PHALANX_SECRETS_KEY_FILE`` set, empty when it has no key) reads the
-    server's table as that user; any other job, None (its user's own store here)."""
+    server's table as that user; any other job, None (its user's own store here). ``store``:
+    the store, or what opens it (called only when needed)."""
     user = (spec.env or {}).get("PHALANX_USER") if spec is not None else None
     if not user or not spec.secrets or KEY_ENV not in os.environ:
         return None
-    if store is None:
-        from .. import config
-        from ..core.paths import HomePaths
-        from ..store import open_store
-
-        store = open_store(HomePaths(config.home()).db)
-    return JobSecrets(store, user)
+    return JobSecrets(store() if callable(store) else store, user)
