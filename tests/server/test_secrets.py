@@ -120,6 +120,11 @@ def test_a_servers_secrets_reach_the_ranks_of_who_may_use_them_and_nothing_else(
     logs = said(alice.run("logs", job))
     assert f"HF {_sha(PROJECT_CANARY)} ********" in logs.stdout, logs.stdout + logs.stderr
     said(alice.run("status", job, "--json"))
+    planned = said(alice.run("run", "--dry-run", "--secret", "HF=vision/hf", "show.py", cwd=alice.root / "p"))
+    assert planned.returncode == 0 and "HF=<secret>" in planned.stdout, planned.stdout + planned.stderr
+    audited = said(bob.run("events", "--json", "--project", "vision"))
+    rows = [(e["user"], e["action"], e["target"], e["outcome"]) for e in json.loads(audited.stdout)]
+    assert ("bob", "secret.set", "vision/hf", "ok") in rows and ("alice", "secret.set", "vision/hf", "denied") in rows, rows
 
     for args in (["run", "--secret", "HF=vision/hf", "show.py"], ["run", "-d", "--secret", "HF=vision/hf", "show.py"]):
         done = said(carol.run(*args, cwd=carol.root / "p"))
