@@ -537,7 +537,13 @@ class LocalFace(TeamVerbs):
 
     # -- secrets -------------------------------------------------------------------------------
 
+    # A user of a team server: the server's table (``serversecrets.py``); else this user's own store.
+
     def secret_set(self, name: str, value: str) -> dict[str, Any]:
+        if not self.principal.local:
+            from . import serversecrets
+
+            return serversecrets.secret_set(self._store(), self.principal, name, value)
         from ..secrets.local import open_store
 
         store = open_store()
@@ -545,11 +551,19 @@ class LocalFace(TeamVerbs):
         return {"name": name, "new": new, "where": store.where}
 
     def secret_list(self) -> list[dict[str, Any]]:
+        if not self.principal.local:
+            from . import serversecrets
+
+            return serversecrets.secret_list(self._store(), self.principal)
         from ..secrets.local import open_store
 
         return [info.to_dict() for info in open_store().list()]
 
     def secret_rm(self, name: str) -> dict[str, Any]:
+        if not self.principal.local:
+            from . import serversecrets
+
+            return serversecrets.secret_rm(self._store(), self.principal, name)
         from ..secrets.local import open_store
 
         store = open_store()

@@ -230,8 +230,9 @@ class Backend(abc.ABC):
         False (``--dry-run``): only what needs no cluster or cloud. Raises SecretError (exit 2)."""
         if spec.secrets:
             from ..secrets.resolve import check
+            from ..secrets.server import for_spec
 
-            check(spec.secrets, self.secret_store)
+            check(spec.secrets, self.secret_store or for_spec(spec, _open_store))
 
     def secret_env(self, node: NodePlan) -> dict[str, str]:
         """The values of ``node``'s secrets (``NodePlan.secrets``: variable -> secret name), read
@@ -388,3 +389,12 @@ def ports_needed(spec: JobSpec) -> int:
     """The rendezvous port, and one per worker for TF_CONFIG."""
     workers = spec.resources.nnodes * spec.procs_per_node_started
     return 1 + (workers if spec.framework is Framework.TF else 0)
+
+
+def _open_store() -> Any:
+    """The store the settings name (a team server's, in its processes)."""
+    from .. import config
+    from ..core.paths import HomePaths
+    from ..store import open_store
+
+    return open_store(HomePaths(config.home()).db)

@@ -50,6 +50,7 @@ def serve_cmd(
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="Its private key (PEM)."),
     insecure_http: bool = typer.Option(False, "--insecure-http", help="Serve plain HTTP off loopback (a TLS proxy is in front)."),
     lease_ttl: float = typer.Option(30.0, "--lease-ttl", min=1.0, help="Seconds a replica's lease on a job lasts unless renewed: another replica adopts the job after it (docs/server.md, high availability)."),
+    secrets_key_file: Optional[Path] = typer.Option(None, "--secrets-key-file", help="The key the users' secrets are encrypted with at rest (32 random bytes, base64: phalanx server secrets-key > FILE; default PHALANX_SECRETS_KEY_FILE). Without one the server keeps no secrets."),
 ) -> None:
     """Serve the team: the API (/api/v1), the dashboard with a login page, /healthz and /metrics,
     until Ctrl-C. Jobs submitted to it run here, on its backends, with its credentials."""
@@ -70,7 +71,17 @@ def serve_cmd(
     def warn(text: str) -> None:
         typer.echo(text, err=True)
 
-    serve(host, port, store, tls_cert, tls_key, insecure_http, announce, warn, lease_ttl=lease_ttl)
+    serve(host, port, store, tls_cert, tls_key, insecure_http, announce, warn, lease_ttl=lease_ttl,
+          secrets_key=secrets_key_file)
+
+
+@server_app.command("secrets-key")
+def secrets_key_cmd() -> None:
+    """Print a new key for --secrets-key-file (32 random bytes, base64): keep it in a file only the
+    server's user may read, and keep a copy: the secrets cannot be read without it."""
+    from ..secrets.server import new_key
+
+    typer.echo(new_key())
 
 
 def _store() -> "Store":

@@ -22,7 +22,7 @@ from ..api.ps import PsListing, PsRequest
 from ..api.wire import ps_params
 from ..core.identity import Principal
 from ..core.spec import JobSpec
-from ..errors import PhalanxError, SecretError, UsageError
+from ..errors import PhalanxError, UsageError
 from urllib.parse import quote
 
 from .client import Client, ref_path
@@ -283,21 +283,24 @@ class RemoteFace:
                 tar.extract(member, where, filter="data")
         return str(where), json.loads(response.getheader("X-Phalanx-Counts") or "{}")
 
-    # -- secrets: a team server keeps none yet (docs/secrets.md, "On a team server") ----------------
+    # -- secrets: kept by the server, per user and per project (docs/secrets.md, "On a team server")
 
     def secret_set(self, name: str, value: str) -> dict[str, Any]:
-        raise self._no_secrets(f"set {name}")
+        return self.client.call("PUT", _secret_path(name), body={"value": value})  # type: ignore[no-any-return]
 
     def secret_list(self) -> list[dict[str, Any]]:
-        raise self._no_secrets("list")
+        return self.client.call("GET", "/secrets")  # type: ignore[no-any-return]
 
     def secret_rm(self, name: str) -> dict[str, Any]:
-        raise self._no_secrets(f"rm {name}")
-
-    def _no_secrets(self, verb: str) -> SecretError:
-        return SecretError(f"the team server {self.login.url} keeps no secrets yet",
-                           f"keep it on this machine: phalanx --local secret {verb}")
+        return self.client.call("DELETE", _secret_path(name))  # type: ignore[no-any-return]
 
 
 def _given(**values: Any) -> list[tuple[str, str]]:
     return [(k, str(v)) for k, v in values.items() if v is not None]
+
+
+def _secret_path(name: str) -> str:
+    """``/secrets/NAME`` or ``/secrets/PROJECT/NAME`` (checked before it travels)."""
+    from ..secrets.base import check_name
+
+    return "/secrets/" + quote(check_name(name), safe="/")

@@ -1,4 +1,4 @@
-"""What a secret store is, whoever keeps it: this machine's file (``local.py``) or, later, a team
+"""What a secret store is, whoever keeps it: this machine's file (``local.py``) or a team
 server's table. A store holds named values with who set them and when; ``list`` never returns a
 value. Names: letters, digits and ``_.-``, starting with a letter, a digit or ``_``; a team server
 also knows ``PROJECT/NAME`` (a project's secret), which a local store refuses."""

@@ -13,6 +13,9 @@ inputs, runs and sweeps) is ``submit.py``'s.
     GET    /sweeps/{ref} | /sweeps/{ref}/trials?sort&column  sweep show, ps --trials [--sort] [-c]
     POST   /prune                            prune (admins)
     GET    /usage?by&since&project           usage
+    PUT    /secrets/{name}  body {value}      secret set (NAME: the caller's own; PROJECT/NAME: a project's)
+    GET    /secrets                          secret list (names, owners, dates: never a value)
+    DELETE /secrets/{name}                   secret rm
 """
 
 from __future__ import annotations
@@ -198,8 +201,25 @@ async def usage(request: Request) -> Response:
     return await answer(request, lambda face: face.usage(by, since, project))
 
 
+def _secret(request: Request) -> str:
+    return str(request.path_params["name"])
+
+
+async def secret_set(request: Request) -> Response:
+    given = await body(request, schema.SECRET)
+    return await answer(request, lambda face: face.secret_set(_secret(request), given["value"]))
+
+
+async def secret_list(request: Request) -> Response:
+    return await answer(request, lambda face: face.secret_list())
+
+
+async def secret_rm(request: Request) -> Response:
+    return await answer(request, lambda face: face.secret_rm(_secret(request)))
+
+
 def routes(prefix: str) -> list[Route]:
-    get, post, delete = ["GET"], ["POST"], ["DELETE"]
+    get, post, put, delete = ["GET"], ["POST"], ["PUT"], ["DELETE"]
     table: list[tuple[str, Any, list[str]]] = [
         ("/whoami", whoami, get),
         ("/jobs", ps, get),
@@ -218,6 +238,9 @@ def routes(prefix: str) -> list[Route]:
         ("/sweeps/{ref}/trials", trials, get),
         ("/prune", prune, post),
         ("/usage", usage, get),
+        ("/secrets", secret_list, get),
+        ("/secrets/{name:path}", secret_set, put),
+        ("/secrets/{name:path}", secret_rm, delete),
     ]
     return [Route(prefix + path, _endpoint(handler), methods=methods) for path, handler, methods in table]
 

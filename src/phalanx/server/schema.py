@@ -86,3 +86,4 @@ STOP: Schema = obj((), timeout=OPT_NUMBER, now=BOOL)
 RESUME: Schema = obj((), detach=BOOL, ranks=SUBMIT["properties"]["ranks"])
 PRUNE: Schema = obj(("older_than",), older_than=STRING, states={"type": "array", "items": STRING, "max": 20},
                     dry_run=BOOL)
+SECRET: Schema = obj(("value",), value={"type": "string", "max": 65536})

@@ -50,8 +50,10 @@ POOL_SIZE = 16
 
 
 def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path | None, insecure_http: bool,
-          announce: Callable[[str], None], warn: Callable[[str], None], lease_ttl: float = 30.0) -> None:
-    """Serve until interrupted. Blocking."""
+          announce: Callable[[str], None], warn: Callable[[str], None], lease_ttl: float = 30.0,
+          secrets_key: Path | None = None) -> None:
+    """Serve until interrupted. Blocking. ``secrets_key``: the file of the key the users'
+    secrets are encrypted with (else ``PHALANX_SECRETS_KEY_FILE``; neither: it keeps none)."""
     from ..web.server import bind, is_loopback
     from ..web.guard import resolve
 
@@ -65,6 +67,14 @@ def serve(host: str, port: int, store: str | None, cert: Path | None, key: Path 
                          "network in clear text", "give --tls-cert and --tls-key, or, behind a TLS proxy, add --insecure-http")
     if store:
         os.environ["PHALANX_STORE"] = store  # this process and every supervisor it starts
+    from ..secrets import server as kept
+
+    if secrets_key is not None or os.environ.get(kept.KEY_ENV):
+        kept.load_key(secrets_key)  # a key that cannot be used stops the server now, not a submit later
+    # This process and every supervisor it starts: the key file's path (never the key), or empty
+    # (this server keeps no secrets): either way its jobs read no one's own store (``for_spec``).
+    os.environ[kept.KEY_ENV] = str(Path(secrets_key).resolve()) if secrets_key is not None \
+        else os.environ.get(kept.KEY_ENV, "")
     from ..api import query
     from .app import create_app
     from ..store import Store

@@ -10,7 +10,9 @@ and the spec the client built is made to run here.
 - A local ``--input`` directory or file is laid out once per content (hard links, read-only) in
   ``$PHALANX_HOME/cache/uploads/<digest>/`` and the channel reads from there; URIs pass through.
 - The interpreter is the server's (the client's path means nothing here); the ranks get
-  ``PHALANX_USER``, who submitted the job (the environment contract's server mode).
+  ``PHALANX_USER``, who submitted the job (the environment contract's server mode). That also
+  says whose secrets the job reads: the submitter's, in this server's table
+  (``secrets/server.py``: checked at submit, read by the supervisor as each attempt starts).
 
 If anything fails before the job exists, the shipped directory goes again: nothing half-made
 stays behind. A server killed in between leaves a ``shipped/<id>`` no job names: while a submit
@@ -33,7 +35,7 @@ from typing import Any
 from ..core.env import python_as_typed
 from ..core.paths import HomePaths
 from ..core.spec import EntrypointKind, JobSpec, in_snapshot
-from ..errors import SecretError, UsageError
+from ..errors import UsageError
 from ..storage import objects
 from ..store import Store
 
@@ -45,12 +47,6 @@ def decode_spec(data: Any) -> JobSpec:
         spec = JobSpec.from_dict(data)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise UsageError(f"request.spec is not a job spec: {exc}", "send what JobSpec.to_dict() makes") from None
-    if spec.secrets:
-        # This server keeps no secrets of its users yet: resolving a name here would read the
-        # store of whoever runs the server, not the caller's (docs/secrets.md, "On a team server").
-        raise SecretError(f"this server keeps no secrets yet, so a job it runs cannot ask for one "
-                          f"({', '.join(sorted(spec.secrets))})",
-                          "run the job on your own machine: phalanx --local run --secret ...")
     return spec
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import sqlite3
 
     from .leases import LeaseTable
+    from .secrets import SecretTable
     from .sweeps import SweepTable
     from .teams import ProjectTable
     from .users import UserTable
@@ -162,6 +163,12 @@ class Store:
         from .teams import ProjectTable
 
         return ProjectTable(self)
+
+    @property
+    def secrets(self) -> "SecretTable":
+        from .secrets import SecretTable
+
+        return SecretTable(self)
 
     def trials(self, sweep_id: str) -> list[JobRecord]:
         """A sweep's trial jobs, in trial order."""

@@ -221,4 +221,20 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN lease_expires REAL;
     CREATE INDEX jobs_lease ON jobs (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
     """,
+    # 10: the secrets a team server keeps (issue 27; ``secrets/server.py``): per user (scope
+    # 'user', owner the user) and per project (scope 'project', owner the project), the value
+    # AES-256-GCM ciphertext under the operator's key (base64, with its nonce): never plain text.
+    """
+    CREATE TABLE secrets (
+        scope TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        name TEXT NOT NULL,
+        ciphertext TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        set_by TEXT NOT NULL,
+        PRIMARY KEY (scope, owner, name)
+    );
+    """,
 )

@@ -214,4 +214,18 @@ PG_MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN lease_expires DOUBLE PRECISION;
     CREATE INDEX jobs_lease ON jobs (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
     """,
+    # 10: the secrets a team server keeps, per user and per project, as AES-256-GCM ciphertext
+    f"""
+    CREATE TABLE secrets (
+        scope {T} NOT NULL,
+        owner {T} NOT NULL,
+        name {T} NOT NULL,
+        ciphertext {T} NOT NULL,
+        nonce {T} NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        set_by {T} NOT NULL,
+        PRIMARY KEY (scope, owner, name)
+    );
+    """,
 )

@@ -51,6 +51,7 @@ from ..errors import BackendError, NodesUnusable, PhalanxError
 from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
+from ..secrets.server import for_spec as server_secrets
 from ..store import JobRecord, Store
 from . import admission, endings, history, leaveout, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
@@ -136,6 +137,8 @@ class JobRun:
         self.say = events or (lambda text: None)
         self.spec = record.spec
         self.backend = get_backend(plan.backend)
+        # a job submitted through a team server reads its submitter's secrets there
+        self.backend.secret_store = server_secrets(record.spec, store)
         self.paths = record.paths
         self.retries = 0
         # Nodes found bad by earlier attempts (a resumed job keeps avoiding them), and the
