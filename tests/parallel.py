@@ -43,7 +43,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # a private PostgreSQL (tests/pgserver.py): the store's tests on its second engine
     "pg_server": ("tests/unit/test_store.py", "tests/unit/test_store_plans.py", "tests/unit/test_store_engines.py",
                   "tests/unit/test_store_concurrency.py", "tests/unit/test_store_listing.py",
-                  "tests/local/test_pgstore_cli.py", "tests/unit/test_store_leases.py", "tests/unit/test_teams.py"),
+                  "tests/local/test_pgstore_cli.py", "tests/unit/test_store_leases.py", "tests/unit/test_teams.py",
+                  "tests/unit/test_server_secrets.py"),
 }
 SHARED = ("ray_cluster", "slurm_cluster", "netns_hosts", *GROUPS)
 SCOPE = {path: name for name, paths in GROUPS.items() for path in paths}

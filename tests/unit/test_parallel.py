@@ -43,3 +43,17 @@ def test_files_sharing_a_daemon_must_be_grouped():
     stray = [*grouped, Item("tests/web/test_new.py::e", ["demo"])]
     with pytest.raises(pytest.UsageError, match=r"test_new.py.*GROUPS\['demo'\]"):
         parallel.check_groups(stray)
+
+
+def test_the_whole_suite_is_grouped_as_its_parallel_run_needs():
+    """Collecting the whole suite runs ``check_groups`` as CI's parallel run does: a new test file
+    that uses a shared daemon (the private PostgreSQL, moto's S3 ...) and is not in its group fails
+    here, in the unit tier, instead of every worker of the full run crashing at its first test."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "tests collected" in done.stdout, (done.stdout + done.stderr)[-2000:]
