@@ -30,7 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
 # Inside the face (``api``): views read and never act, verbs act, and ``face`` puts both behind one
 # object. A view may import neither a verb nor the face; every module of ``api`` is one of the three.
 VIEWS = {"query", "lists", "sweepview", "ps", "jobview", "attach", "usage", "failure"}
-VERBS = {"jobs", "cleanup", "users", "projects", "audit", "teamface", "faceverbs", "serversecrets"}
+VERBS = {"jobs", "cleanup", "users", "projects", "audit", "teamface", "faceverbs", "sweepjobs", "serversecrets"}
 FACES = {"face", "wire"}
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 PICTURE = " < ".join("|".join(names) for names in FLOORS)

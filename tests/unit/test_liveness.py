@@ -12,7 +12,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from phalanx.api import jobs, query
+from phalanx.api import jobs, query, sweepjobs
 from phalanx.core.contracts import OutcomeKind, read_attempts
 from phalanx.core.paths import HomePaths
 from phalanx.core.spec import Entrypoint, EntrypointKind, JobSpec
@@ -105,7 +105,7 @@ def test_the_first_command_that_acts_records_lost(world):
     store, home = world
     assert jobs.stop("orphan").state is JobState.LOST  # nothing left running on the local backend
     assert store.get("orphan").state is JobState.LOST and store.get("healthy").state is JobState.RUNNING
-    assert jobs.stop_sweep(query.find_sweep("sw1")).state is JobState.LOST
+    assert sweepjobs.stop_sweep(query.find_sweep("sw1")).state is JobState.LOST
     assert store.sweeps.get("sw1").state is JobState.LOST and store.get("trial1").state is JobState.LOST
     assert store.get("trial0").state is JobState.SUCCEEDED  # terminal states never change
 

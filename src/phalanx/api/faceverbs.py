@@ -107,7 +107,7 @@ class JobVerbs:
 
     def run_sweep(self, spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None,
                   sweep_id: str | None = None) -> tuple[dict[str, Any], int | None]:
-        from . import jobs
+        from . import sweepjobs
         from .lists import sweep_reason
 
         with audited(self._store(), self.principal, "sweep", sweep_id or spec.name, spec.project or None) as event:
@@ -120,8 +120,8 @@ class JobVerbs:
                 event.target, event.done = sweep.id, True
                 log(self._store(), self.principal, "sweep", sweep.id, spec.project, detail={"name": spec.name})
 
-            sweep, code = jobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
-                                         sweep_id=sweep_id, created=created)
+            sweep, code = sweepjobs.run_sweep(spec, settings, detach=detach, events=events, user=self._submitter,
+                                              sweep_id=sweep_id, created=created)
         return {**sweep.to_dict(), "reason": sweep_reason(sweep)}, code
 
     def attach(self, ref: str, out: TextIO, ranks: set[int] | None = None, events: Events | None = None,
@@ -147,7 +147,7 @@ class JobVerbs:
              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Block until the job (or sweep) ends. ``progress`` hears the job's id, state and health
         (``query.health``) at every look (``wait --progress``)."""
-        from . import jobs
+        from . import jobs, sweepjobs
         from .query import health
         from .sweepview import sweep_exit_code
 
@@ -155,7 +155,7 @@ class JobVerbs:
         if sweep is not None:
             from .lists import sweep_reason
 
-            done = jobs.wait_sweep(sweep.id, timeout)
+            done = sweepjobs.wait_sweep(sweep.id, timeout)
             return {"kind": "sweep", **done.to_dict(), "reason": sweep_reason(done), "wait_code": sweep_exit_code(done)}
         watch = None if progress is None else (
             lambda r: progress({"id": r.id, "state": r.state.value, "health": health(r)}))
@@ -167,14 +167,14 @@ class JobVerbs:
              now: bool = False) -> dict[str, Any]:
         """Stop a job (SIGTERM, its grace period, SIGKILL) or a sweep; a second stop of a job that
         is stopping already keeps its grace period unless ``now``."""
-        from . import jobs
+        from . import jobs, sweepjobs
 
         with audited(self._store(), self.principal, "stop", ref) as event:
             sweep = self.find_sweep(ref)
             if sweep is not None:
                 event.target, event.project = sweep.id, sweep.project
                 self.check_may_act("sweep", sweep.id, sweep.user_name, "stop", sweep.project)
-                return {"kind": "sweep", **jobs.stop_sweep(sweep, timeout=timeout).to_dict()}
+                return {"kind": "sweep", **sweepjobs.stop_sweep(sweep, timeout=timeout).to_dict()}
             record = self._job(ref)
             event.target, event.project = record.id, record.project
             self.check_may_act("job", record.id, record.user_name, "stop", record.project)
@@ -185,7 +185,7 @@ class JobVerbs:
                events: Events | None = None) -> tuple[dict[str, Any], int | None]:
         """``detach`` None: the way ``phalanx run`` started it. The result's ``detached`` says
         which way it went (then the code is None)."""
-        from . import jobs
+        from . import jobs, sweepjobs
 
         with audited(self._store(), self.principal, "resume", ref) as event:
             sweep = self.find_sweep(ref)
@@ -193,7 +193,7 @@ class JobVerbs:
                 event.target, event.project = sweep.id, sweep.project
                 self.check_may_act("sweep", sweep.id, sweep.user_name, "resume", sweep.project)
                 event.done = self._log_now("resume", sweep.id, sweep.project)
-                done, code = jobs.resume_sweep(sweep, detach=detach, events=events)
+                done, code = sweepjobs.resume_sweep(sweep, detach=detach, events=events)
                 return {"kind": "sweep", **done.to_dict(), "detached": code is None}, code
             found = self._job(ref)
             event.target, event.project = found.id, found.project

@@ -1,6 +1,7 @@
-"""The library's verbs: run, submit, resume, stop and wait for jobs and sweeps.
+"""The library's verbs: run, submit, resume, stop and wait for jobs.
 
-The verbs that act on jobs are here (``rm`` and ``prune`` are :mod:`phalanx.api.cleanup`'s); the
+The verbs that act on jobs are here (a sweep's are :mod:`phalanx.api.sweepjobs`'s, ``rm`` and
+``prune`` :mod:`phalanx.api.cleanup`'s); the
 views that look at them are :mod:`phalanx.api.query`, ``lists``, ``ps``, ``jobview`` and
 ``sweepview``; :mod:`phalanx.api.face` puts both behind the one object the CLI and the dashboard
 call. The work itself is :mod:`phalanx.supervise`'s.
@@ -29,8 +30,7 @@ from ..supervise import detached, leasing, leftover, liveness, submit
 from ..supervise.liveness import effective
 
 if TYPE_CHECKING:
-    from ..store.sweeps import SweepRecord
-    from ..sweeps.settings import SweepSettings
+    pass
 
 Events = Callable[[str], None]
 
@@ -290,7 +290,7 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
     if liveness.elsewhere(record):  # supervised in a cluster (k8s --in-cluster): stopped through it
         return get_backend(record.backend).stop_elsewhere(store, record, events, leftover.stop)
     if is_terminal(record.state):
-        return _stop_leftover(store, record, events)
+        return stop_leftover(store, record, events)
     if record.state is JobState.QUEUED and record.admitted_at is None:
         from ..supervise.admission import stop_queued
 
@@ -303,7 +303,7 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
     if not marked:
         record = liveness.record_lost(store, store.get(record.id))
         if is_terminal(record.state):
-            return _stop_leftover(store, record, events)
+            return stop_leftover(store, record, events)
         if events and not now:
             events(_already_stopping(record))
     if marked or now:
@@ -315,14 +315,14 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
         try:
             os.kill(record.supervisor_pid, signal.SIGTERM)
         except ProcessLookupError:
-            return _stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
+            return stop_leftover(store, liveness.record_lost(store, store.get(record.id)), events)
     limit = timeout if timeout is not None else record.spec.grace + get_backend(record.spec.backend).stop_margin
     deadline = time.monotonic() + limit
     saving = False
     while True:
         record = liveness.record_lost(store, store.get(record.id))
         if is_terminal(record.state):
-            return _stop_leftover(store, record, events)
+            return stop_leftover(store, record, events)
         if not saving and time.monotonic() >= deadline:
             if not _ranks_ended(record):
                 raise PhalanxError(
@@ -371,7 +371,7 @@ def _ranks_ended(record: JobRecord) -> bool:
     return all(record.paths.node_result(record.attempt, n).exists() for n in range(record.nnodes))
 
 
-def _stop_leftover(store: Store, record: JobRecord, events: Events | None) -> JobRecord:
+def stop_leftover(store: Store, record: JobRecord, events: Events | None) -> JobRecord:
     """What a LOST job's scheduler still runs is stopped too (idempotent)."""
     if record.state is not JobState.LOST:
         return record
@@ -420,95 +420,3 @@ def download(record: JobRecord, dest: Path | None = None, logs: bool = False, st
     dest = (dest or Path.cwd() / f"{record.name}-{record.id}").resolve()
     counts = download_job(record.spec, record.paths, home(), dest, logs, state, events or (lambda text: None))
     return dest, counts
-
-
-# -- sweeps -------------------------------------------------------------------------
-
-
-def run_sweep(spec: JobSpec, settings: SweepSettings, detach: bool = False, events: Events | None = None,
-              user: str | None = None, sweep_id: str | None = None,
-              created: Callable[[SweepRecord], None] | None = None) -> tuple[SweepRecord, int | None]:
-    """Run a sweep over the search space written in ``spec``'s args; foreground unless ``detach``.
-    ``user`` and ``sweep_id`` as for ``submit_detached``; ``created`` is called once the sweep exists.
-
-    Returns the sweep record and (foreground) the exit code: 0 when every trial ended."""
-    from ..sweeps.runner import SweepRunner, create_sweep
-
-    store, where = open_store(), home()
-    submit.check_storage(spec, where)
-    sweep = create_sweep(store, where, spec, settings, user=user, sweep_id=sweep_id)
-    write_json(where.sweep_start_mode(sweep.id), {"detached": detach})
-    if created is not None:
-        created(sweep)
-    if detach:
-        store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), spec.workdir))
-        return store.sweeps.get(sweep.id), None
-    code = SweepRunner(store, where, sweep, events).run()
-    return store.sweeps.get(sweep.id), code
-
-
-def wait_sweep(sweep_id: str, timeout: float | None = None, poll: float = 0.5) -> SweepRecord:
-    """Block until the sweep ends (a vanished runner counts: LOST); returns its record. Raises
-    ``WaitTimeout`` after ``timeout`` seconds. Writes nothing."""
-    store = open_store()
-    sweep = effective(store.sweeps.get(sweep_id))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not is_terminal(sweep.state):
-        if deadline is not None and time.monotonic() >= deadline:
-            raise WaitTimeout(f"sweep {sweep.id} still {sweep.state.value} after {timeout:g}s",
-                              f"wait longer or look: phalanx sweep show {sweep.id}")
-        time.sleep(poll)
-        sweep = effective(store.sweeps.get(sweep_id))
-    return sweep
-
-
-def stop_sweep(sweep: SweepRecord, timeout: float | None = None) -> SweepRecord:
-    """Cancel every running trial of a sweep and the sweep itself. Idempotent; blocks."""
-    store = open_store()
-    sweep = liveness.record_sweep_lost(store, store.sweeps.get(sweep.id))
-    if is_terminal(sweep.state):
-        return _stop_lost_trials(store, sweep)
-    store.sweeps.transition(sweep.id, JobState.STOPPING)
-    if sweep.supervisor_pid is not None:
-        try:
-            os.kill(sweep.supervisor_pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + (timeout if timeout is not None else sweep.spec.grace + 15)
-    while time.monotonic() < deadline:
-        current = liveness.record_sweep_lost(store, store.sweeps.get(sweep.id))
-        if is_terminal(current.state):
-            return _stop_lost_trials(store, current)
-        time.sleep(0.1)
-    raise PhalanxError(f"sweep {sweep.id} did not stop in time", f"its runner is pid {sweep.supervisor_pid}; try again")
-
-
-def _stop_lost_trials(store: Store, sweep: SweepRecord) -> SweepRecord:
-    """A LOST sweep's trials lost their runner too: recorded so, and what their scheduler
-    still runs is stopped."""
-    if sweep.state is JobState.LOST:
-        for trial in store.trials(sweep.id):
-            _stop_leftover(store, liveness.record_lost(store, trial), None)
-    return sweep
-
-
-def resume_sweep(sweep: SweepRecord, detach: bool | None = None, events: Events | None = None) -> tuple[SweepRecord, int | None]:
-    """Run what did not finish: unfinished trials continue, untried ones start. ``detach`` None:
-    as ``phalanx run`` started the sweep."""
-    from ..sweeps.runner import SweepRunner
-
-    store, where = open_store(), home()
-    if detach is None:
-        detach = started_detached(where.sweep_start_mode(sweep.id))
-    sweep = liveness.record_sweep_lost(store, store.sweeps.get(sweep.id))
-    if not can_resume(sweep.state):
-        raise UsageError(f"sweep {sweep.id} is {sweep.state.value}: nothing to resume", f"see: phalanx sweep show {sweep.id}")
-    if detach:
-        if not store.sweeps.reopen(sweep.id):
-            raise PhalanxError(f"sweep {sweep.id} changed state meanwhile", "try again")
-        store.sweeps.update(sweep.id, **detached.spawn(["phalanx.sweeps.runner", sweep.id], where.sweep_log(sweep.id), sweep.spec.workdir))
-        return store.sweeps.get(sweep.id), None
-    if not store.sweeps.reopen(sweep.id, **liveness.identity()):
-        raise PhalanxError(f"sweep {sweep.id} changed state meanwhile", "try again")
-    code = SweepRunner(store, where, store.sweeps.get(sweep.id), events).run()
-    return store.sweeps.get(sweep.id), code
