@@ -1,4 +1,4 @@
-"""What happens when an attempt, a job or a sweep ends, besides its state: the job's usage
+"""What happens when an attempt, a job or a sweep ends: the job's final state (``record_end``); its usage
 (GPU-/CPU-hours, cost) and metric summary are recorded in the store, and its outcome is sent
 where ``--notify`` says. Called by ``JobRun`` (job.py) and the sweep runner (one line each).
 
@@ -9,9 +9,13 @@ sweep's end does, with its best trial and counts.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..core.contracts import OutcomeKind
+from ..core.state import JobState
+from ..launch.procs import signal_name
 from ..store import JobRecord, Store
 from .notify import Event, send
 from .outcome import Outcome
@@ -208,3 +212,35 @@ def sweep_ended(store: Store, sweep_id: str, say: Say) -> None:
                             fields={"sweep": True, "best_value": sweep.best_value, "best_job": sweep.best_job, **used}), say)
     except Exception as exc:  # noqa: BLE001
         say(f"warning: after the sweep ended: {exc}")
+
+
+def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:
+    """The job's final state from its last outcome; returns its exit code."""
+    code = outcome.exit_code
+    kind = outcome.kind
+    if kind is OutcomeKind.SUCCEEDED:
+        store.transition(record.id, JobState.SUCCEEDED, exit_code=0)
+    elif kind is OutcomeKind.CANCELLED:
+        if not store.transition(record.id, JobState.CANCELLED, exit_code=code):
+            store.transition(record.id, JobState.FAILED, exit_code=code)
+    elif kind is OutcomeKind.PRUNED:
+        store.transition(record.id, JobState.PRUNED, exit_code=code)
+    elif kind is OutcomeKind.TIMEOUT:
+        store.transition(record.id, JobState.TIMEOUT, exit_code=code, root_cause=json.dumps(outcome.cause or {}, sort_keys=True))
+    elif kind is OutcomeKind.PREEMPTED:
+        cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
+        store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
+    else:
+        store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
+    return code
+
+
+def watched_objective(store: Store, record: JobRecord) -> str | None:
+    """A sweep trial's objective metric (watched for divergence with the losses)."""
+    if record.sweep_id is None:
+        return None
+    try:
+        objective = store.sweeps.get(record.sweep_id).objective
+    except Exception:  # noqa: BLE001 - a sweep row written by an older phalanx: no objective to watch
+        return None
+    return str(objective).partition(":")[0] if objective else None

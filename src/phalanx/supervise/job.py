@@ -53,7 +53,7 @@ from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..secrets.server import for_spec as server_secrets
 from ..store import JobRecord, Store
-from . import admission, endings, history, leaveout, leftover, liveness, staging, tracking
+from . import admission, endings, history, keeper, leaveout, leftover, liveness, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -155,7 +155,7 @@ class JobRun:
         self._moved_at = 0.0  # when this waiting job last moved its queue (``admission.advance``)
         self.ran = 0.0  # seconds the job's nodes have run, over its attempts (--max-duration)
         self.keeper: Any = None  # versions of the state directory (--keep-states)
-        self.objective = _objective(store, record)
+        self.objective = endings.watched_objective(store, record)
 
     @property
     def done(self) -> bool:
@@ -230,7 +230,8 @@ class JobRun:
             self._finish(sync)
             return
         self._sync = sync
-        self.keeper = self._keeper()
+        self.keeper = None if not self.spec.keep_states or self.backend.remote_data else keeper.for_job(
+            self.home.state_dir(self.spec.state_key), self.paths, self.spec.keep_states, lambda: self.plan.attempt, self.say)
         # Room to record the end if the ranks fill the disk (released in _disk_full)
         self._reserve = disk.Reserve(self.paths.reserve)
         # --track: the exporter starts beside us; the ranks of every attempt get the tracker ids
@@ -345,7 +346,7 @@ class JobRun:
         try:
             if self.attempt is not None:
                 history.log_attempt(self.paths, self.plan.attempt, self.attempt.started, outcome, False, "disk full")
-            self.exit_code = record_end(self.store, self.record, outcome)
+            self.exit_code = endings.record_end(self.store, self.record, outcome)
         except Exception as again:  # noqa: BLE001
             if not disk.is_full(again):
                 raise
@@ -429,16 +430,6 @@ class JobRun:
         self.left_out = left_out
         return plan
 
-    def _keeper(self) -> Any:
-        """Versions of the state directory, with ``--keep-states`` where phalanx holds the state."""
-        if not self.spec.keep_states or self.backend.remote_data:
-            return None
-        from ..storage.versions import Versions
-        from .keeper import Keeper
-
-        return Keeper(self.home.state_dir(self.spec.state_key), Versions(self.paths.state_versions, self.spec.keep_states),
-                      lambda: self.paths.rank_log(self.plan.attempt, 0), lambda: self.plan.attempt, self.say).start()
-
     def _roll_back(self, attempt: AttemptRun) -> str:
         """After divergence, before the retry: the state of before it, and the arguments
         ``--on-nan-args`` computes. Returns the attempt record's reason."""
@@ -470,40 +461,8 @@ class JobRun:
     def _finish(self, outcome: Outcome) -> None:
         outcome = staging.upload_outputs(self.spec, self.paths, self.record.id, outcome, self.say)
         self.outcome = outcome
-        self.exit_code = record_end(self.store, self.record, outcome)
+        self.exit_code = endings.record_end(self.store, self.record, outcome)
         if self._reserve is not None:
             self._reserve.release()
         admission.advance(self.store, [self.record.project])  # its share of the quota is free: the queue moves
         endings.job_ended(self, outcome)  # usage, metric summary, notification
-
-
-def record_end(store: Store, record: JobRecord, outcome: Outcome) -> int:
-    """The job's final state from its last outcome; returns its exit code."""
-    code = outcome.exit_code
-    kind = outcome.kind
-    if kind is OutcomeKind.SUCCEEDED:
-        store.transition(record.id, JobState.SUCCEEDED, exit_code=0)
-    elif kind is OutcomeKind.CANCELLED:
-        if not store.transition(record.id, JobState.CANCELLED, exit_code=code):
-            store.transition(record.id, JobState.FAILED, exit_code=code)
-    elif kind is OutcomeKind.PRUNED:
-        store.transition(record.id, JobState.PRUNED, exit_code=code)
-    elif kind is OutcomeKind.TIMEOUT:
-        store.transition(record.id, JobState.TIMEOUT, exit_code=code, root_cause=json.dumps(outcome.cause or {}, sort_keys=True))
-    elif kind is OutcomeKind.PREEMPTED:
-        cause = {"exitcode": code, "message": f"preempted ({signal_name(code)}); continue with: phalanx resume {record.id}"}
-        store.transition(record.id, JobState.PREEMPTED, exit_code=code, root_cause=json.dumps(cause, sort_keys=True))
-    else:
-        store.transition(record.id, JobState.FAILED, exit_code=code, root_cause=json.dumps(outcome.cause, sort_keys=True))
-    return code
-
-
-def _objective(store: Store, record: JobRecord) -> str | None:
-    """A sweep trial's objective metric (watched for divergence with the losses)."""
-    if record.sweep_id is None:
-        return None
-    try:
-        objective = store.sweeps.get(record.sweep_id).objective
-    except Exception:  # noqa: BLE001 - a sweep row written by an older phalanx: no objective to watch
-        return None
-    return str(objective).partition(":")[0] if objective else None

@@ -14,11 +14,14 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..health.anomaly import Anomaly, pick_version
 from ..health.progress import last_step
 from ..storage.versions import Versions, listing
+
+if TYPE_CHECKING:
+    from ..core.paths import JobPaths
 
 Events = Callable[[str], None]
 QUIET = 0.3  # seconds without a change before a version is taken
@@ -141,3 +144,9 @@ class Keeper:
         watch: Any = getattr(self, "_watch", None)
         if watch is not None:
             watch.wake()
+
+
+def for_job(live: Path, paths: JobPaths, keep: int, attempt: Callable[[], int], say: Events) -> Keeper:
+    """The running keeper of a job's state directory ``live`` (``--keep-states keep``): versions
+    under the job's directory, each tagged from rank 0's log of the attempt ``attempt()`` runs."""
+    return Keeper(live, Versions(paths.state_versions, keep), lambda: paths.rank_log(attempt(), 0), attempt, say).start()
