@@ -251,7 +251,7 @@ def test_supervisor_killed_then_resumed_is_still_one_run(phx_home, mlflow_server
     while _job("resumed")["state"] != "LOST" and time.monotonic() < deadline:
         time.sleep(0.2)
     first = json.loads(path.read_text())["run_id"]
-    assert phalanx("resume", "resumed", env=env, timeout=300).returncode == 0
+    assert phalanx("resume", "--attach", "resumed", env=env, timeout=300).returncode == 0
     state = _finished(job["job_dir"])
     assert state["run_id"] == first and len(mlflow_server.runs("resumed")) == 1
     steps = [s for s, _, _ in _history(mlflow_server, first, "loss")]
