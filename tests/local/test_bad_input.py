@@ -37,7 +37,7 @@ CASES = [
     # (arguments; {running} and {script} are filled in), what stderr says, the fix it names
     (["ps", "--columns", "los"], "no job has a metric 'los'", "metrics jobs have: loss"),
     (["ps", "--sort", "loss:avg"], "invalid column 'loss:avg'", "AGG one of last, min, max"),
-    (["ps", "--state", "finishd"], "unknown state 'finishd'", "use one of: pending, running"),
+    (["ps", "--state", "finishd"], "unknown state 'finishd'", "use one of: pending, queued, running"),
     (["ps", "--backend", "kubernetess"], "unknown backend 'kubernetess'", "backends: k8s, local"),
     (["ps", "--since", "yesterday"], "invalid --since 'yesterday'", "10m, 2h, 30d"),
     (["ps", "--tag", "=vision"], "invalid --tag '=vision'", "KEY=VALUE"),
