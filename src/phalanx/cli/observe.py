@@ -178,12 +178,7 @@ def ui_cmd(
 ) -> None:
     """Serve the dashboard (jobs and sweeps: filter, compare, stop, resume, delete; logs, metric
     and resource charts, artifacts) until Ctrl-C."""
-    from ..errors import MissingDependency
-
-    try:
-        from ..web.server import serve
-    except ImportError as exc:
-        raise MissingDependency(getattr(exc, "name", None) or "starlette", "web") from None
+    from ..web.server import serve  # without the web extra: main's one line naming it (EXTRAS)
 
     def announce(url: str) -> None:
         typer.echo(f"phalanx ui: {url}  (Ctrl-C stops)")

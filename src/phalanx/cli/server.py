@@ -57,12 +57,7 @@ def serve_cmd(
     _use_store(store)
     if ctx.invoked_subcommand is not None:
         return
-    from ..errors import MissingDependency
-
-    try:
-        from ..server.serve import serve
-    except ImportError as exc:
-        raise MissingDependency(getattr(exc, "name", None) or "starlette", "web") from None
+    from ..server.serve import serve  # without the web extra: main's one line naming it (EXTRAS)
 
     def announce(url: str) -> None:
         typer.echo(f"phalanx server: {url}  (Ctrl-C stops; jobs run on)")
