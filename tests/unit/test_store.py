@@ -225,7 +225,7 @@ def test_a_store_from_before_the_control_room_upgrades_in_place(tmp_path):
     conn.close()
 
     store = Store(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 10
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 11
     old = store.get("aa000001")
     assert (old.name, old.state, old.nproc_per_node) == ("old", JobState.SUCCEEDED, 2)
     assert (old.gpu_hours, old.cpu_hours, old.cost) == (None, None, None), "usage of old jobs is unknown, not zero"

@@ -306,12 +306,15 @@ def stop(ref: str, timeout: float | None = None, events: Events | None = None, n
             return stop_leftover(store, record, events)
         if events and not now:
             events(_already_stopping(record))
+    # A supervisor on another machine (a team server's replica there) is not signalled from here: it
+    # finds the request in the job's directory (``supervise/relay.py``).
+    away = liveness.elsewhere_host(record)
     if marked or now:
-        write_stop_request(record.paths.stop_request, StopRequest(time.time(), now))  # read on the signal
+        write_stop_request(record.paths.stop_request, StopRequest(time.time(), now, relay=away))  # read on the signal
     if marked and record.supervisor_pid is None:
         store.transition(record.id, JobState.CANCELLED, exit_code=143)
         return store.get(record.id)
-    if (marked or now) and record.supervisor_pid is not None:
+    if (marked or now) and record.supervisor_pid is not None and not away:
         try:
             os.kill(record.supervisor_pid, signal.SIGTERM)
         except ProcessLookupError:

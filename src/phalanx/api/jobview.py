@@ -123,7 +123,7 @@ def _supervisor(record: JobRecord, away: bool) -> dict[str, Any] | None:
     alive = "running" if not is_terminal(record.state) else "ended"
     if away:  # k8s --in-cluster: a supervisor pod
         return {"where": "cluster", "detail": query.supervised_where(record), "alive": alive}
-    return {"where": "pid", "pid": record.supervisor_pid, "host": socket.gethostname(), "alive": alive}
+    return {"where": "pid", "pid": record.supervisor_pid, "host": record.supervisor_host or socket.gethostname(), "alive": alive}
 
 
 def timeline(record: JobRecord, history: list[dict[str, Any]]) -> list[dict[str, Any]]:

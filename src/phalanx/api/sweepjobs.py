@@ -10,6 +10,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Callable
 
+from ..core.contracts import StopRequest, write_stop_request
 from ..core.paths import write_json
 from ..core.spec import JobSpec
 from ..core.state import JobState, can_resume, is_terminal
@@ -69,7 +70,9 @@ def stop_sweep(sweep: SweepRecord, timeout: float | None = None) -> SweepRecord:
     if is_terminal(sweep.state):
         return _stop_lost_trials(store, sweep)
     store.sweeps.transition(sweep.id, JobState.STOPPING)
-    if sweep.supervisor_pid is not None:
+    if liveness.elsewhere_host(sweep):  # its runner is on another machine: it finds the request (supervise/relay.py)
+        write_stop_request(home().sweep_stop_request(sweep.id), StopRequest(time.time(), relay=True))
+    elif sweep.supervisor_pid is not None:
         try:
             os.kill(sweep.supervisor_pid, signal.SIGTERM)
         except ProcessLookupError:

@@ -291,18 +291,21 @@ def read_node_result(path: Path) -> NodeResult | None:
 class StopRequest:
     """A user's ``phalanx stop`` (CLI, dashboard): when it asked, and whether the grace period is
     skipped (``--now``). Written by the stop that marked the job STOPPING (or asks ``--now``)
-    before it signals the supervisor; read by the supervisor on that signal and by a later stop."""
+    before it signals the supervisor; read by the supervisor on that signal and by a later stop.
+    ``relay``: asked on another machine than the supervisor's (a team server's replica there), so
+    nobody signals: the supervisor finds the request itself (``supervise/relay.py``)."""
 
     at: float
     now: bool = False
+    relay: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": VERSION, "at": self.at, "now": self.now}
+        return {"version": VERSION, "at": self.at, "now": self.now, "relay": self.relay}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "stop.json") -> "StopRequest":
         r = _Reader(data, where)
-        return cls(r.number("at"), r.flag("now"))
+        return cls(r.number("at"), r.flag("now"), r.flag("relay"))
 
 
 def write_stop_request(path: Path, request: StopRequest) -> None:

@@ -133,6 +133,10 @@ class HomePaths:
         """Why a sweep that ran every trial failed (``{"reason": ...}``: no trial reported its objective)."""
         return self.sweep_dir(sweep_id) / "outcome.json"
 
+    def sweep_stop_request(self, sweep_id: str) -> Path:
+        """A stop asked on another machine than its runner's (as ``JobPaths.stop_request``)."""
+        return self.sweep_dir(sweep_id) / "stop.json"
+
     def sweep_start_mode(self, sweep_id: str) -> Path:
         """How ``phalanx run`` started the sweep (as ``JobPaths.start_mode``)."""
         return self.sweep_dir(sweep_id) / "start.json"

@@ -31,7 +31,7 @@ way once their leases expire.
 from __future__ import annotations
 
 import logging
-import socket
+import os
 import threading
 from typing import Callable
 
@@ -39,7 +39,7 @@ from ..api import query
 from ..core.state import JobState, is_terminal
 from ..errors import PhalanxError, StoreError
 from ..store import Store
-from ..supervise import detached, leasing, liveness
+from ..supervise import detached, leasing, liveness, relay
 from . import shipping
 
 TTL = 30.0
@@ -61,8 +61,10 @@ class Replica:
         return self.holder.id
 
     def start(self) -> None:
-        """Lease every job this process starts from now on, and keep the leases (a thread)."""
+        """Lease every job this process starts from now on, and keep the leases (a thread); the
+        supervisors it starts keep their own job's lease too (``supervise/relay.py``)."""
         leasing.hold_as(self.holder)
+        os.environ[relay.TTL_ENV] = repr(self.holder.ttl)
         self._thread = threading.Thread(target=self._loop, name="phalanx-leases", daemon=True)
         self._thread.start()
 
@@ -94,6 +96,8 @@ class Replica:
         leases.release_ended()
         adopted = []
         for record, was in leases.expired():
+            if was == self.id:  # its own, lapsed while this round was slow (a store coming back): renewed next round
+                continue
             if not leases.take(record.id, self.id, self.holder.ttl):
                 continue  # another replica was first
             how = self.adopt(store, record.id, was)
@@ -101,14 +105,56 @@ class Replica:
             self.say(f"phalanx server: adopted job {record.id} from replica {was}: {how}")
         for record in leases.held(self.id):
             if record.id in self._revived or record.supervisor_pid is None or liveness.elsewhere(record) \
-                    or liveness.alive(record.supervisor_pid, record.supervisor_started):
+                    or not liveness.gone_here(record):
                 continue
             self._revived.add(record.id)
             how = self.adopt(store, record.id, self.id)
             adopted.append((record.id, how))
             self.say(f"phalanx server: the supervisor of job {record.id} (pid {record.supervisor_pid}) died: {how}")
+        adopted += self._sweeps(store)
         shipping.sweep_abandoned(query.home(), store)
         return adopted
+
+    def _sweeps(self, store: Store) -> list[tuple[str, str]]:
+        """Steps 2 and 3 for sweeps: their runners hold leases as supervisors do."""
+        adopted = []
+        for sweep, was in store.leases.expired_sweeps():
+            if was != self.id and store.leases.take(sweep.id, self.id, self.holder.ttl, table="sweeps"):
+                how = self.adopt_sweep(store, sweep.id)
+                adopted.append((sweep.id, how))
+                self.say(f"phalanx server: adopted sweep {sweep.id} from replica {was}: {how}")
+        for sweep in store.leases.held_sweeps(self.id):
+            if sweep.id in self._revived or sweep.supervisor_pid is None or not liveness.gone_here(sweep):
+                continue
+            self._revived.add(sweep.id)
+            how = self.adopt_sweep(store, sweep.id)
+            adopted.append((sweep.id, how))
+            self.say(f"phalanx server: the runner of sweep {sweep.id} (pid {sweep.supervisor_pid}) died: {how}")
+        return adopted
+
+    def adopt_sweep(self, store: Store, sweep_id: str) -> str:
+        """``adopt`` for a sweep: its runner re-attached, or a new one started (its trials cut off
+        continue as new attempts, those not tried yet start)."""
+        from ..api import sweepjobs
+        from .submit import CHILDREN
+
+        sweep = store.sweeps.get(sweep_id)
+        if is_terminal(sweep.state):
+            return f"nothing to do ({sweep.state.value})"
+        if not liveness.gone_here(sweep):
+            if not liveness.elsewhere_host(sweep):
+                return f"re-attached (its runner, pid {sweep.supervisor_pid}, still runs)"
+            # its runner on another machine let the lease lapse with its replica's: gone with them
+            store.sweeps.transition(sweep.id, JobState.LOST)
+        try:
+            if sweep.state is JobState.STOPPING:
+                sweepjobs.stop_sweep(store.sweeps.get(sweep_id))
+                return "finished its stop"
+            done, _ = sweepjobs.resume_sweep(store.sweeps.get(sweep_id), detach=True)
+            CHILDREN.add(done.supervisor_pid)
+            return f"resumed (runner pid {done.supervisor_pid})"
+        except PhalanxError as exc:
+            return f"could not adopt it: {exc.message}"
 
     def adopt(self, store: Store, job_id: str, was: str) -> str:
         """Take charge of ``job_id``, whose lease ``was`` (a replica's id) let lapse; says how."""
@@ -120,15 +166,17 @@ class Replica:
             return f"nothing to do ({record.state.value})"
         if record.state is JobState.QUEUED:  # waiting for its project's quota: the queue starts it, not us
             return "kept in its project's queue"
-        here = leasing.host_of(was) == socket.gethostname()
-        if here and liveness.alive(record.supervisor_pid, record.supervisor_started):
+        if not liveness.elsewhere_host(record) and liveness.alive(record.supervisor_pid, record.supervisor_started):
             return f"re-attached (its supervisor, pid {record.supervisor_pid}, still runs)"
+        if liveness.elsewhere_host(record) and record.state is not JobState.PENDING:
+            # its supervisor on another machine let the lease lapse with its replica's: gone with them
+            store.transition(record.id, JobState.LOST, root_cause=liveness.lost_cause(record))
         try:
             if record.state is JobState.PENDING:
                 identity = detached.spawn_supervisor(record, record.spec.workdir)
                 CHILDREN.add(identity["supervisor_pid"])
                 if not store.leases.claim_start(job_id, record.supervisor_pid, int(identity["supervisor_pid"]),
-                                                float(identity["supervisor_started"])):
+                                                float(identity["supervisor_started"]), identity["supervisor_host"]):
                     return "its supervisor started meanwhile"
                 return f"started its supervisor (pid {identity['supervisor_pid']}), which had never started"
             if record.state is JobState.STOPPING:

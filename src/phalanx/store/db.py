@@ -179,10 +179,10 @@ class Store:
         marks = ", ".join("?" for _ in RESUMABLE)
         changed = self._write(
             "UPDATE jobs SET state = ?, attempt = ?, ended_at = NULL, exit_code = NULL, root_cause = NULL,"
-            " retries = 0, supervisor_pid = ?, supervisor_started = ?, admitted_at = NULL"
+            " retries = 0, supervisor_pid = ?, supervisor_started = ?, supervisor_host = ?, admitted_at = NULL"
             f" WHERE id = ? AND state IN ({marks})",
             [JobState.PENDING.value, attempt, fields.get("supervisor_pid"), fields.get("supervisor_started"),
-             job_id, *(s.value for s in RESUMABLE)],
+             fields.get("supervisor_host"), job_id, *(s.value for s in RESUMABLE)],
         )
         return changed == 1
 

@@ -237,4 +237,15 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, owner, name)
     );
     """,
+    # 11: the machine a job's (or sweep's) supervisor runs on (``supervise/liveness.py``): its
+    # pid means something there only, so a team server's replica on another machine judges it by
+    # the job's lease instead (NULL: a row from before, or of this machine). Sweeps get leases as
+    # jobs did in 9 (a sweep's runner stamps its lease on its running trials).
+    """
+    ALTER TABLE jobs ADD COLUMN supervisor_host TEXT;
+    ALTER TABLE sweeps ADD COLUMN supervisor_host TEXT;
+    ALTER TABLE sweeps ADD COLUMN lease_holder TEXT;
+    ALTER TABLE sweeps ADD COLUMN lease_expires REAL;
+    CREATE INDEX sweeps_lease ON sweeps (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
+    """,
 )

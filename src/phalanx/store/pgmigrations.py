@@ -228,4 +228,13 @@ PG_MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (scope, owner, name)
     );
     """,
+    # 11: the machine a job's (or sweep's) supervisor runs on (its pid means something there only);
+    # sweeps' leases
+    f"""
+    ALTER TABLE jobs ADD COLUMN supervisor_host {T};
+    ALTER TABLE sweeps ADD COLUMN supervisor_host {T};
+    ALTER TABLE sweeps ADD COLUMN lease_holder {T};
+    ALTER TABLE sweeps ADD COLUMN lease_expires DOUBLE PRECISION;
+    CREATE INDEX sweeps_lease ON sweeps (lease_holder, lease_expires) WHERE lease_holder IS NOT NULL;
+    """,
 )

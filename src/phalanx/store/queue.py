@@ -37,6 +37,7 @@ class Queued:
     sweep_id: str | None
     supervisor_pid: int | None
     supervisor_started: float | None
+    supervisor_host: str | None
 
 
 def _not_in(backends: Sequence[str]) -> tuple[str, list[Any]]:
@@ -56,8 +57,8 @@ def waiting(t: Tx, project: str, skip_backends: Sequence[str] = ()) -> Iterator[
     """The project's queue, in admission order, read ``PAGE`` jobs at a time as it is walked
     (after the last one seen: jobs admitted or ended meanwhile move nothing)."""
     extra, args = _not_in(skip_backends)
-    sql = ("SELECT id, priority, created_at, gpus, cpus, backend, sweep_id, supervisor_pid, supervisor_started "
-           f"FROM jobs WHERE project = ? AND {WAITS}{extra}")
+    sql = ("SELECT id, priority, created_at, gpus, cpus, backend, sweep_id, supervisor_pid, supervisor_started, "
+           f"supervisor_host FROM jobs WHERE project = ? AND {WAITS}{extra}")
     order = f" ORDER BY priority DESC, created_at, id LIMIT {PAGE}"
     after = ""
     keys: list[Any] = []
@@ -96,9 +97,10 @@ def admit(t: Tx, job_id: str, at: float) -> bool:
 
 def enqueue(t: Tx, job_id: str, waiter: dict[str, Any]) -> bool:
     """PENDING -> QUEUED; ``waiter``: the supervisor identity of whoever waits for it (empty: nobody)."""
-    return t.execute("UPDATE jobs SET state = ?, supervisor_pid = ?, supervisor_started = ? WHERE id = ? AND state = ?",
-                     [JobState.QUEUED.value, waiter.get("supervisor_pid"), waiter.get("supervisor_started"), job_id,
-                      JobState.PENDING.value]) == 1
+    return t.execute("UPDATE jobs SET state = ?, supervisor_pid = ?, supervisor_started = ?, supervisor_host = ? "
+                     "WHERE id = ? AND state = ?",
+                     [JobState.QUEUED.value, waiter.get("supervisor_pid"), waiter.get("supervisor_started"),
+                      waiter.get("supervisor_host"), job_id, JobState.PENDING.value]) == 1
 
 
 def end_queued(t: Tx, job_id: str, state: JobState, message: str, exit_code: int | None) -> bool:

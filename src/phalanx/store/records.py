@@ -18,8 +18,13 @@ if TYPE_CHECKING:  # imported where used: `phalanx --help` and `ps` need neither
 COLUMNS = (
     "id name state backend nnodes nproc_per_node command job_dir spec_json created_at "
     "started_at ended_at exit_code attempt supervisor_pid supervisor_started root_cause state_synced_at retries "
-    "sweep_id trial params_json objective gpu_hours cpu_hours cost user_name project priority gpus cpus admitted_at"
+    "sweep_id trial params_json objective gpu_hours cpu_hours cost user_name project priority gpus cpus admitted_at "
+    "supervisor_host lease_holder lease_expires"
 ).split()
+
+
+# Columns that are the server's business, not a reader's (left out of ``to_dict``).
+_INTERNAL = ("lease_holder", "lease_expires")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,11 @@ class JobRecord:
     gpus: int = 0  # what it asks for, counted against its project's quota (supervise/admission.py)
     cpus: int = 0
     admitted_at: float | None = None  # when admission let it start (it holds its share until it ends)
+    # The machine its supervisor runs on (None: this one, or a row from before), and the lease of
+    # the team server's replica answering for it (``store/leases.py``; None outside a server).
+    supervisor_host: str | None = None
+    lease_holder: str | None = None
+    lease_expires: float | None = None
 
     @property
     def topology(self) -> str:
@@ -84,7 +94,7 @@ class JobRecord:
         return JobPaths(Path(self.job_dir))
 
     def to_dict(self) -> dict[str, Any]:
-        data = {c: getattr(self, c) for c in COLUMNS if c not in ("spec_json", "root_cause")}
+        data = {c: getattr(self, c) for c in COLUMNS if c not in ("spec_json", "root_cause", *_INTERNAL)}
         data["state"] = self.state.value
         data["topology"] = self.topology
         data["root_cause"] = self.root_cause_dict()

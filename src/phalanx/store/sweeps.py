@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _COLUMNS = (
     "id name state strategy objective direction total launched finished failed pruned best_job best_value "
     "best_params command topology spec_json settings_json sweep_dir created_at started_at ended_at "
-    "supervisor_pid supervisor_started user_name project priority"
+    "supervisor_pid supervisor_started user_name project priority supervisor_host lease_holder lease_expires"
 ).split()
 
 
@@ -54,6 +54,9 @@ class SweepRecord:
     user_name: str | None = None  # who submitted it
     project: str = "default"
     priority: int = 0  # its trials' (--priority)
+    supervisor_host: str | None = None  # the machine its runner runs on (None: this one, or from before)
+    lease_holder: str | None = None  # the team server's replica answering for it (``store/leases.py``)
+    lease_expires: float | None = None
 
     @property
     def progress(self) -> str:
@@ -73,12 +76,19 @@ class SweepRecord:
         return JobSpec.from_dict(json.loads(self.spec_json))
 
     def to_dict(self) -> dict[str, Any]:
-        data = {c: getattr(self, c) for c in _COLUMNS if c not in ("spec_json", "settings_json", "best_params")}
+        data = {c: getattr(self, c) for c in _COLUMNS
+                if c not in ("spec_json", "settings_json", "best_params", "lease_holder", "lease_expires")}
         data["state"] = self.state.value
         data["best_params"] = json.loads(self.best_params) if self.best_params else None
         data["settings"] = json.loads(self.settings_json)
         data["progress"] = self.progress
         return data
+
+
+def sweep_from_row(row: tuple[Any, ...]) -> SweepRecord:
+    data = dict(zip(_COLUMNS, row))
+    data["state"] = JobState(data["state"])
+    return SweepRecord(**data)
 
 
 class SweepTable:
@@ -116,9 +126,7 @@ class SweepTable:
     def _rows(self, sql: str, params: list[Any]) -> list[SweepRecord]:
         out = []
         for row in self._store.engine.rows(f"SELECT {', '.join(_COLUMNS)} FROM sweeps {sql}", tuple(params)):
-            data = dict(zip(_COLUMNS, row))
-            data["state"] = JobState(data["state"])
-            out.append(SweepRecord(**data))
+            out.append(sweep_from_row(row))
         return out
 
     def get(self, sweep_id: str) -> SweepRecord:

@@ -206,7 +206,7 @@ def advance(store: Store, projects: Iterable[str] | None = None) -> list[str]:
                 continue
             use = _use(t, project)
             for job in q.waiting(t, name, engine_backends(project)):
-                waiter_gone = not liveness.alive(job.supervisor_pid, job.supervisor_started)
+                waiter_gone = liveness.gone_here(job)
                 if job.sweep_id is not None and waiter_gone:
                     # its sweep's runner vanished: the sweep's resume picks the trial up again
                     q.end_queued(t, job.id, JobState.LOST, "its sweep's runner vanished while it was queued", None)
@@ -226,7 +226,7 @@ def advance(store: Store, projects: Iterable[str] | None = None) -> list[str]:
         return []
     admitted = tx.atomic(store, unit)
     for job in admitted:
-        if not liveness.alive(job.supervisor_pid, job.supervisor_started):
+        if liveness.gone_here(job):  # a waiter on another machine sees its admission itself
             _start_supervisor(store, job.id)
     return [job.id for job in admitted]
 

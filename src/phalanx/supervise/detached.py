@@ -5,6 +5,7 @@ terminal and the CLI process that started them. A job's supervisor process runs
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ def spawn(module_args: list[str], log_path: Path, cwd: str) -> dict[str, Any]:
         started = psutil.Process(proc.pid).create_time()
     except psutil.NoSuchProcess:
         started = time.time()
-    return {"supervisor_pid": proc.pid, "supervisor_started": started}
+    return {"supervisor_pid": proc.pid, "supervisor_started": started, "supervisor_host": socket.gethostname()}
 
 
 def spawn_supervisor(record: JobRecord, cwd: str) -> dict[str, Any]:

@@ -52,8 +52,8 @@ from ..launch import trace
 from ..launch.console import Console
 from ..launch.procs import ChildWatcher, signal_name
 from ..secrets.server import for_spec as server_secrets
-from ..store import JobRecord, Store
-from . import admission, endings, history, keeper, leaveout, leftover, liveness, staging, tracking
+from ..store import JobRecord, Store, open_store
+from . import admission, endings, history, keeper, leaveout, leftover, liveness, relay, staging, tracking
 from .attempt import AttemptRun, write_launch_files
 from .outcome import Outcome, failed, tail
 from .retry import should_retry
@@ -66,20 +66,24 @@ QUEUE_MOVE = 5.0  # seconds between a waiting job's own moves of its queue (no s
 
 def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, events: Events | None = None,
               console: Console | None = None, output_closed: threading.Event | None = None,
-              wait_queued: bool = True) -> int | None:
+              wait_queued: bool = True, lease_ttl: float | None = None) -> int | None:
     """Run ``plan`` (and its retries) to completion; returns the job's exit code. ``console``:
     the terminal a lone process is lent (a foreground run). ``output_closed``: set when the
     reader of the ranks' streamed output went away; the job then ends as python's broken pipe
     would end it (the ranks are stopped; FAILED, exit 1, never retried: ``outcome.output_closed``).
     A job its project's quota queues is waited for (``wait_queued``), or left to the queue: None
     is returned at once, and a new supervisor is started when the queue admits it
-    (``admission.advance``).
+    (``admission.advance``). ``lease_ttl``: a team server's replica started this supervisor, which
+    keeps its job's lease itself (``relay.SelfLease``).
 
-    Blocking; main thread only (it handles signals).
+    Blocking; main thread only (it handles signals). A stop asked on another machine (``relay``)
+    counts as the SIGTERM a stop here sends.
     """
     run = JobRun(store, home, record, plan, events)
     run.backend.console = console
-    with ChildWatcher() as watcher:
+    asked_elsewhere = relay.StopRelay(record.paths.stop_request)
+    own_lease = relay.SelfLease(lambda: open_store(home.db), record.id, lease_ttl, liveness.HOST)
+    with ChildWatcher() as watcher, own_lease:
         run.start(wait_queued=wait_queued)
         if run.queued is not None and not wait_queued:
             return None
@@ -89,6 +93,12 @@ def supervise(store: Store, home: HomePaths, record: JobRecord, plan: Plan, even
             if output_closed is not None and output_closed.is_set() and not closing:
                 closing = True
                 run.stop(StopReason.CANCELLED, signal.SIGPIPE)
+            if asked_elsewhere.due() is not None:
+                watcher.stop_requests.append(signal.SIGTERM)
+            if own_lease.taken is not None:
+                run.abandon(f"job {record.id} was taken over by replica {own_lease.taken}: this machine lost the "
+                            "job store for longer than its lease; ending this copy of its attempt, recording nothing")
+                break
             if len(watcher.stop_requests) > seen:
                 signum = watcher.stop_requests[seen]
                 seen = len(watcher.stop_requests)
@@ -299,6 +309,15 @@ class JobRun:
         if reason is StopReason.CANCELLED and self.attempt.stop_reason is None:
             self.store.transition(self.record.id, JobState.STOPPING)
         self.attempt.stop(reason, signum, now)
+
+    def abandon(self, why: str) -> None:
+        """Give the job up to the supervisor that took it over (``relay.SelfLease.taken``): the
+        attempt's processes are killed at once, and nothing is written to the store."""
+        self.say(why)
+        if self.attempt is not None:
+            for handle in self.attempt.handles:
+                handle.kill()
+        self.exit_code = 1
 
     def wait_hint(self) -> float:
         """Seconds the loop may sleep before this run needs a tick (child exits wake it anyway)."""

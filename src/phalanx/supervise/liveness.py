@@ -1,7 +1,10 @@
 """Whether a job's (or sweep's) supervisor still lives, and what a read shows when it does not.
 
 A supervisor is identified by its pid and its process's start time (so a reused pid is no
-false "alive"). When it is gone while the store says the job runs, the job is LOST. Reads
+false "alive"), on its own machine: a supervisor a team server's replica started on another
+machine (``supervisor_host``) is judged by its job's lease instead, which the replica and the
+supervisor itself renew (``leasing.py``); a sweep's runner there is taken on trust (sweeps hold
+no lease). When it is gone while the store says the job runs, the job is LOST. Reads
 (``ps``, ``status``, the dashboard) *show* that at once (``effective``) but never write it: the
 first writer with a reason to (``resume``, ``stop``, a sweep runner taking over its trials)
 records it (``record_lost``). A trial's supervisor is its sweep's runner, so trials of a
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,6 +24,7 @@ from ..core.state import SUPERVISOR_ELSEWHERE, JobState, is_terminal
 from ..store import JobRecord, Store
 
 if TYPE_CHECKING:
+    from ..store.queue import Queued
     from ..store.sweeps import SweepRecord
 
 # A supervisor that has not written its identity yet (a detached one starting) is given this
@@ -33,15 +38,30 @@ Row = TypeVar("Row", JobRecord, "SweepRecord")
 ELSEWHERE = SUPERVISOR_ELSEWHERE
 
 
+HOST = socket.gethostname()
+
+
 def identity() -> dict[str, Any]:
     """This process as a supervisor: the columns ``effective`` checks."""
     import psutil
 
-    return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time()}
+    return {"supervisor_pid": os.getpid(), "supervisor_started": psutil.Process().create_time(), "supervisor_host": HOST}
+
+
+def elsewhere_host(row: JobRecord | SweepRecord | Queued) -> bool:
+    """Its supervisor runs on another machine (a team server's replica there started it): its pid
+    means nothing here."""
+    return row.supervisor_host is not None and row.supervisor_host != HOST
 
 
 def elsewhere(row: JobRecord | SweepRecord) -> bool:
     return row.supervisor_pid == ELSEWHERE
+
+
+def gone_here(row: JobRecord | SweepRecord | Queued) -> bool:
+    """No supervisor waits for it: none recorded, or one of this machine that is gone (one on
+    another machine is not known gone from here)."""
+    return not elsewhere_host(row) and not alive(row.supervisor_pid, row.supervisor_started)
 
 
 def alive(pid: int | None, started: float | None) -> bool:
@@ -66,6 +86,9 @@ def is_lost(row: JobRecord | SweepRecord, now: float | None = None) -> bool:
         return False  # waiting, or admitted and its supervisor starting
     if row.supervisor_pid is None:
         return (now or time.time()) - max(row.created_at, admitted or 0.0) >= START_GRACE
+    if elsewhere_host(row):  # judged by the lease its replica (or itself) keeps renewing
+        expires = getattr(row, "lease_expires", None)
+        return expires is not None and expires < (now or time.time())
     return not alive(row.supervisor_pid, row.supervisor_started)
 
 

@@ -29,8 +29,9 @@ from ..core.state import JobState, is_terminal
 from ..launch.procs import ChildWatcher
 from ..store import JobRecord, Store, open_store
 from ..store.sweeps import SweepRecord
-from ..supervise import endings, liveness
+from ..supervise import endings, leasing, liveness
 from ..supervise.job import JobRun
+from ..supervise.relay import SelfLease, StopRelay, lease_ttl
 from ..supervise.submit import create_job, new_job_id, plan_attempt, plan_job
 from .collisions import Collisions
 from .settings import SCHEDULED_PARALLEL, SweepSettings, check, parse_objective, slot_plan
@@ -69,8 +70,10 @@ class SweepRunner:
         self.collisions = Collisions(self.say) if get_backend(self.spec.backend).local_slots else None
         self.over_budget = ""  # why no more trials start: the project's budget is spent
 
-    def run(self) -> int:
-        """Blocking; main thread. Returns 0 when every trial ended, else the stop's exit code."""
+    def run(self, lease_ttl: float | None = None) -> int:
+        """Blocking; main thread. Returns 0 when every trial ended, else the stop's exit code.
+        ``lease_ttl``: a team server's replica started this runner, which keeps the sweep's lease
+        itself and stamps it on its trials (``supervise/relay.py``)."""
         identity = liveness.identity()
         todo = self._todo()
         free = list(range(len(self.slots)))
@@ -78,10 +81,21 @@ class SweepRunner:
         stop_kind: StopReason | str | None = None  # or "failed": a trial failed with --fail-fast
         stop_signal: int = signal.SIGTERM
         seen = 0
-        with ChildWatcher() as watcher:
+        asked_elsewhere = StopRelay(self.home.sweep_stop_request(self.sweep.id))
+        own_lease = SelfLease(lambda: open_store(self.home.db), self.sweep.id, lease_ttl, liveness.HOST, table="sweeps")
+        with ChildWatcher() as watcher, own_lease:
             if not self.store.sweeps.transition(self.sweep.id, JobState.RUNNING, **identity):
                 return 1
             while True:
+                if asked_elsewhere.due() is not None:  # a stop asked on another machine: as its SIGTERM
+                    watcher.stop_requests.append(signal.SIGTERM)
+                if own_lease.taken is not None:
+                    why = (f"sweep {self.sweep.id} was taken over by replica {own_lease.taken}: this machine lost the "
+                           "job store for longer than its lease; ending this copy of its trials, recording nothing")
+                    for trial in running.values():
+                        trial.run.abandon(why)
+                    self.say(why)
+                    return 1
                 if len(watcher.stop_requests) > seen:
                     stop_signal = watcher.stop_requests[seen]
                     seen = len(watcher.stop_requests)
@@ -355,6 +369,7 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
         topology=spec.resources.display(), spec_json=json.dumps(spec.to_dict(), sort_keys=True),
         settings_json=json.dumps(asdict(settings), sort_keys=True), sweep_dir=str(sweep_dir),
         user_name=user or config.user(), project=spec.project or DEFAULT_PROJECT, priority=spec.priority,
+        **leasing.columns(),
     )
     if spec.tags:
         from ..store.listing import set_tags
@@ -366,13 +381,14 @@ def create_sweep(store: Store, home: HomePaths, spec: JobSpec, settings: SweepSe
 def main(argv: list[str] | None = None) -> None:
     """Detached entry point: ``python -m phalanx.sweeps.runner SWEEP_ID``."""
     args = sys.argv[1:] if argv is None else argv
+    ttl = lease_ttl()  # out of the environment before any trial's rank starts
     home = HomePaths(config.home())
     store = open_store(home.db)
 
     def say(text: str) -> None:
         print(f"phalanx: {text}", flush=True)
 
-    code = SweepRunner(store, home, store.sweeps.get(args[0]), say).run()
+    code = SweepRunner(store, home, store.sweeps.get(args[0]), say).run(lease_ttl=ttl)
     sys.stdout.flush()
     os._exit(code & 0xFF)
 
