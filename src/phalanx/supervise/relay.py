@@ -26,6 +26,7 @@ from typing import Callable
 from ..core.contracts import StopRequest, read_stop_request
 from ..errors import ContractError, StoreError
 from ..store import Store
+from .leasing import host_of
 
 TTL_ENV = "PHALANX_LEASE_TTL"  # set by a server's replica for the supervisors it starts; never passed on
 LOOK_EVERY = 0.5  # seconds between looks at the stop request
@@ -86,7 +87,7 @@ class SelfLease:
             return
         held = leases.holder(self.row_id, self.table)
         self.ttl = None
-        if held is not None and not held[0].startswith(self.host + "/"):
+        if held is not None and host_of(held[0]) != self.host:
             self.taken = held[0]
 
 
