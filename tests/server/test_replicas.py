@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import psutil
 import pytest
@@ -50,13 +51,31 @@ def _status(person: Person, job: str) -> dict:
     return json.loads(done.stdout)
 
 
+def _replicas(a: Server, b: Server, name: str) -> str:
+    """Both replicas started, short leases, on one store and home; an admin's token."""
+    b.root.mkdir()
+    token = a.add_user(name, admin=True)
+    a.start("--lease-ttl", TTL)
+    b.start("--lease-ttl", TTL)
+    return token
+
+
+def _people(a: Server, b: Server, name: str, token: str, tmp_path) -> tuple[Person, Person, Path]:
+    """The same person logged in to A and to B, and a project holding ``counter.py``."""
+    via_a, via_b = Person(name, tmp_path / "via-a", token), Person(name, tmp_path / "via-b", token)
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "counter.py").write_text(COUNTER)
+    for person, srv in ((via_a, a), (via_b, b)):
+        person.root.mkdir()
+        assert person.login(srv.url).returncode == 0
+    return via_a, via_b, project
+
+
 def test_two_replicas_serve_the_same_jobs_and_one_adopts_the_jobs_of_the_other(server: Server, tmp_path):
     a = server
     b = Server(a.root.parent / "replica-b", a.home, a.env, a.store)
-    b.root.mkdir()
-    token = a.add_user("mia", admin=True)
-    a.start("--lease-ttl", TTL)
-    b.start("--lease-ttl", TTL)
+    token = _replicas(a, b, "mia")
     try:
         _run(a, b, token, tmp_path)
     finally:
@@ -64,13 +83,7 @@ def test_two_replicas_serve_the_same_jobs_and_one_adopts_the_jobs_of_the_other(s
 
 
 def _run(a: Server, b: Server, token: str, tmp_path) -> None:
-    via_a, via_b = Person("mia", tmp_path / "via-a", token), Person("mia", tmp_path / "via-b", token)
-    project = tmp_path / "p"
-    project.mkdir()
-    (project / "counter.py").write_text(COUNTER)
-    for person, srv in ((via_a, a), (via_b, b)):
-        person.root.mkdir()
-        assert person.login(srv.url).returncode == 0
+    via_a, via_b, project = _people(a, b, "mia", token, tmp_path)
 
     # A job submitted to A: seen, logged and stopped through B.
     stopped = via_a.run("run", "-d", "counter.py", "400", cwd=project).stdout.strip()
@@ -212,10 +225,7 @@ def _machines_can_be_made() -> str | None:
 def test_replicas_on_two_machines_judge_jobs_by_their_leases_and_relay_stops(server: Server, tmp_path):
     a = server
     b = OtherMachine(a.root.parent / "machine-b", a.home, a.env, a.store)
-    b.root.mkdir()
-    token = a.add_user("ola", admin=True)
-    a.start("--lease-ttl", TTL)
-    b.start("--lease-ttl", TTL)
+    token = _replicas(a, b, "ola")
     try:
         _two_machines(a, b, token, tmp_path)
     finally:
@@ -226,13 +236,7 @@ def test_replicas_on_two_machines_judge_jobs_by_their_leases_and_relay_stops(ser
 
 
 def _two_machines(a: Server, b: OtherMachine, token: str, tmp_path) -> None:
-    via_a, via_b = Person("ola", tmp_path / "via-a", token), Person("ola", tmp_path / "via-b", token)
-    project = tmp_path / "p"
-    project.mkdir()
-    (project / "counter.py").write_text(COUNTER)
-    for person, srv in ((via_a, a), (via_b, b)):
-        person.root.mkdir()
-        assert person.login(srv.url).returncode == 0
+    via_a, via_b, project = _people(a, b, "ola", token, tmp_path)
 
     # Three jobs and a sweep of two trials supervised on machine B; A sees them running there, not LOST.
     stopped, finishes, orphaned = (via_b.run("run", "-d", "--cold", "counter.py", steps, cwd=project).stdout.strip()
