@@ -2,9 +2,9 @@
 
 A supervisor is identified by its pid and its process's start time (so a reused pid is no
 false "alive"), on its own machine: a supervisor a team server's replica started on another
-machine (``supervisor_host``) is judged by its job's lease instead, which the replica and the
-supervisor itself renew (``leasing.py``); a sweep's runner there is taken on trust (sweeps hold
-no lease). When it is gone while the store says the job runs, the job is LOST. Reads
+machine (``supervisor_host``) is judged by its row's lease instead, which the replica and the
+supervisor itself renew (``relay.py``; a sweep's runner stamps its sweep's lease on its trials).
+When it is gone while the store says the job runs, the job is LOST. Reads
 (``ps``, ``status``, the dashboard) *show* that at once (``effective``) but never write it: the
 first writer with a reason to (``resume``, ``stop``, a sweep runner taking over its trials)
 records it (``record_lost``). A trial's supervisor is its sweep's runner, so trials of a
