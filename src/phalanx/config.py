@@ -143,6 +143,8 @@ def _check_home(path: Path, what: str) -> None:
         try:
             is_dir = place.is_dir()
             exists = is_dir or place.exists()
+            if exists and not is_dir:  # made between the two looks (another thread creating the home)?
+                is_dir = place.is_dir()
         except OSError:
             continue
         if not exists:

@@ -211,6 +211,15 @@ class OtherMachine(Server):
         return found[0]
 
 
+def _signal_all(procs: list[psutil.Process], how: str) -> None:
+    """``suspend`` or ``resume`` each (one that ended meanwhile, a rank being stopped, is skipped)."""
+    for proc in procs:
+        try:
+            getattr(proc, how)()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def _machines_can_be_made() -> str | None:
     import shutil
 
@@ -283,16 +292,14 @@ def _two_machines(a: Server, b: OtherMachine, token: str, tmp_path) -> None:
     on_b = psutil.Process(b.proc.pid).children(recursive=True)
     old_ranks = [p for p in on_b if "counter.py" in " ".join(p.cmdline())]
     assert old_ranks, "the orphaned job's rank runs on B"
-    for proc in on_b:
-        proc.suspend()
+    _signal_all(on_b, "suspend")
     _until(lambda: a.log is not None and f"adopted job {orphaned} " in a.log.read_text(), 120)
     _until(lambda: a.log is not None and f"adopted sweep {sweep} " in a.log.read_text(), 120)
     _until(lambda: via_a.run("logs", orphaned, "--attempt", "1").stdout.startswith("attempt 1 from step "), 120)
     for trial in trials:  # the sweep's trials continue on A, each as a new attempt from its checkpoint
         _until(lambda trial=trial: via_a.run("logs", trial, "--attempt", "1").stdout.startswith("attempt 1 from step "),
                120)
-    for proc in on_b:
-        proc.resume()
+    _signal_all(on_b, "resume")
 
     def gone() -> bool:
         """B's copy of the attempt ended"""

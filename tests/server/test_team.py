@@ -65,6 +65,9 @@ def normal(text: str, *ids: str) -> str:
     text = re.sub(r"\b\d+(\.\d+)?s\b|\b\d+m\d+s\b", "T", text)
     text = re.sub(r"\d+s ago|\d+m ago", "AGO", text)
     text = re.sub(r"/\S+", "PATH", text)
+    # pids, of any length: the machine's pids wrap at pid_max (32768 here), so a run may get pid 415
+    text = re.sub(r"\bpid \d+", "pid PID", text)
+    text = re.sub(r"^(\d+ +\d+ +\S+ +)\d+", r"\1PID", text, flags=re.M)  # a rank row's PID column
     text = re.sub(r"\b\d{4,}\b", "PID", text)
     return re.sub(r"[0-9.]+e-\d+|\b0\.\d{3,}\b", "N", text)
 
