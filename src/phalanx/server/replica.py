@@ -166,9 +166,10 @@ class Replica:
             return f"nothing to do ({record.state.value})"
         if record.state is JobState.QUEUED:  # waiting for its project's quota: the queue starts it, not us
             return "kept in its project's queue"
-        if not liveness.elsewhere_host(record) and liveness.alive(record.supervisor_pid, record.supervisor_started):
+        away = liveness.elsewhere_host(record)
+        if not away and liveness.alive(record.supervisor_pid, record.supervisor_started):
             return f"re-attached (its supervisor, pid {record.supervisor_pid}, still runs)"
-        if liveness.elsewhere_host(record) and record.state is not JobState.PENDING:
+        if away and record.state is not JobState.PENDING:
             # its supervisor on another machine let the lease lapse with its replica's: gone with them
             store.transition(record.id, JobState.LOST, root_cause=liveness.lost_cause(record))
         try:
